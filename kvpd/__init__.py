@@ -1,0 +1,3 @@
+"""kvpd: plan, start, benchmark and stop P/D-disaggregated vLLM deployments."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Command-line interface: one module per verb, registered lazily in `main.py`."""

@@ -1,0 +1,72 @@
+"""The `kvpd` command: a typer app whose subcommands live in their own modules.
+
+Subcommand modules are imported only when the app is built, never by `import kvpd`, so the core
+stays free of typer/rich. Each module exposes `register(app)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from pathlib import Path
+
+import typer
+
+from kvpd.errors import KvpdError
+
+# Order is the order of `kvpd --help`. A module that does not exist yet is skipped.
+_COMMAND_MODULES = (
+    "kvpd.cli.plan_cmd",
+    "kvpd.cli.deploy_cmd",
+    "kvpd.cli.bench_cmd",
+    "kvpd.cli.proxy_cmd",
+    "kvpd.cli.model_cmd",
+    "kvpd.cli.native_cmd",
+    "kvpd.cli.tune_cmd",
+    "kvpd.cli.schema_cmd",
+)
+
+
+def build_app() -> typer.Typer:
+    app = typer.Typer(
+        name="kvpd",
+        help="Plan, start, benchmark and stop P/D-disaggregated vLLM deployments.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    @app.callback()
+    def _root() -> None:
+        """Plan, start, benchmark and stop P/D-disaggregated vLLM deployments."""
+
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        module.register(app)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI. Usage errors exit 2 (typer), KvpdError exits with its code, and any other
+    exception is written to .kvpd/debug.log instead of being shown as a traceback."""
+    app = build_app()
+    try:
+        app(args=argv, prog_name="kvpd")  # standalone mode: exits by itself on success
+    except KvpdError as e:
+        print(f"kvpd: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except Exception as e:  # noqa: BLE001 - last resort: never show a raw traceback
+        log = Path(".kvpd") / "debug.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(traceback.format_exc())
+        print(f"kvpd: internal error: {e!r}. Traceback written to {log}", file=sys.stderr)
+        sys.exit(70)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Side effects live here: transports to hosts, the executor, deployment state."""

@@ -1,0 +1,87 @@
+"""The narrow interface every transport (local, SSH) implements.
+
+The executor only talks to hosts through this Protocol. Paths are strings as they appear on the
+host; a relative path is relative to the host's run directory, which `resolve` turns absolute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class Started:
+    """A detached process: `pid` leads its own session, so pid == pgid."""
+
+    pid: int
+    pgid: int
+    start_ticks: int  # field 22 of /proc/<pid>/stat: with pid, identifies this very process
+    log: str
+
+
+class Transport(Protocol):
+    """Operations on one host. Implementations must be safe to call from several threads."""
+
+    host: str
+
+    def run(
+        self, argv: list[str], *, timeout_s: float = 60.0, env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        """Run a command to completion (no shell: argv is quoted by the transport)."""
+        ...
+
+    def put(self, path: str, content: bytes, *, mode: int = 0o644) -> None:
+        """Write a file atomically (temporary name + rename), creating parent directories."""
+        ...
+
+    def read(self, path: str) -> bytes:
+        """Read a whole file; raises FileNotFoundError if it does not exist."""
+        ...
+
+    def start_detached(
+        self, argv: list[str], *, log: str, cwd: str, env: dict[str, str] | None = None
+    ) -> Started:
+        """Start a process in a new session (setsid) with stdin from /dev/null and stdout and
+        stderr appended to `log`; return at once with its PID. It must survive the transport
+        closing."""
+        ...
+
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
+        """Send `sig` to process group `pgid`; False if the group no longer exists. With
+        `start_ticks`, the group leader must still be the process kvpd started (PID reuse guard);
+        if it is not, nothing is signalled and False is returned."""
+        ...
+
+    def alive(self, pid: int, *, start_ticks: int | None = None) -> bool:
+        """True if `pid` exists, is not a zombie (state Z counts as gone) and, with
+        `start_ticks`, is the same process that was started."""
+        ...
+
+    def group_alive(self, pgid: int) -> list[int]:
+        """PIDs (non-zombie) still in process group `pgid` (from /proc), empty when all gone."""
+        ...
+
+    def ports_listening(self, ports: list[int]) -> list[int]:
+        """Which of `ports` have a listening TCP socket on the host (from /proc/net/tcp{,6})."""
+        ...
+
+    def resolve(self, path: str) -> str:
+        """Absolute form of `path` on the host (relative paths: under the home/cwd)."""
+        ...
+
+    def close(self) -> None:
+        ...

@@ -1,0 +1,1 @@
+"""Profile -> plan: derivation, validation rules, port ledger, rendering. Pure functions only."""

@@ -1,0 +1,150 @@
+"""The plan: a frozen, JSON-serialisable value that `kvpd plan` shows and `kvpd up` executes.
+
+Nothing here touches a host. Paths in a plan are relative to the host's run directory
+(`HostSpec.run_dir`) unless they are absolute; the executor starts every process with that
+directory as its working directory, so rendered files can refer to each other relatively.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """A machine of the deployment and how to reach it."""
+
+    name: str
+    address: str  # where kvpd connects and where peers reach it (node IP)
+    transport: str = "ssh"  # "local" or "ssh"
+    user: str | None = None
+    port: int = 22
+    key: str | None = None
+    known_hosts: str | None = None
+    jump: str | None = None  # ProxyJump spec "user@host:port"
+    hardware: str = "cpu"  # a2 | a3 | 950 | cuda | cpu
+    devices: int = 0
+    nic: str | None = None
+    run_dir: str = ".kvpd/run"  # relative: to the login dir (ssh) or kvpd's cwd (local)
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """A rendered file to write on a host before any process starts."""
+
+    host: str
+    path: str
+    content: str
+    mode: int = 0o644
+    template: str = ""  # which template rendered it (for display)
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """How to know a process is ready: HTTP GET `url` returns `expect_status`."""
+
+    url: str
+    expect_status: int = 200
+    timeout_s: float = 600.0
+    interval_s: float = 0.5
+
+
+@dataclass(frozen=True)
+class PortUse:
+    """One listening port (or a hidden range member) and who owns it."""
+
+    host: str
+    port: int
+    owner: str  # process name
+    purpose: str  # "http", "kv_port rank 3", "meta rpc", ...
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One long-running process kvpd starts, tracks and stops."""
+
+    name: str  # unique: "metaservice-p1", "mooncake-master", "prefill-0", "decode-1-dp3", "proxy"
+    host: str
+    role: str  # metaservice | mooncake | prefill | decode | mixed | proxy
+    stage: int  # start order: all processes of stage n are healthy before stage n+1 starts
+    script: str  # path of the launch script (a FileSpec on the same host)
+    command: tuple[str, ...]  # the main command, for display (the script also sets env)
+    env: tuple[tuple[str, str], ...] = ()
+    log: str = ""
+    ports: tuple[int, ...] = ()
+    health: HealthCheck | None = None
+    devices: tuple[int, ...] = ()
+    substituted: str = ""  # non-empty when a rehearsal replaced the real part: says with what
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything `up` does, in order. Built by `kvpd.plan.build.build_plan` (pure)."""
+
+    deployment: str
+    profile_digest: str
+    hosts: tuple[HostSpec, ...]
+    files: tuple[FileSpec, ...]
+    processes: tuple[ProcessSpec, ...]
+    ports: tuple[PortUse, ...] = ()
+    warnings: tuple[str, ...] = ()
+    proxy_url: str = ""
+    served_model: str = ""
+    tokenizer: str = ""
+    bench: dict[str, Any] = field(default_factory=dict)
+    rehearsal: bool = False
+
+    @property
+    def stages(self) -> list[list[ProcessSpec]]:
+        """Processes grouped by stage, in start order."""
+        out: dict[int, list[ProcessSpec]] = {}
+        for p in self.processes:
+            out.setdefault(p.stage, []).append(p)
+        return [out[k] for k in sorted(out)]
+
+    def host(self, name: str) -> HostSpec:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    def process(self, name: str) -> ProcessSpec:
+        for p in self.processes:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), indent=kw.pop("indent", 2), sort_keys=False, **kw)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        def proc(p: dict[str, Any]) -> ProcessSpec:
+            p = dict(p)
+            p["command"] = tuple(p["command"])
+            p["env"] = tuple(tuple(kv) for kv in p["env"])
+            p["ports"] = tuple(p["ports"])
+            p["devices"] = tuple(p["devices"])
+            p["health"] = HealthCheck(**p["health"]) if p.get("health") else None
+            return ProcessSpec(**p)
+
+        return cls(
+            deployment=d["deployment"],
+            profile_digest=d["profile_digest"],
+            hosts=tuple(HostSpec(**h) for h in d["hosts"]),
+            files=tuple(FileSpec(**f) for f in d["files"]),
+            processes=tuple(proc(p) for p in d["processes"]),
+            ports=tuple(PortUse(**u) for u in d.get("ports", ())),
+            warnings=tuple(d.get("warnings", ())),
+            proxy_url=d.get("proxy_url", ""),
+            served_model=d.get("served_model", ""),
+            tokenizer=d.get("tokenizer", ""),
+            bench=d.get("bench", {}),
+            rehearsal=d.get("rehearsal", False),
+        )
