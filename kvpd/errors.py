@@ -1,4 +1,4 @@
-"""Error types. The CLI maps KvpdError subclasses to exit codes and prints them without a traceback."""
+"""Error types: the CLI maps KvpdError subclasses to exit codes and prints them plainly."""
 
 from __future__ import annotations
 

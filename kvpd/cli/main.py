@@ -36,6 +36,7 @@ def build_app() -> typer.Typer:
         add_completion=False,
         pretty_exceptions_enable=False,
     )
+
     @app.callback()
     def _root() -> None:
         """Plan, start, benchmark and stop P/D-disaggregated vLLM deployments."""

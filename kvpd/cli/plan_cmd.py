@@ -1,0 +1,122 @@
+"""`kvpd plan`: validate a profile, derive everything, show or write the plan."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from kvpd.plan.model import Plan
+
+PROFILE_HELP = "profile: a YAML file or a bundled name (local, ucm-centralized-2p2d, ...)"
+
+
+def write_plan_dir(plan: Plan, out: Path) -> list[Path]:
+    """One folder per host with its rendered files, plus plan.json. Atomic per file."""
+    written = []
+    for f in plan.files:
+        path = out / f.host / f.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(f.content)
+        os.chmod(tmp, f.mode)
+        os.replace(tmp, path)
+        written.append(path)
+    pj = out / "plan.json"
+    pj.parent.mkdir(parents=True, exist_ok=True)
+    pj.write_text(plan.to_json() + "\n")
+    written.append(pj)
+    return written
+
+
+def show_plan(plan: Plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(width=None if Console().is_terminal else 150)
+    title = f"kvpd plan: {plan.deployment}" + (
+        " (rehearsal on CPU hosts)" if plan.rehearsal else ""
+    )
+    hosts = Table(title=title, show_lines=False)
+    for col in ("host", "address", "hw", "process", "role", "stage", "devices", "ports"):
+        hosts.add_column(col)
+    by_host: dict[str, list] = {}
+    for p in plan.processes:
+        by_host.setdefault(p.host, []).append(p)
+    for h in plan.hosts:
+        procs = by_host.get(h.name, [])
+        if not procs:
+            hosts.add_row(h.name, h.address, h.hardware, "-", "", "", "", "")
+        for i, p in enumerate(procs):
+            devs = _ranges(p.devices)
+            ports = ", ".join(str(x) for x in _ports_short(p.ports))
+            name = p.name + (f" [substituted: {p.substituted}]" if p.substituted else "")
+            hosts.add_row(
+                h.name if i == 0 else "",
+                h.address if i == 0 else "",
+                h.hardware if i == 0 else "",
+                name,
+                p.role,
+                str(p.stage),
+                devs,
+                ports,
+            )
+    con.print(hosts)
+    order = " -> ".join("{" + ", ".join(p.name for p in stage) + "}" for stage in plan.stages)
+    con.print(f"[bold]start order[/bold] (each stage healthy before the next): {order}")
+    files = {}
+    for f in plan.files:
+        files.setdefault(f.host, []).append(f.path)
+    for host, paths in files.items():
+        con.print(f"[bold]{host}[/bold] files: {', '.join(paths)}")
+    if plan.proxy_url:
+        con.print(f"[bold]endpoint[/bold]: {plan.proxy_url}  (model {plan.served_model})")
+    for w in plan.warnings:
+        con.print(f"[yellow]warning[/yellow]: {w}")
+    con.print(f"plan digest {plan.profile_digest}; `kvpd plan ... --out DIR` writes every file.")
+
+
+def _ranges(devs: tuple[int, ...]) -> str:
+    if not devs:
+        return ""
+    if list(devs) == list(range(devs[0], devs[-1] + 1)) and len(devs) > 2:
+        return f"{devs[0]}-{devs[-1]}"
+    return ",".join(str(d) for d in devs)
+
+
+def _ports_short(ports: tuple[int, ...]) -> list[str]:
+    if len(ports) <= 3:
+        return [str(p) for p in ports]
+    return [str(ports[0]), f"{ports[1]}-{ports[-1]}"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan_cmd(
+        profile: str = typer.Argument(..., help=PROFILE_HELP),
+        out: Path | None = typer.Option(None, "--out", help="write files per host + plan.json"),
+        as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+        check: bool = typer.Option(False, "--check", help="also run preflight checks on hosts"),
+        rehearse: bool = typer.Option(False, "--rehearse", help="plan the CPU rehearsal"),
+        accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys"),
+        sets: list[str] = typer.Option([], "--set", help="override a field: path.to.field=value"),
+    ) -> None:
+        """Validate PROFILE, derive every value, render every file, and show the plan."""
+        from kvpd.plan.build import load_plan
+
+        plan = load_plan(profile, rehearse=rehearse, base_dir=os.getcwd(), sets=sets)
+        if as_json:
+            print(plan.to_json())
+        else:
+            show_plan(plan)
+        if out is not None:
+            paths = write_plan_dir(plan, out)
+            if not as_json:
+                print(f"wrote {len(paths)} files under {out}")
+        if check:
+            from kvpd.exec.preflight import run_preflight
+
+            ok = run_preflight(plan, accept_new_host_keys=accept_new_host_keys, as_json=as_json)
+            if not ok:
+                raise typer.Exit(1)

@@ -1,0 +1,290 @@
+"""Profile -> Plan. `build_plan` is pure; `load_plan` adds reading the profile file."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from typing import Any
+
+from kvpd.errors import ProfileError
+from kvpd.plan import kvconfig
+from kvpd.plan.layout import build_layout
+from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
+from kvpd.plan.processes import Proc, all_procs
+from kvpd.plan.render import launch_script, mooncake_json, render
+from kvpd.plan.rules import Checker, check, memcache_ranks
+from kvpd.plan.shell import mask
+from kvpd.plan.sizing import GiB, MiB, kv_bytes, parse_size, round_up
+from kvpd.profile.load import Source, dotted, load_profile
+from kvpd.profile.schema import Profile
+
+LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+
+
+def host_specs(profile: Profile, base_dir: str | None) -> list[HostSpec]:
+    out = []
+    for name, h in profile.hosts.items():
+        transport = h.transport or ("local" if h.address in LOCAL_ADDRESSES else "ssh")
+        ssh = profile.ssh.model_dump()
+        if h.ssh is not None:
+            ssh.update(h.ssh.model_dump(exclude_unset=True))
+        run_dir = h.run_dir or profile.runtime.run_dir or f".kvpd/{profile.name}/run"
+        if transport == "local" and base_dir and not posixpath.isabs(run_dir):
+            run_dir = posixpath.normpath(posixpath.join(base_dir, run_dir))
+        out.append(
+            HostSpec(
+                name=name,
+                address=h.address,
+                transport=transport,
+                user=ssh["user"],
+                port=ssh["port"],
+                key=ssh["key"],
+                known_hosts=ssh["known_hosts"],
+                jump=ssh["jump"],
+                hardware=h.hardware or profile.hardware,
+                devices=h.devices if h.devices is not None else _default_devices(profile, h),
+                nic=h.nic,
+                run_dir=run_dir,
+            )
+        )
+    return out
+
+
+def _default_devices(profile: Profile, h: Any) -> int:
+    from kvpd.plan.layout import host_devices
+
+    return host_devices(profile, h)
+
+
+def memcache_dram(profile: Profile, ranks: int) -> tuple[str | None, list[tuple[tuple, str, bool]]]:
+    """dram.size for mmc-local.conf: explicit (aligned as memcache does) or sized from the model.
+
+    Returns (value, findings) where findings are (path, message, is_error).
+    """
+    mc = profile.kv.memcache
+    if mc is None:
+        return None, []
+    path = ("kv", "memcache", "dram_size")
+    device = mc.protocol.startswith("device_")
+    align = GiB if device else 2 * MiB
+    if mc.dram_size == "auto":
+        m = profile.model
+        seq = mc.sizing_seq_len or m.max_model_len
+        conc = mc.sizing_concurrency or profile.bench.max_concurrency or profile.bench.num_prompts
+        total = kv_bytes(m, seq) if seq else None
+        if total is None:
+            return None, [
+                (
+                    path,
+                    "auto sizing needs model.layers and the KV shape (kv_heads + "
+                    "head_dim, or kv_lora_rank + qk_rope_head_dim) and model.max_model_len;"
+                    " set them or give dram_size explicitly (e.g. 10GB).",
+                    True,
+                )
+            ]
+        per_rank = -(-(total * conc) // max(1, ranks))
+        size = round_up(per_rank, GiB)  # the guide: round up to whole GiB
+        return f"{size // GiB}GB", []
+    try:
+        n = parse_size(mc.dram_size)
+    except ValueError:
+        return mc.dram_size, []  # reported by the rules
+    aligned = round_up(n, align)
+    if aligned != n:
+        shown = f"{aligned // GiB}GB" if aligned % GiB == 0 else str(aligned)
+        unit = "1 GiB" if device else "2 MiB"
+        return shown, [
+            (
+                path,
+                f"{mc.dram_size} is rounded up to {shown} ({mc.protocol} aligns the "
+                f"pool to {unit}); write {shown} to make that explicit.",
+                False,
+            )
+        ]
+    return mc.dram_size, []
+
+
+def build_plan(
+    profile: Profile, source: Source, *, rehearse: bool = False, base_dir: str | None = None
+) -> Plan:
+    """Validate, derive and render. Raises ProfileError listing every error with its line."""
+    profile = _resolve_local_paths(profile, base_dir)
+    if rehearse:
+        from kvpd.plan.rehearse import rehearsal_profile
+
+        profile, notes = rehearsal_profile(profile)
+    else:
+        notes = {}
+    layout = build_layout(profile)
+    procs = all_procs(profile, layout)
+    findings = check(profile, layout, procs, rehearse=rehearse)
+    ranks = memcache_ranks(Checker(profile, layout, procs, rehearse))
+    dram, extra = memcache_dram(profile, ranks)
+    errors: list[str] = []
+    warnings: list[str] = []
+    for f in findings:
+        (errors if f.error else warnings).append(
+            f"{source.where(f.path)}: {dotted(f.path)}: {f.message}"
+        )
+    for path, msg, is_err in extra:
+        (errors if is_err else warnings).append(f"{source.where(path)}: {dotted(path)}: {msg}")
+    if errors:
+        raise ProfileError(errors)
+
+    hosts = host_specs(profile, base_dir)
+    by_host = {h.name: h for h in hosts}
+    files: dict[tuple[str, str], FileSpec] = {}
+
+    def put(host: str, path: str, content: str, template: str, mode: int = 0o644) -> None:
+        files[(host, path)] = FileSpec(
+            host=host, path=path, content=content, mode=mode, template=template
+        )
+
+    ctx = {"deployment": profile.name}
+    mc = profile.kv.memcache
+    for p in procs:
+        for f in p.files:
+            if f == kvconfig.MMC_META:
+                put(
+                    p.host,
+                    f,
+                    render("mmc-meta.conf.j2", mc=mc, meta_address=by_host[mc.host].address, **ctx),
+                    "mmc-meta.conf.j2",
+                )
+            elif f == kvconfig.MMC_LOCAL:
+                put(
+                    p.host,
+                    f,
+                    render(
+                        "mmc-local.conf.j2",
+                        mc=mc,
+                        host=p.host,
+                        dram_size=dram,
+                        meta_address=by_host[mc.host].address,
+                        **ctx,
+                    ),
+                    "mmc-local.conf.j2",
+                )
+            elif f == kvconfig.MOONCAKE_CONFIG:
+                mk = profile.kv.mooncake
+                put(
+                    p.host,
+                    f,
+                    mooncake_json(
+                        mk.metadata_server,
+                        mk.protocol,
+                        mk.device_name,
+                        f"{by_host[mk.host].address}:{mk.port}",
+                        mk.global_segment_size,
+                    ),
+                    "mooncake.json",
+                )
+            elif f == kvconfig.ucm_config_path(profile):
+                u = profile.kv.ucm
+                put(
+                    p.host,
+                    f,
+                    render("ucm.yaml.j2", ucm=u, extra=sorted(u.config.items()), **ctx),
+                    "ucm.yaml.j2",
+                )
+
+    processes: list[ProcessSpec] = []
+    ports: list[PortUse] = []
+    for p in procs:
+        script = f"{p.name}/launch.sh"
+        log = f"logs/{p.name}.log"
+        secret = any(mask(k, v) != v for k, v in p.env)
+        put(
+            p.host,
+            script,
+            launch_script(p, profile.name, log, profile.runtime.dirs),
+            "launch.sh.j2",
+            0o700 if secret else 0o755,
+        )
+        processes.append(
+            ProcessSpec(
+                name=p.name,
+                host=p.host,
+                role=p.role,
+                stage=p.stage,
+                script=script,
+                command=p.argv,
+                env=tuple((k, mask(k, v)) for k, v in p.env),
+                log=log,
+                ports=tuple(port for port, _ in p.ports),
+                health=HealthCheck(url=p.health_url, timeout_s=_health_timeout(profile, p)),
+                devices=p.devices,
+                substituted=notes.get(p.name, notes.get(p.role, "")),
+            )
+        )
+        ports += [
+            PortUse(host=p.host, port=port, owner=p.name, purpose=why) for port, why in p.ports
+        ]
+
+    digest = hashlib.sha256(
+        (source.text + "".join(f.content for f in files.values())).encode()
+    ).hexdigest()[:16]
+    proxy_url = ""
+    if profile.proxy is not None:
+        proxy_url = f"http://{by_host[profile.proxy.host].address}:{profile.proxy.port}"
+    elif profile.mixed is not None:
+        first = next(p for p in procs if p.role == "mixed")
+        proxy_url = f"http://{by_host[first.host].address}:{first.ports[0][0]}"
+    model = profile.model
+    return Plan(
+        deployment=profile.name,
+        profile_digest=digest,
+        hosts=tuple(hosts),
+        files=tuple(files.values()),
+        processes=tuple(processes),
+        ports=tuple(sorted(ports, key=lambda u: (u.host, u.port))),
+        warnings=tuple(warnings),
+        proxy_url=proxy_url,
+        served_model=model.served_name or model.path,
+        tokenizer=model.tokenizer or model.path,
+        bench=profile.bench.model_dump(),
+        rehearsal=rehearse,
+    )
+
+
+def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
+    """When every host is this machine, relative data paths mean: relative to `base_dir` (the
+    directory kvpd runs in), not to each process's run directory."""
+    if not base_dir or not all(
+        (h.transport or ("local" if h.address in LOCAL_ADDRESSES else "ssh")) == "local"
+        for h in profile.hosts.values()
+    ):
+        return profile
+
+    def absolute(p: str | None) -> str | None:
+        if p is None or posixpath.isabs(p) or p.startswith(("~", "$")):
+            return p
+        return posixpath.normpath(posixpath.join(base_dir, p))
+
+    m = profile.model
+    model = m.model_copy(update={"path": absolute(m.path), "tokenizer": absolute(m.tokenizer)})
+    kv = profile.kv
+    upd: dict[str, Any] = {"example_path": absolute(kv.example_path)}
+    if kv.kvpd_store is not None:
+        upd["kvpd_store"] = kv.kvpd_store.model_copy(update={"path": absolute(kv.kvpd_store.path)})
+    if kv.ucm is not None:
+        upd["ucm"] = kv.ucm.model_copy(update={"storage": absolute(kv.ucm.storage)})
+    return profile.model_copy(update={"model": model, "kv": kv.model_copy(update=upd)})
+
+
+def _health_timeout(profile: Profile, p: Proc) -> float:
+    if p.role in ("metaservice", "mooncake", "proxy"):
+        return min(120.0, profile.runtime.health_timeout_s)
+    return profile.runtime.health_timeout_s
+
+
+def load_plan(
+    profile_arg: str,
+    *,
+    rehearse: bool = False,
+    base_dir: str | None = None,
+    sets: list[str] | None = None,
+) -> Plan:
+    """Read PROFILE (path or bundled name) and build its plan."""
+    profile, source = load_profile(profile_arg, sets=sets or [])
+    return build_plan(profile, source, rehearse=rehearse, base_dir=base_dir)

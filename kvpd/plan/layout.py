@@ -1,0 +1,174 @@
+"""Where every engine process runs: hosts, devices, DP ranks, HTTP and KV ports (pure).
+
+This is what the guides' `run_multi_dp.sh` computes by hand: for each group, `instances`
+independent engines of DP x TP are placed first-fit on the group's hosts, `dp_size_local` DP
+ranks per host, contiguous devices per rank, and one `vllm serve` either per instance
+(`single`) or per DP rank (`per_rank`, the external load-balancing layout of large-scale EP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvpd.profile.schema import DEFAULT_DEVICES, Group, Host, Profile, ServeOptions
+
+ROLES = ("prefill", "decode", "mixed")
+DEFAULT_KV_PORT = {"mooncake": 20001, "mooncake_layerwise": 20001, "sfa_d2h": 20050}
+
+
+@dataclass(frozen=True)
+class EngineProc:
+    name: str
+    role: str  # prefill | decode | mixed
+    host: str
+    instance: int
+    dp_ranks: tuple[int, ...]  # global DP ranks served by this process
+    local_index: int  # index of this process among the group's processes on its host
+    devices: tuple[int, ...]
+    port: int
+    kv_port: int | None
+    per_rank: bool  # one process per DP rank (external LB)
+
+
+@dataclass
+class Layout:
+    procs: list[EngineProc] = field(default_factory=list)
+    problems: list[tuple[tuple, str]] = field(default_factory=list)
+
+
+def host_devices(profile: Profile, host: Host) -> int:
+    if host.devices is not None:
+        return host.devices
+    return DEFAULT_DEVICES[host.hardware or profile.hardware]
+
+
+def hardware_of(profile: Profile, host_name: str) -> str:
+    h = profile.hosts.get(host_name)
+    return (h.hardware if h and h.hardware else None) or profile.hardware
+
+
+def merged(profile: Profile, group: Group) -> ServeOptions:
+    """Engine defaults overlaid with the group's own settings (env and args are combined)."""
+    base = profile.engine.model_dump(exclude_none=True)
+    own = {
+        k: v
+        for k, v in group.model_dump(exclude_none=True).items()
+        if k in ServeOptions.model_fields
+    }
+    env = {**base.get("env", {}), **own.get("env", {})}
+    args = [*base.get("args", []), *own.get("args", [])]
+    out = {**base, **own, "env": env, "args": args}
+    return ServeOptions.model_validate(out)
+
+
+def dp_size_local(profile: Profile, group: Group) -> int:
+    if group.dp_size_local is not None:
+        return group.dp_size_local
+    first = profile.hosts.get(group.hosts[0])
+    devices = host_devices(profile, first) if first else 0
+    per_host = max(1, devices // (group.tp * group.pp)) if devices else 1
+    return max(1, min(group.dp, per_host))
+
+
+def launch_per_rank(profile: Profile, group: Group) -> bool:
+    if group.dp_launch == "per_rank":
+        return True
+    if group.dp_launch == "single":
+        return False
+    return group.dp > 1 and dp_size_local(profile, group) < group.dp
+
+
+def group_kv_port(group: Group) -> int | None:
+    if group.kv_port is not None:
+        return group.kv_port
+    for comp in group.kv_connectors:
+        if comp in DEFAULT_KV_PORT:
+            return DEFAULT_KV_PORT[comp]
+    return None
+
+
+def build_layout(profile: Profile) -> Layout:
+    """Place every engine process. Problems (not enough devices, ...) are collected, not raised."""
+    out = Layout()
+    used: dict[str, int] = {}  # devices taken per host, over all groups
+    for role in ROLES:
+        group: Group | None = getattr(profile, role)
+        if group is None:
+            continue
+        unknown = [h for h in group.hosts if h not in profile.hosts]
+        if unknown:
+            continue  # reported by the rules with a suggestion
+        _place_group(profile, role, group, used, out)
+    return out
+
+
+def _place_group(
+    profile: Profile, role: str, group: Group, used: dict[str, int], out: Layout
+) -> None:
+    per_host = dp_size_local(profile, group)
+    per_rank = launch_per_rank(profile, group)
+    width = group.tp * group.pp  # devices per DP rank
+    count_on_host: dict[str, int] = {}
+    kv_base = group_kv_port(group)
+    spread_kv = any(c in ("mooncake", "mooncake_layerwise") for c in group.kv_connectors)
+    for inst in range(group.instances):
+        rank = 0
+        while rank < group.dp:
+            chunk = min(per_host, group.dp - rank)
+            need = chunk * width
+            host = _first_fit(profile, group, used, need)
+            if host is None:
+                total = sum(host_devices(profile, profile.hosts[h]) for h in group.hosts)
+                want = group.instances * group.dp * width
+                out.problems.append(
+                    (
+                        (role, "hosts"),
+                        f"{role} needs {want} devices ({group.instances} instance(s) x dp "
+                        f"{group.dp} x tp {group.tp} x pp {group.pp}) in chunks of {need} per "
+                        f"host, but hosts {group.hosts} provide {total} in total (after other "
+                        "groups). Add hosts, lower dp/tp, or set `devices:` on the hosts.",
+                    )
+                )
+                return
+            start = used.get(host, 0)
+            used[host] = start + need
+            ranks = tuple(range(rank, rank + chunk))
+            procs = [(r,) for r in ranks] if per_rank else [ranks]
+            for i, proc_ranks in enumerate(procs):
+                idx = count_on_host.get(host, 0)
+                count_on_host[host] = idx + 1
+                first_dev = start + (i * width if per_rank else 0)
+                ndev = width if per_rank else need
+                kv_port = None
+                if kv_base is not None:
+                    # MooncakeConnectorV1 binds kv_port + dp_rank*tp + tp_rank per process, so
+                    # processes sharing a host are spaced by tp (run_multi_dp.sh: base + i*tp).
+                    kv_port = kv_base + idx * width if spread_kv else kv_base
+                out.procs.append(
+                    EngineProc(
+                        name=_name(role, group, inst, proc_ranks, per_rank),
+                        role=role,
+                        host=host,
+                        instance=inst,
+                        dp_ranks=proc_ranks,
+                        local_index=idx,
+                        devices=tuple(range(first_dev, first_dev + ndev)),
+                        port=group.port + idx,
+                        kv_port=kv_port,
+                        per_rank=per_rank,
+                    )
+                )
+            rank += chunk
+
+
+def _first_fit(profile: Profile, group: Group, used: dict[str, int], need: int) -> str | None:
+    for h in group.hosts:
+        if host_devices(profile, profile.hosts[h]) - used.get(h, 0) >= need:
+            return h
+    return None
+
+
+def _name(role: str, group: Group, inst: int, ranks: tuple[int, ...], per_rank: bool) -> str:
+    if per_rank and group.dp > 1:
+        return f"{role}-dp{ranks[0]}" if group.instances == 1 else f"{role}-{inst}-dp{ranks[0]}"
+    return f"{role}-{inst}"

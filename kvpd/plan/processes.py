@@ -1,0 +1,329 @@
+"""Every process of a deployment as data: command, environment, ports, health check (pure)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpd.plan.kvconfig import (
+    MMC_LOCAL,
+    MMC_META,
+    MOONCAKE_CONFIG,
+    additional_config,
+    kv_transfer_config,
+)
+from kvpd.plan.layout import EngineProc, Layout, hardware_of, merged
+from kvpd.profile.schema import ASCEND, Group, Profile, ServeOptions
+
+STAGE = {"metaservice": 0, "mooncake": 0, "prefill": 1, "decode": 1, "mixed": 1, "proxy": 2}
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A process before rendering: the launch script is made from `source`, `env`, `argv`."""
+
+    name: str
+    host: str
+    role: str
+    stage: int
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    source: tuple[str, ...] = ()  # scripts to `source` first (set_env.sh)
+    ports: tuple[tuple[int, str], ...] = ()  # (port, purpose)
+    health_url: str = ""
+    devices: tuple[int, ...] = ()
+    files: tuple[str, ...] = ()  # rendered config files this process reads
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def addr(profile: Profile, host: str) -> str:
+    return profile.hosts[host].address
+
+
+def _flag(argv: list[str], name: str, value: Any) -> None:
+    if value is None or value is False:
+        return
+    if value is True:
+        argv.append(name)
+    else:
+        argv.extend([name, str(value)])
+
+
+def _json(d: dict[str, Any]) -> str:
+    return json.dumps(d, separators=(", ", ": "))
+
+
+def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> Proc:
+    opts: ServeOptions = merged(profile, group)
+    hw = hardware_of(profile, ep.host)
+    host = profile.hosts[ep.host]
+    argv = [profile.runtime.vllm, "serve", profile.model.path]
+    argv += ["--host", opts.host or "0.0.0.0", "--port", str(ep.port)]
+    argv += ["--data-parallel-size", str(group.dp)]
+    if group.dp > 1:
+        if ep.per_rank:
+            dp_host = group.dp_address or group.hosts[0]
+            argv += ["--data-parallel-address", addr(profile, dp_host)]
+            argv += ["--data-parallel-rpc-port", str(group.dp_rpc_port)]
+            argv += ["--data-parallel-rank", str(ep.dp_ranks[0])]
+    argv += ["--tensor-parallel-size", str(group.tp)]
+    if group.pp > 1:
+        argv += ["--pipeline-parallel-size", str(group.pp)]
+    _flag(argv, "--enable-expert-parallel", opts.enable_expert_parallel)
+    _flag(argv, "--seed", opts.seed)
+    max_len = opts.max_model_len or profile.model.max_model_len
+    _flag(argv, "--max-model-len", max_len)
+    _flag(argv, "--max-num-batched-tokens", opts.max_num_batched_tokens)
+    _flag(argv, "--max-num-seqs", opts.max_num_seqs)
+    _flag(argv, "--trust-remote-code", opts.trust_remote_code)
+    _flag(argv, "--gpu-memory-utilization", opts.gpu_memory_utilization)
+    _flag(argv, "--quantization", opts.quantization)
+    if opts.kv_cache_memory_bytes:
+        argv += ["--kv-cache-memory-bytes", opts.kv_cache_memory_bytes]
+    if profile.model.served_name:
+        argv += ["--served-model-name", profile.model.served_name]
+    eager = opts.enforce_eager
+    if eager is None and group.layerwise is not None and "ascend_store" in group.kv_connectors:
+        eager = True  # layerwise prefill offload requires eager mode; the code does not check
+    _flag(argv, "--enforce-eager", eager)
+    _flag(argv, "--block-size", opts.block_size)
+    if opts.enable_prefix_caching is not None:
+        argv.append(
+            "--enable-prefix-caching"
+            if opts.enable_prefix_caching
+            else "--no-enable-prefix-caching"
+        )
+    if opts.enable_chunked_prefill is not None:
+        argv.append(
+            "--enable-chunked-prefill"
+            if opts.enable_chunked_prefill
+            else "--no-enable-chunked-prefill"
+        )
+    add = additional_config(group, opts.additional_config)
+    if add:
+        argv += ["--additional-config", _json(add)]
+    if opts.compilation_config:
+        argv += ["--compilation-config", _json(opts.compilation_config)]
+    kvc = kv_transfer_config(profile, ep.role, group, ep)
+    if kvc:
+        argv += ["--kv-transfer-config", _json(kvc)]
+    argv += list(opts.args or [])
+
+    comps = set(group.kv_connectors)
+    env: dict[str, str] = {}
+    source: list[str] = []
+    files: list[str] = []
+    kv = profile.kv
+    if "ascend_store" in comps and kv.memcache is not None:
+        source += kv.memcache.set_env
+        env["MMC_LOCAL_CONFIG_PATH"] = MMC_LOCAL
+        files.append(MMC_LOCAL)
+    if "sfa_d2h" in comps:
+        for s in kv.memfabric.set_env:
+            if s not in source:
+                source.append(s)
+        if kv.memfabric.extend_lib_path:
+            env["MEMFABRIC_HYBRID_EXTEND_LIB_PATH"] = kv.memfabric.extend_lib_path
+    if comps & {"mooncake", "mooncake_layerwise"}:
+        env["MOONCAKE_CONFIG_PATH"] = MOONCAKE_CONFIG
+        files.append(MOONCAKE_CONFIG)
+    if "ucm" in comps:
+        from kvpd.plan.kvconfig import ucm_config_path
+
+        files.append(ucm_config_path(profile))
+    env.update(profile.env)
+    env.update(opts.env or {})
+    devs = ",".join(str(d) for d in ep.devices)
+    if host.nic and hw in ASCEND:
+        env.setdefault("HCCL_IF_IP", host.address)
+        for name in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
+            env.setdefault(name, host.nic)
+    elif host.nic:
+        env.setdefault("GLOO_SOCKET_IFNAME", host.nic)
+        env.setdefault("NCCL_SOCKET_IFNAME", host.nic)
+    if "sfa_d2h" in comps or host.nic:
+        # MemFabric and the ZMQ side channels advertise get_ip(), i.e. VLLM_HOST_IP.
+        env.setdefault("VLLM_HOST_IP", host.address)
+    if hw in ASCEND:
+        env.setdefault("ASCEND_RT_VISIBLE_DEVICES", devs)
+    elif hw == "cuda":
+        env.setdefault("CUDA_VISIBLE_DEVICES", devs)
+    elif hw == "cpu" and devs:
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", devs)
+
+    ports: list[tuple[int, str]] = [(ep.port, "http")]
+    ports += kv_ports(profile, group, ep)
+    if ep.per_rank and group.dp > 1 and ep.dp_ranks[0] == 0:
+        ports.append((group.dp_rpc_port, "data-parallel rpc"))
+    health_host = ep.host
+    return Proc(
+        name=ep.name,
+        host=ep.host,
+        role=ep.role,
+        stage=stage,
+        argv=tuple(argv),
+        env=tuple(env.items()),
+        source=tuple(source),
+        ports=tuple(ports),
+        health_url=f"http://{addr(profile, health_host)}:{ep.port}/health",
+        devices=ep.devices,
+        files=tuple(files),
+    )
+
+
+def kv_ports(profile: Profile, group: Group, ep: EngineProc) -> list[tuple[int, str]]:
+    """Hidden listening ports of a process: connector side channels (see vllm-ascend.md)."""
+    comps = set(group.kv_connectors)
+    out: list[tuple[int, str]] = []
+    if ep.kv_port is None:
+        return out
+    if comps & {"mooncake", "mooncake_layerwise"}:
+        # side channel = kv_port + dp_rank*tp*pp*cp; rank binds side + (pp_rank*cp+cp_rank)*tp + tp
+        for r in ep.dp_ranks:
+            side = ep.kv_port + r * group.tp * group.pp * group.cp
+            for i in range(group.tp * group.pp * group.cp):
+                out.append((side + i, f"mooncake kv_port dp{r} rank{i}"))
+    elif "sfa_d2h" in comps and ep.role == "decode":
+        for r in ep.dp_ranks:
+            for t in range(group.tp):
+                out.append((ep.kv_port + r * group.tp + t, f"sfa_d2h kv_port dp{r} tp{t}"))
+    return out
+
+
+def service_procs(profile: Profile) -> list[Proc]:
+    out: list[Proc] = []
+    kv = profile.kv
+    mc = kv.memcache
+    if mc is not None and mc.host in profile.hosts:
+        a = addr(profile, mc.host)
+        out.append(
+            Proc(
+                name="metaservice",
+                host=mc.host,
+                role="metaservice",
+                stage=STAGE["metaservice"],
+                argv=(
+                    mc.python,
+                    "-c",
+                    "from memcache_hybrid import MetaService; MetaService.main()",
+                ),
+                env=(("MMC_META_CONFIG_PATH", MMC_META),),
+                source=tuple(mc.set_env),
+                ports=(
+                    (mc.port, "memcache meta rpc"),
+                    (mc.config_store_port, "memcache config store"),
+                    (mc.metrics_port, "memcache metrics http"),
+                ),
+                health_url=f"http://{a}:{mc.metrics_port}/health",
+                files=(MMC_META,),
+            )
+        )
+    mk = kv.mooncake
+    if mk is not None and mk.host in profile.hosts:
+        a = addr(profile, mk.host)
+        argv = [mk.binary, "--port", str(mk.port)]
+        argv += ["--eviction_high_watermark_ratio", f"{mk.eviction_high_watermark_ratio:g}"]
+        argv += ["--eviction_ratio", f"{mk.eviction_ratio:g}"]
+        argv += ["--default_kv_lease_ttl", str(mk.default_kv_lease_ttl)]
+        if mk.metrics_port != 9003:
+            argv += ["--metrics_port", str(mk.metrics_port)]
+        ports = [(mk.port, "mooncake master rpc"), (mk.metrics_port, "mooncake metrics/admin")]
+        if mk.http_metadata_port is not None:
+            argv += ["--enable_http_metadata_server=true"]
+            argv += ["--http_metadata_server_port", str(mk.http_metadata_port)]
+            ports.append((mk.http_metadata_port, "mooncake http metadata"))
+        argv += mk.extra_args
+        env = (
+            (("LD_LIBRARY_PATH", f"{mk.ld_library_path}:$LD_LIBRARY_PATH"),)
+            if mk.ld_library_path
+            else ()
+        )
+        out.append(
+            Proc(
+                name="mooncake-master",
+                host=mk.host,
+                role="mooncake",
+                stage=STAGE["mooncake"],
+                argv=tuple(argv),
+                env=env,
+                ports=tuple(ports),
+                health_url=f"http://{a}:{mk.metrics_port}/health",
+            )
+        )
+    return out
+
+
+def proxy_proc(profile: Profile, engines: list[Proc], stage: int) -> Proc | None:
+    px = profile.proxy
+    if px is None or px.host not in profile.hosts:
+        return None
+    pre = [p for p in engines if p.role == "prefill"]
+    dec = [p for p in engines if p.role in ("decode", "mixed")]
+    a = addr(profile, px.host)
+    bind = px.bind or a
+    flow = proxy_flow(profile)
+
+    def hp(procs: list[Proc]) -> tuple[list[str], list[str]]:
+        return [addr(profile, p.host) for p in procs], [str(p.ports[0][0]) for p in procs]
+
+    ph, pp = hp(pre)
+    dh, dp = hp(dec)
+    if px.impl == "kvpd":
+        argv = [profile.runtime.kvpd, "proxy", "--host", bind, "--port", str(px.port)]
+        health = f"http://{a}:{px.port}/health"
+    else:
+        script = px.script or (
+            "examples/disaggregated_prefill_v1/"
+            + (
+                "load_balance_proxy_layerwise_server_example.py"
+                if flow == "layerwise"
+                else "load_balance_proxy_server_example.py"
+            )
+        )
+        argv = [px.python, script, "--port", str(px.port), "--host", bind]
+        health = f"http://{a}:{px.port}/healthcheck"
+    argv += ["--prefiller-hosts", *ph, "--prefiller-ports", *pp]
+    argv += ["--decoder-hosts", *dh, "--decoder-ports", *dp]
+    if px.impl == "kvpd":
+        argv += ["--flow", flow]
+    return Proc(
+        name="proxy",
+        host=px.host,
+        role="proxy",
+        stage=stage,
+        argv=tuple(argv),
+        env=tuple((k, v) for k, v in profile.env.items() if k == "OPENAI_API_KEY"),
+        ports=((px.port, "proxy http"),),
+        health_url=health,
+    )
+
+
+def proxy_flow(profile: Profile) -> str:
+    px = profile.proxy
+    if px is not None and px.flow != "auto":
+        return px.flow
+    d = profile.decode
+    return "layerwise" if d is not None and "sfa_d2h" in d.kv_connectors else "prefill-first"
+
+
+def all_procs(profile: Profile, layout: Layout) -> list[Proc]:
+    out = service_procs(profile)
+    services_stage = 0 if out else -1
+    engines: list[Proc] = []
+    # Decode waits for prefill only where it depends on it: SfaRemoteD2H's MemFabric config
+    # store is owned by the prefill side. Otherwise P and D start together, as the guides do.
+    d = profile.decode
+    decode_after_prefill = d is not None and "sfa_d2h" in d.kv_connectors
+    for ep in layout.procs:
+        group = getattr(profile, ep.role)
+        stage = services_stage + 1
+        if ep.role == "decode" and decode_after_prefill:
+            stage += 1
+        engines.append(engine_proc(profile, group, ep, stage))
+    out += engines
+    last = max((p.stage for p in out), default=0)
+    px = proxy_proc(profile, engines, last + 1)
+    if px is not None:
+        out.append(px)
+    return out

@@ -1,0 +1,58 @@
+"""Render config files and launch scripts from templates (pure: text in, text out)."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+
+from kvpd.plan.processes import Proc
+from kvpd.plan.shell import command_lines, quote, quote_expanding
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("kvpd", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["q"] = quote
+    env.filters["qx"] = quote_expanding
+    return env
+
+
+def render(template: str, **context: Any) -> str:
+    try:
+        return _env().get_template(template).render(**context)
+    except jinja2.TemplateError as e:  # a bug in kvpd, not in the profile
+        line = getattr(e, "lineno", None)
+        raise RuntimeError(f"Template {template} (L{line}): {e}") from e
+
+
+def launch_script(proc: Proc, deployment: str, log: str, dirs: list[str] | None = None) -> str:
+    return render(
+        "launch.sh.j2",
+        dirs=dirs or [],
+        proc=proc,
+        host=proc.host,
+        deployment=deployment,
+        log=log,
+        command=command_lines(proc.argv),
+    )
+
+
+def mooncake_json(
+    metadata_server: str, protocol: str, device_name: str, master: str, global_segment_size: str
+) -> str:
+    doc = {
+        "metadata_server": metadata_server,
+        "protocol": protocol,
+        "device_name": device_name,
+        "master_server_address": master,
+        "global_segment_size": global_segment_size,
+    }
+    return json.dumps(doc, indent=4) + "\n"

@@ -1,0 +1,1 @@
+"""The cluster profile: schema (pydantic), YAML loading with line numbers, bundled profiles."""

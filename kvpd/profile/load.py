@@ -1,0 +1,249 @@
+"""Load a profile from YAML: keep each value's line, turn schema errors into located messages.
+
+Every message has the form `<file>:<line>: <field.path>: <what is wrong>. <how to fix>`; the
+SkyPilot-style "did you mean" is computed from the fields the schema allows at that place.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from kvpd.errors import ProfileError
+from kvpd.profile.schema import Profile
+
+Path_ = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a profile came from, with the line of every field for messages."""
+
+    name: str  # file path or "bundled:<name>"
+    text: str
+    lines: dict[Path_, int]
+
+    def line(self, path: Path_) -> int | None:
+        """Line of `path`, or of its nearest ancestor that has one."""
+        p = tuple(path)
+        while p:
+            if p in self.lines:
+                return self.lines[p]
+            p = p[:-1]
+        return None
+
+    def where(self, path: Path_) -> str:
+        line = self.line(path)
+        return f"{self.name}:{line}" if line else self.name
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+
+def dotted(path: Path_) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{name}:{mark.line + 1}" if mark else name
+        problem = getattr(e, "problem", None) or str(e)
+        raise ProfileError(
+            f"{where}: not valid YAML: {problem}. Check indentation and quoting."
+        ) from None
+    lines: dict[Path_, int] = {}
+
+    def walk(n: yaml.Node | None, path: Path_) -> Any:
+        if n is None:
+            return None
+        if isinstance(n, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for k, v in n.value:
+                key = k.value
+                sub = path + (key,)
+                if key in out:
+                    raise ProfileError(
+                        f"{name}:{k.start_mark.line + 1}: {dotted(sub)}: key appears twice. "
+                        "Keep one of them."
+                    )
+                lines[sub] = k.start_mark.line + 1
+                out[key] = walk(v, sub)
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            items = []
+            for i, v in enumerate(n.value):
+                lines[path + (i,)] = v.start_mark.line + 1
+                items.append(walk(v, path + (i,)))
+            return items
+        loader = yaml.SafeLoader("")
+        try:
+            return loader.construct_object(n, deep=True)
+        finally:
+            loader.dispose()
+
+    data = walk(node, ())
+    return data, lines
+
+
+def _model_at(path: Path_) -> type[BaseModel] | None:
+    """The pydantic model that validates the mapping at `path` (for "did you mean")."""
+    model: Any = Profile
+    for part in path:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        model = _unwrap(field.annotation)
+        if model is dict or get_origin(model) is dict:
+            args = get_args(model)
+            model = _unwrap(args[1]) if len(args) == 2 else None
+            # the next path element is the dict key (e.g. a host name): skip it
+            return _model_at_dict(path, part)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _model_at_dict(path: Path_, dict_field: str | int) -> type[BaseModel] | None:
+    idx = path.index(dict_field)
+    head, rest = path[: idx + 1], path[idx + 2 :]
+    model: Any = _model_at(head[:-1]) if head[:-1] else Profile
+    field = model.model_fields[str(dict_field)] if model else None
+    if field is None:
+        return None
+    args = get_args(_unwrap(field.annotation))
+    value_model = _unwrap(args[1]) if len(args) == 2 else None
+    for part in rest:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(value_model, type) and issubclass(value_model, BaseModel)):
+            return None
+        f = value_model.model_fields.get(str(part))
+        if f is None:
+            return None
+        value_model = _unwrap(f.annotation)
+    ok = isinstance(value_model, type) and issubclass(value_model, BaseModel)
+    return value_model if ok else None
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip Optional/Union-with-None and list[...] to the interesting inner type."""
+    while True:
+        origin = get_origin(tp)
+        if origin is list:
+            tp = get_args(tp)[0]
+            continue
+        if origin is not None and type(None) in get_args(tp):
+            rest = [a for a in get_args(tp) if a is not type(None)]
+            if len(rest) == 1:
+                tp = rest[0]
+                continue
+        return tp
+
+
+def _message(err: dict[str, Any]) -> tuple[Path_, str]:
+    loc: Path_ = tuple(err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        key = str(loc[-1])
+        model = _model_at(loc[:-1])
+        allowed = sorted(model.model_fields) if model else []
+        close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        listing = f" Allowed here: {', '.join(allowed)}." if allowed and not close else ""
+        return loc, f"unknown field '{key}'.{hint}{listing}"
+    if kind == "missing":
+        return loc, "required field is missing. Add it."
+    inp = err.get("input")
+    shown = repr(inp) if not isinstance(inp, (dict, list)) else type(inp).__name__
+    msg = err["msg"]
+    if kind == "literal_error":
+        return loc, f"{shown} is not allowed: {msg[0].lower() + msg[1:]}."
+    return loc, f"{shown}: {msg[0].lower() + msg[1:]}."
+
+
+def apply_sets(data: dict[str, Any], sets: list[str]) -> None:
+    """Apply `--set a.b.c=value` overrides (value parsed as YAML) to raw profile data."""
+    for item in sets:
+        key, eq, raw = item.partition("=")
+        if not eq or not key.strip():
+            raise ProfileError(f"--set {item!r}: write FIELD.PATH=VALUE, e.g. proxy.port=9000.")
+        parts = key.strip().split(".")
+        node: Any = data
+        for part in parts[:-1]:
+            nxt = node.get(part) if isinstance(node, dict) else None
+            if nxt is None:
+                nxt = {}
+                node[part] = nxt
+            if not isinstance(nxt, dict):
+                raise ProfileError(f"--set {item!r}: {part} is not a mapping in this profile.")
+            node = nxt
+        try:
+            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            node[parts[-1]] = raw
+
+
+def parse_profile(text: str, name: str, sets: list[str] | None = None) -> tuple[Profile, Source]:
+    """Parse YAML text into a Profile. Pure (no I/O). Raises ProfileError with every problem."""
+    data, lines = _compose(text, name)
+    if not isinstance(data, dict):
+        raise ProfileError(f"{name}: a profile is a YAML mapping (name:, hosts:, model:, ...).")
+    if sets:
+        apply_sets(data, sets)
+        text = text + "".join(f"\n# --set {s}" for s in sets)  # part of the digest
+    source = Source(name=name, text=text, lines=lines)
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc, msg = _message(err)
+            problems.append(f"{source.where(loc)}: {dotted(loc)}: {msg}")
+        raise ProfileError(problems) from None
+    return profile, source
+
+
+def bundled_names() -> list[str]:
+    root = resources.files("kvpd") / "profiles"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_profile_text(arg: str) -> tuple[str, str]:
+    """Resolve PROFILE (a file path or a bundled profile name) to (text, display name)."""
+    path = Path(arg)
+    if path.is_file():
+        return path.read_text(), str(path)
+    if "/" not in arg and not arg.endswith((".yaml", ".yml")):
+        res = resources.files("kvpd") / "profiles" / f"{arg}.yaml"
+        if res.is_file():
+            return res.read_text(), f"bundled:{arg}"
+    names = ", ".join(bundled_names())
+    raise ProfileError(
+        f"{arg}: no such profile file, and not a bundled profile. Bundled profiles: {names}. "
+        "Pass a path to a YAML file or one of those names."
+    )
+
+
+def load_profile(arg: str, sets: list[str] | None = None) -> tuple[Profile, Source]:
+    """Read and parse PROFILE (path or bundled name), with optional --set overrides."""
+    text, name = read_profile_text(arg)
+    return parse_profile(text, name, sets)
