@@ -1,0 +1,274 @@
+"""`kvpd up`, `down`, `status` and `logs`: start, stop and inspect a deployment."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import typer
+
+from kvpd.errors import KvpdError, StateError
+
+if TYPE_CHECKING:
+    from kvpd.exec.state import StateStore
+    from kvpd.exec.transport import Transport
+    from kvpd.plan.model import Plan
+
+
+def _load_plan(profile: str) -> Plan:
+    try:
+        from kvpd.plan.build import load_plan
+    except ModuleNotFoundError as e:  # only while the plan builder is being written
+        raise KvpdError(f"cannot build a plan: {e}") from None
+    return load_plan(profile)
+
+
+def _resolve_deployment(profile: str | None, deployment: str | None, store: StateStore) -> str:
+    """--deployment wins; else PROFILE (a deployment name, or a profile whose plan names one);
+    else the only deployment with state."""
+    if deployment:
+        return deployment
+    known = store.deployments()
+    if profile:
+        if profile in known:
+            return profile
+        return _load_plan(profile).deployment
+    if len(known) == 1:
+        return known[0]
+    if not known:
+        raise StateError(f"no deployments under {store.root}: nothing was started from here.")
+    raise StateError(
+        f"{len(known)} deployments under {store.root} ({', '.join(known)}): name one with "
+        "PROFILE or --deployment NAME."
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("up")
+    def up_cmd(
+        profile: str = typer.Argument(..., help="Profile file or bundled profile name."),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Start without asking."),
+        json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        grace: float = typer.Option(
+            20.0, "--grace", help="Seconds between SIGTERM and SIGKILL when rolling back."
+        ),
+    ) -> None:
+        """Start a deployment: write its files, start its stages in order, gate on health."""
+        from kvpd.cli import output
+        from kvpd.exec.executor import Executor
+        from kvpd.exec.state import StateStore
+        from kvpd.exec.transports import TransportPool
+
+        plan = _load_plan(profile)
+        store = StateStore()
+        pool = TransportPool(plan.hosts)
+        try:  # before asking: a running deployment is refused whatever the answer
+            Executor(pool, store=store).refuse_if_running(plan.deployment, profile)
+        except BaseException:
+            pool.close()
+            raise
+        if not json_out:
+            output.out.print(output.plan_summary(plan))
+            for w in plan.warnings:
+                output.err.print(f"[yellow]warning:[/] {w}")
+        if not yes:
+            if not sys.stdin.isatty():
+                pool.close()
+                output.err.print("kvpd: not a terminal; pass --yes to start without asking.")
+                raise typer.Exit(2)
+            try:
+                typer.confirm(f"Start deployment {plan.deployment!r}?", abort=True)
+            finally:
+                pool.close()  # reopened on demand by the executor
+        names = [(p.name, p.host) for p in plan.processes]
+        state = None
+        # SIGTERM (e.g. a CI timeout) takes the same path as Ctrl-C: roll back, then exit.
+        old_term = signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            if json_out:
+                state = Executor(pool, store=store, grace_s=grace).up(plan, profile=profile)
+            else:
+                with output.LiveProgress(names, f"up {plan.deployment}") as progress:
+                    ex = Executor(pool, progress, store=store, grace_s=grace)
+                    state = ex.up(plan, profile=profile)
+        except KvpdError as e:
+            if json_out:
+                failed = store.load(plan.deployment)
+                data = output.state_json(failed, str(store.path(plan.deployment))) if failed else {}
+                output.print_json({**data, "status": "failed", "error": str(e)})
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
+            pool.close()
+        if json_out:
+            output.print_json(output.state_json(state, str(store.path(plan.deployment))))
+            return
+        output.out.print(output.up_table(state))
+        if plan.proxy_url:
+            output.out.print(f"Proxy: {plan.proxy_url}")
+        output.out.print(f"Stop with: kvpd down {profile}")
+
+    @app.command("down")
+    def down_cmd(
+        profile: str | None = typer.Argument(None, help="Profile or deployment name."),
+        deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
+        grace: float = typer.Option(20.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
+        json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Stop a deployment (reverse order, SIGTERM then SIGKILL); verify nothing is left."""
+        from kvpd.cli import output
+        from kvpd.exec.executor import Executor
+        from kvpd.exec.state import StateStore
+        from kvpd.exec.transports import TransportPool
+
+        store = StateStore()
+        name = _resolve_deployment(profile, deployment, store)
+        state = store.load(name)
+        if state is None:
+            if json_out:
+                output.print_json(
+                    {
+                        "deployment": name,
+                        "nothing_running": True,
+                        "clean": True,
+                        "processes": [],
+                        "busy_ports": {},
+                    }
+                )
+            else:
+                output.out.print(f"Nothing to stop: no state for deployment {name!r}.")
+            return
+        pool = TransportPool(state.plan.hosts)
+        try:
+            if json_out:
+                result = Executor(pool, store=store, grace_s=grace).down(state)
+            else:
+                names = [(r.name, r.host) for r in state.processes]
+                with output.LiveProgress(names, f"down {name}") as progress:
+                    result = Executor(pool, progress, store=store, grace_s=grace).down(state)
+        finally:
+            pool.close()
+        if json_out:
+            output.print_json(output.down_json(result))
+        elif result.nothing_running and result.clean:
+            output.out.print(f"Nothing is running for deployment {name!r}.")
+        else:
+            output.out.print(output.down_table(result))
+        problems = []
+        if result.stop.leftover:
+            problems.append("still running: " + ", ".join(o.name for o in result.stop.leftover))
+        for host, ports in result.stop.busy_ports.items():
+            problems.append(
+                f"ports {', '.join(map(str, ports))} still listening on {host} "
+                "(another process holds them: `ss -ltnp` shows which)"
+            )
+        if problems:
+            raise StateError(f"down of {name!r} incomplete: " + "; ".join(problems))
+
+    @app.command("status")
+    def status_cmd(
+        profile: str | None = typer.Argument(None, help="Profile or deployment name."),
+        deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
+        json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    ) -> None:
+        """Show each process: alive, healthy (one probe), uptime, ports."""
+        from kvpd.cli import output
+        from kvpd.exec.executor import Executor, load_state
+        from kvpd.exec.state import StateStore
+        from kvpd.exec.transports import TransportPool
+
+        store = StateStore()
+        name = _resolve_deployment(profile, deployment, store)
+        state = load_state(name, store)
+        pool = TransportPool(state.plan.hosts)
+        try:
+            rows = Executor(pool, store=store).status(state)
+        finally:
+            pool.close()
+        if json_out:
+            output.print_json({**output.status_json(name, rows), "status": state.status})
+            return
+        output.out.print(output.status_table(f"{name} ({state.status})", rows))
+
+    @app.command("logs")
+    def logs_cmd(
+        name: str = typer.Argument(..., help="Process name, e.g. decode-0 or proxy."),
+        follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
+        lines: int = typer.Option(50, "-n", "--lines", help="How many last lines to show."),
+        deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
+    ) -> None:
+        """Print the log of one process (from its host)."""
+        from kvpd.exec.state import StateStore
+        from kvpd.exec.transports import open_transport
+
+        store = StateStore()
+        dep = deployment or _deployment_with_process(name, store)
+        state = store.load(dep)
+        if state is None:
+            raise StateError(f"no state for deployment {dep!r} under {store.root}.")
+        rec = state.record(name)
+        if rec is None:
+            known = ", ".join(r.name for r in state.processes) or "none started"
+            raise StateError(f"deployment {dep!r} has no process {name!r} (known: {known}).")
+        t = open_transport(state.plan.host(rec.host))
+        try:
+            r = t.run(["tail", "-n", str(lines), rec.log], timeout_s=30)
+            if not r.ok:
+                raise StateError(f"cannot read {rec.log} on {rec.host}: {r.stderr.strip()}")
+            sys.stdout.write(r.stdout)
+            sys.stdout.flush()
+            if follow:
+                _follow(t, rec.log)
+        finally:
+            t.close()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _deployment_with_process(name: str, store: StateStore) -> str:
+    known = store.deployments()
+    having = [d for d in known if (s := store.load(d)) is not None and s.record(name)]
+    if len(having) == 1:
+        return having[0]
+    if not having:
+        raise StateError(f"no deployment under {store.root} has a process {name!r}.")
+    raise StateError(f"{name!r} exists in {', '.join(having)}: pick one with --deployment.")
+
+
+def _follow(t: Transport, log: str) -> None:
+    """Poll the file size and print what was appended, until Ctrl-C."""
+
+    def size() -> int:
+        r = t.run(["stat", "-c", "%s", log], timeout_s=30)
+        return int(r.stdout.strip()) if r.ok and r.stdout.strip().isdigit() else 0
+
+    offset = size()
+    try:
+        while True:
+            time.sleep(0.5)
+            now = size()
+            if now < offset:  # truncated or replaced: start over
+                offset = 0
+            if now > offset:  # exactly the bytes [offset, now): the file may grow meanwhile
+                r = t.run(
+                    [
+                        "dd",
+                        f"if={log}",
+                        "iflag=skip_bytes,count_bytes",
+                        f"skip={offset}",
+                        f"count={now - offset}",
+                        "bs=65536",
+                        "status=none",
+                    ],
+                    timeout_s=30,
+                )
+                if r.ok:
+                    sys.stdout.write(r.stdout)
+                    sys.stdout.flush()
+                offset = now
+    except KeyboardInterrupt:
+        return

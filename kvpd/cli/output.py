@@ -1,0 +1,251 @@
+"""Rich rendering for up/down/status: live progress per process, results tables, JSON mirrors."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from kvpd.exec.executor import DownResult, ProcessStatus
+from kvpd.exec.state import DeploymentState
+from kvpd.plan.model import Plan
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False)
+
+_PHASE_STYLE = {
+    "pending": "dim",
+    "starting": "cyan",
+    "waiting": "yellow",
+    "healthy": "green",
+    "failed": "bold red",
+    "stopping": "magenta",
+    "stopped": "dim",
+}
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def plan_summary(plan: Plan) -> Table:
+    t = Table(title=f"Deployment {plan.deployment} ({plan.profile_digest[:19]})")
+    for col in ("Stage", "Process", "Host", "Role", "Ports", "Health"):
+        t.add_column(col)
+    for stage in plan.stages:
+        for p in stage:
+            t.add_row(
+                str(p.stage),
+                p.name,
+                p.host,
+                p.role,
+                ",".join(map(str, p.ports)) or "-",
+                p.health.url if p.health else "-",
+            )
+    return t
+
+
+class LiveProgress:
+    """A Reporter that shows one line per process; use as a context manager. Thread-safe."""
+
+    def __init__(self, names: list[tuple[str, str]], title: str, console: Console = err) -> None:
+        self._rows: dict[str, dict[str, Any]] = {
+            n: {"host": h, "phase": "pending", "detail": "", "elapsed": None, "t": None}
+            for n, h in names
+        }
+        self._messages: list[str] = []
+        self._title = title
+        self._lock = threading.Lock()
+        self._console = console
+        self._live = Live(self, console=console, refresh_per_second=4, transient=False)
+
+    def __enter__(self) -> LiveProgress:
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._live.__exit__(*exc)  # type: ignore[arg-type]
+        if not self._console.is_terminal:  # Live leaves the last line open when not a tty
+            self._console.line()
+
+    def process(
+        self,
+        name: str,
+        phase: str,
+        *,
+        host: str = "",
+        detail: str = "",
+        elapsed_s: float | None = None,
+    ) -> None:
+        with self._lock:
+            row = self._rows.setdefault(name, {"host": host, "t": None})
+            if phase == "starting":
+                self._messages = []  # file writing is over: its note would only be stale
+            if phase != row.get("phase"):
+                row["t"] = time.monotonic()  # elapsed of the current phase, shown live
+            row.update(phase=phase, detail=detail, elapsed=elapsed_s)
+            if host:
+                row["host"] = host
+
+    def message(self, text: str) -> None:
+        with self._lock:
+            self._messages = (self._messages + [text])[-3:]
+
+    def __rich__(self) -> Table:
+        with self._lock:
+            caption = self._messages[-1] if self._messages else None
+        t = Table(
+            title=self._title,
+            title_justify="left",
+            caption=caption,
+            caption_justify="left",
+            box=None,
+            padding=(0, 2),
+        )
+        for col in ("Process", "Host", "Status", "Elapsed", "Detail"):
+            t.add_column(col)
+        now = time.monotonic()
+        with self._lock:
+            for name, r in self._rows.items():
+                phase = r.get("phase", "pending")
+                elapsed = r.get("elapsed")
+                if phase in ("starting", "waiting", "stopping") and r.get("t") is not None:
+                    elapsed = now - r["t"] if elapsed is None else elapsed
+                label = "waiting for health" if phase == "waiting" else phase
+                t.add_row(
+                    name,
+                    r.get("host", ""),
+                    Text(label, style=_PHASE_STYLE.get(phase, "")),
+                    fmt_duration(elapsed) if elapsed is not None else "",
+                    Text(str(r.get("detail", ""))[:80], style="dim"),
+                )
+        return t
+
+
+def state_json(state: DeploymentState, path: str = "") -> dict[str, Any]:
+    return {
+        "deployment": state.deployment,
+        "status": state.status,
+        "profile_digest": state.profile_digest,
+        "state_file": path,
+        "proxy_url": state.plan.proxy_url,
+        "processes": [
+            {
+                "name": r.name,
+                "host": r.host,
+                "stage": r.stage,
+                "pid": r.pid,
+                "pgid": r.pgid,
+                "ports": r.ports,
+                "log": r.log,
+                "started_at": r.started_at,
+                "status": r.status,
+            }
+            for r in state.processes
+        ],
+    }
+
+
+def up_table(state: DeploymentState) -> Table:
+    t = Table(title=f"{state.deployment}: {state.status}")
+    for col in ("Process", "Host", "Stage", "PID", "Ports", "Status", "Log"):
+        t.add_column(col)
+    for r in state.processes:
+        t.add_row(
+            r.name,
+            r.host,
+            str(r.stage),
+            str(r.pid),
+            ",".join(map(str, r.ports)) or "-",
+            Text(r.status, style=_PHASE_STYLE.get(r.status, "")),
+            r.log,
+        )
+    return t
+
+
+def down_json(result: DownResult) -> dict[str, Any]:
+    return {
+        "deployment": result.deployment,
+        "nothing_running": result.nothing_running,
+        "clean": result.clean,
+        "processes": [
+            {"name": o.name, "host": o.host, "result": o.how, "detail": o.detail}
+            for o in result.stop.outcomes
+        ],
+        "busy_ports": result.stop.busy_ports,
+    }
+
+
+def down_table(result: DownResult) -> Table:
+    t = Table(title=f"{result.deployment}: down")
+    for col in ("Process", "Host", "Result", "Detail"):
+        t.add_column(col)
+    for o in result.stop.outcomes:
+        style = "green" if o.gone else "bold red"
+        t.add_row(o.name, o.host, Text(o.how, style=style), o.detail)
+    return t
+
+
+def status_json(deployment: str, rows: list[ProcessStatus]) -> dict[str, Any]:
+    return {
+        "deployment": deployment,
+        "processes": [
+            {
+                "name": s.name,
+                "host": s.host,
+                "pid": s.pid,
+                "alive": s.alive,
+                "healthy": s.healthy,
+                "uptime_s": s.uptime_s,
+                "ports": s.ports,
+                "listening": s.listening,
+                "log": s.log,
+                "detail": s.detail,
+            }
+            for s in rows
+        ],
+    }
+
+
+def status_table(deployment: str, rows: list[ProcessStatus]) -> Table:
+    t = Table(title=f"{deployment}")
+    for col in ("Process", "Host", "PID", "Alive", "Healthy", "Uptime", "Ports", "Detail"):
+        t.add_column(col)
+
+    def yn(v: bool | None) -> Text:
+        if v is None:
+            return Text("-", style="dim")
+        return Text("yes", style="green") if v else Text("no", style="red")
+
+    for s in rows:
+        ports = ",".join(f"{p}{'' if p in s.listening else '(closed)'}" for p in s.ports)
+        t.add_row(
+            s.name,
+            s.host,
+            str(s.pid),
+            yn(s.alive),
+            yn(s.healthy),
+            fmt_duration(s.uptime_s),
+            ports or "-",
+            s.detail,
+        )
+    return t

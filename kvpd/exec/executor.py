@@ -1,0 +1,439 @@
+"""The executor: the only code that starts and stops a deployment's processes (up/down/status)."""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
+from kvpd.exec import diagnose
+from kvpd.exec.health import ProbeResult, probe
+from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
+from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
+from kvpd.exec.transport import Transport
+from kvpd.exec.transports import TransportPool
+from kvpd.plan.model import HostSpec, Plan, ProcessSpec
+
+DEFAULT_GRACE_S = 20.0
+# Written through bash's positional parameters so no value is ever parsed as shell code.
+_LOG_HEADER_SH = 'mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
+
+
+class _ProcessFailed(Exception):
+    def __init__(self, spec: ProcessSpec, reason: str, *, timeout: bool = False) -> None:
+        super().__init__(reason)
+        self.spec = spec
+        self.reason = reason
+        self.timeout = timeout
+
+
+@dataclass
+class ProcessStatus:
+    name: str
+    host: str
+    pid: int
+    alive: bool | None  # None: the host could not be asked
+    healthy: bool | None  # None: no health check, or not alive
+    uptime_s: float | None
+    ports: list[int]
+    listening: list[int]
+    log: str
+    detail: str = ""
+
+
+@dataclass
+class DownResult:
+    deployment: str
+    stop: StopResult = field(default_factory=StopResult)
+
+    @property
+    def nothing_running(self) -> bool:
+        return self.stop.nothing_was_running
+
+    @property
+    def clean(self) -> bool:
+        return not self.stop.leftover and not self.stop.busy_ports
+
+
+def log_path(run_dir: str, spec: ProcessSpec) -> str:
+    return posixpath.join(run_dir, spec.log or f"logs/{spec.name}.log")
+
+
+class Executor:
+    """Runs a Plan through transports. `clock`/`sleep` are injectable so tests of deadlines
+    run instantly; `wall` is Unix time for the records."""
+
+    def __init__(
+        self,
+        transports: Mapping[str, Transport],
+        reporter: Reporter | None = None,
+        *,
+        store: StateStore | None = None,
+        grace_s: float = DEFAULT_GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        wall: Callable[[], float] = time.time,
+        max_workers: int = 16,
+        probe_timeout_s: float = 2.0,
+        log_tail_lines: int = 30,
+    ) -> None:
+        # Hosts of an older state may be missing from `transports`: the pool opens those.
+        self.transports = (
+            transports
+            if isinstance(transports, TransportPool)
+            else TransportPool([], given=dict(transports))
+        )
+        self.reporter = reporter or NullReporter()
+        self.store = store or StateStore()
+        self.grace_s = grace_s
+        self.clock = clock
+        self.sleep = sleep
+        self.wall = wall
+        self.max_workers = max_workers
+        self.probe_timeout_s = probe_timeout_s
+        self.log_tail_lines = log_tail_lines
+        self._lock = threading.Lock()  # guards the state being built and its saving
+
+    # -- up ------------------------------------------------------------------------------
+
+    def up(self, plan: Plan, *, profile: str = "") -> DeploymentState:
+        """Start every process stage by stage, each stage gated on health. On any failure,
+        stop what this run started and raise DeployError (HealthTimeout for deadlines)."""
+        self._know_hosts(plan.hosts)
+        self.refuse_if_running(plan.deployment, profile or plan.deployment)
+        state = DeploymentState(
+            deployment=plan.deployment,
+            profile_digest=plan.profile_digest,
+            plan=plan,
+            profile=profile,
+        )
+        self._save(state)
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            try:
+                self._resolve_run_dirs(state, pool)
+                self._write_files(state, pool)
+                for stage in plan.stages:
+                    records = self._start_stage(state, stage, pool)
+                    self._wait_stage(stage, records, pool)
+                    self._save(state)
+            except BaseException as e:
+                raise self._roll_back(state, e, pool) from None
+        state.status = "up"
+        self._save(state)
+        return state
+
+    def close(self) -> None:
+        """Close the transports the executor opened itself (never the ones it was given)."""
+        self.transports.close()
+
+    def _know_hosts(self, hosts: tuple[HostSpec, ...]) -> None:
+        self.transports.add_hosts(hosts)
+
+    def refuse_if_running(self, deployment: str, profile: str) -> None:
+        old = self.store.load(deployment)
+        if old is None:
+            return
+        self._know_hosts(old.plan.hosts)
+        running = [r.name for r in old.processes if self._safe_running(r)]
+        if running:
+            raise StateError(
+                f"deployment {deployment!r} is already running ({len(running)} processes: "
+                f"{', '.join(running)}). Stop it first: kvpd down {old.profile or profile}"
+            )
+
+    def _safe_running(self, rec: ProcessRecord) -> bool:
+        try:
+            return is_running(self.transports[rec.host], rec)
+        except Exception:  # noqa: BLE001 - unknown counts as running: never start twice
+            return True
+
+    def _save(self, state: DeploymentState) -> None:
+        with self._lock:
+            self.store.save(state)
+
+    def _resolve_run_dirs(self, state: DeploymentState, pool: ThreadPoolExecutor) -> None:
+        hosts = {p.host for p in state.plan.processes} | {f.host for f in state.plan.files}
+        specs = [state.plan.host(h) for h in sorted(hosts)]
+        dirs = pool.map(lambda h: self.transports[h.name].resolve(h.run_dir), specs)
+        state.run_dirs = {h.name: d for h, d in zip(specs, dirs, strict=True)}
+        self._save(state)
+
+    def _write_files(self, state: DeploymentState, pool: ThreadPoolExecutor) -> None:
+        by_host: dict[str, list] = {}
+        for f in state.plan.files:
+            by_host.setdefault(f.host, []).append(f)
+
+        def write(host: str) -> None:
+            t, run_dir = self.transports[host], state.run_dirs[host]
+            self.reporter.message(f"{host}: writing {len(by_host[host])} files under {run_dir}")
+            for f in by_host[host]:
+                try:
+                    t.put(posixpath.join(run_dir, f.path), f.content.encode(), mode=f.mode)
+                except KvpdError:
+                    raise
+                except Exception as e:
+                    raise DeployError(f"writing {f.path} on host {host} failed: {e}") from e
+
+        list(pool.map(write, sorted(by_host)))
+
+    def _start_stage(
+        self, state: DeploymentState, stage: list[ProcessSpec], pool: ThreadPoolExecutor
+    ) -> list[tuple[ProcessRecord, float]]:
+        futures = [pool.submit(self._start_one, state, p) for p in stage]
+        started, first_error = [], None
+        for fut in futures:  # collect every start, so all are recorded before a rollback
+            try:
+                started.append(fut.result())
+            except BaseException as e:  # noqa: BLE001
+                first_error = first_error or e
+        with self._lock:  # records in plan order (they were appended as starts finished)
+            order = {p.name: i for i, p in enumerate(state.plan.processes)}
+            state.processes.sort(key=lambda r: (r.stage, order.get(r.name, len(order))))
+        if first_error is not None:
+            raise first_error
+        return started
+
+    def _start_one(self, state: DeploymentState, p: ProcessSpec) -> tuple[ProcessRecord, float]:
+        t, run_dir = self.transports[p.host], state.run_dirs[p.host]
+        self.reporter.process(p.name, "starting", host=p.host)
+        log = log_path(run_dir, p)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.wall()))
+        header = f"{diagnose.HEADER_PREFIX}{state.deployment}/{p.name} started {stamp} ==="
+        r = t.run(["bash", "-c", _LOG_HEADER_SH, "kvpd-log", log, header], timeout_s=30)
+        if not r.ok:
+            raise _ProcessFailed(p, f"could not create its log {log}: {r.stderr.strip()}")
+        env = dict(p.env) | {"KVPD_DEPLOYMENT": state.deployment, "KVPD_PROCESS": p.name}
+        try:
+            s = t.start_detached(
+                ["bash", posixpath.join(run_dir, p.script)], log=log, cwd=run_dir, env=env
+            )
+        except KvpdError as e:
+            raise _ProcessFailed(p, f"could not be started: {e}") from e
+        rec = ProcessRecord(
+            name=p.name,
+            host=p.host,
+            stage=p.stage,
+            pid=s.pid,
+            pgid=s.pgid,
+            start_ticks=s.start_ticks,
+            ports=list(p.ports),
+            log=log,
+            started_at=self.wall(),
+        )
+        with self._lock:  # record before anything else can fail: `down` must know it
+            state.processes.append(rec)
+            self.store.save(state)
+        return rec, self.clock()
+
+    def _wait_stage(
+        self,
+        stage: list[ProcessSpec],
+        started: list[tuple[ProcessRecord, float]],
+        pool: ThreadPoolExecutor,
+    ) -> None:
+        specs = {p.name: p for p in stage}
+        pending = list(started)
+        while pending:
+            checks = list(pool.map(lambda rt: self._check(specs[rt[0].name], rt[0]), pending))
+            now, still = self.clock(), []
+            for (rec, t0), (alive, pr) in zip(pending, checks, strict=True):
+                spec, elapsed = specs[rec.name], now - t0
+                if not alive:  # checked first: a foreign server may answer on a clashing port
+                    last = f" (last probe: {pr.detail})" if pr else ""
+                    raise _ProcessFailed(spec, f"exited before becoming healthy{last}")
+                if pr is None or pr.ok:
+                    rec.status = "healthy"
+                    detail = "no health check" if pr is None else pr.detail
+                    self.reporter.process(
+                        rec.name, "healthy", host=rec.host, detail=detail, elapsed_s=elapsed
+                    )
+                    continue
+                assert spec.health is not None
+                if elapsed >= spec.health.timeout_s:
+                    raise _ProcessFailed(
+                        spec,
+                        f"did not become healthy within {spec.health.timeout_s:g}s "
+                        f"(GET {spec.health.url} -> {pr.detail})",
+                        timeout=True,
+                    )
+                self.reporter.process(
+                    rec.name, "waiting", host=rec.host, detail=pr.detail, elapsed_s=elapsed
+                )
+                still.append((rec, t0))
+            pending = still
+            if pending:
+                self.sleep(min(specs[r.name].health.interval_s for r, _ in pending))  # type: ignore[union-attr]
+
+    def _check(self, spec: ProcessSpec, rec: ProcessRecord) -> tuple[bool, ProbeResult | None]:
+        pr = probe(spec.health, timeout_s=self.probe_timeout_s) if spec.health else None
+        alive = self.transports[rec.host].alive(rec.pid, start_ticks=rec.start_ticks)
+        return alive, pr
+
+    def _roll_back(
+        self, state: DeploymentState, err: BaseException, pool: ThreadPoolExecutor
+    ) -> BaseException:
+        """Stop what this run started; return the exception `up` raises."""
+        msg = self._failure_message(state, err)
+        if isinstance(err, _ProcessFailed):
+            rec = state.record(err.spec.name)
+            if rec is not None:
+                rec.status = "failed"
+        stopper = Stopper(
+            self.transports,
+            self.reporter,
+            pool,
+            grace_s=self.grace_s,
+            clock=self.clock,
+            sleep=self.sleep,
+        )
+        result = stopper.stop([r for r in state.processes])
+        for o in result.outcomes:
+            rec = state.record(o.name)
+            if rec is not None and o.gone and rec.status != "failed":
+                rec.status = "stopped"
+        state.status = "failed"
+        self._save(state)
+        if isinstance(err, _ProcessFailed):  # last, so the rollback's lines do not hide it
+            self.reporter.process(err.spec.name, "failed", host=err.spec.host, detail=err.reason)
+        if result.leftover:
+            names = ", ".join(f"{o.name} ({o.how}: {o.detail})" for o in result.leftover)
+            retry = state.profile or state.deployment
+            msg += f"\nCould NOT stop: {names}. Retry: kvpd down {retry}"
+        else:
+            msg += f"\nEverything this run started ({len(result.outcomes)} processes) is stopped."
+        if isinstance(err, _ProcessFailed):
+            return (HealthTimeout if err.timeout else DeployError)(msg)
+        if isinstance(err, Exception):
+            return DeployError(msg)
+        return err  # KeyboardInterrupt / SystemExit: re-raised as they were, after the rollback
+
+    def _failure_message(self, state: DeploymentState, err: BaseException) -> str:
+        if not isinstance(err, _ProcessFailed):
+            return f"up of {state.deployment!r} failed: {str(err) or type(err).__name__}"
+        spec = err.spec
+        lines = [f"{spec.name!r} on host {spec.host} {err.reason}."]
+        rec = state.record(spec.name)
+        if rec is not None:
+            text = diagnose.current_run(self._read_tail(rec))
+            cause = diagnose.likely_cause(text, name=spec.name, host=spec.host, ports=spec.ports)
+            if cause:
+                lines.append(f"Likely cause: {cause}")
+            tail = [
+                ln
+                for ln in diagnose.tail(text, self.log_tail_lines + 1)
+                if not ln.startswith(diagnose.HEADER_PREFIX)
+            ][-self.log_tail_lines :]
+            lines.append(f"Last {len(tail)} lines of {rec.log} on {rec.host}:")
+            lines.extend(f"  | {ln}" for ln in tail)
+        return "\n".join(lines)
+
+    def _read_tail(self, rec: ProcessRecord) -> str:
+        try:
+            r = self.transports[rec.host].run(["tail", "-n", "400", rec.log], timeout_s=15)
+            return r.stdout if r.ok else f"(could not read the log: {r.stderr.strip()})"
+        except Exception as e:  # noqa: BLE001 - the failure message matters more than its tail
+            return f"(could not read the log: {e})"
+
+    # -- down / status -------------------------------------------------------------------
+
+    def down(self, state: DeploymentState) -> DownResult:
+        """Stop every recorded process (reverse stage order), verify they and their ports are
+        gone, and record the outcome. Idempotent; works on the state of a killed `up`."""
+        self._know_hosts(state.plan.hosts)
+        state.status = "stopping"
+        self._save(state)
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            stopper = Stopper(
+                self.transports,
+                self.reporter,
+                pool,
+                grace_s=self.grace_s,
+                clock=self.clock,
+                sleep=self.sleep,
+            )
+            result = stopper.stop(list(state.processes))
+        for o in result.outcomes:
+            rec = state.record(o.name)
+            if rec is not None and o.gone:
+                rec.status = "stopped"
+        state.status = "down" if not result.leftover else "stopping"
+        self._save(state)
+        return DownResult(state.deployment, result)
+
+    def status(self, state: DeploymentState) -> list[ProcessStatus]:
+        """Each recorded process: alive, healthy (one quick probe), uptime, listening ports."""
+        self._know_hosts(state.plan.hosts)
+        now = self.wall()
+
+        def one(rec: ProcessRecord) -> ProcessStatus:
+            st = ProcessStatus(
+                rec.name, rec.host, rec.pid, None, None, None, rec.ports, [], rec.log
+            )
+            try:
+                t = self.transports[rec.host]
+                st.alive = is_running(t, rec)
+                st.listening = t.ports_listening(rec.ports) if rec.ports else []
+            except Exception as e:  # noqa: BLE001 - show the others even if one host is down
+                st.detail = f"host unreachable: {e}"
+                return st
+            if st.alive:
+                st.uptime_s = max(0.0, now - rec.started_at)
+                spec = next((p for p in state.plan.processes if p.name == rec.name), None)
+                if spec is not None and spec.health is not None:
+                    pr = probe(spec.health, timeout_s=self.probe_timeout_s)
+                    st.healthy, st.detail = pr.ok, pr.detail
+            return st
+
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            return list(pool.map(one, state.processes))
+
+
+def up(
+    plan: Plan, transports: Mapping[str, Transport], reporter: Reporter | None = None, **kw
+) -> DeploymentState:
+    profile = kw.pop("profile", "")
+    ex = Executor(transports, reporter, **kw)
+    try:
+        return ex.up(plan, profile=profile)
+    finally:
+        ex.close()
+
+
+def down(
+    state: DeploymentState,
+    transports: Mapping[str, Transport],
+    reporter: Reporter | None = None,
+    **kw,
+) -> DownResult:
+    ex = Executor(transports, reporter, **kw)
+    try:
+        return ex.down(state)
+    finally:
+        ex.close()
+
+
+def status(
+    state: DeploymentState, transports: Mapping[str, Transport], **kw
+) -> list[ProcessStatus]:
+    ex = Executor(transports, None, **kw)
+    try:
+        return ex.status(state)
+    finally:
+        ex.close()
+
+
+def load_state(deployment: str, store: StateStore | None = None) -> DeploymentState:
+    store = store or StateStore()
+    state = store.load(deployment)
+    if state is None:
+        known = store.deployments()
+        hint = f" Known deployments: {', '.join(known)}." if known else ""
+        raise StateError(
+            f"no state for deployment {deployment!r} under {store.root}.{hint} "
+            f"(Set KVPD_STATE_DIR if `up` ran from another directory.)"
+        )
+    return state

@@ -1,0 +1,234 @@
+"""The transport for the machine kvpd runs on: subprocess without a shell, /proc for liveness."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpd.exec.transport import CommandResult, Started
+from kvpd.plan.model import HostSpec
+
+# Children kvpd itself started, process-wide: any LocalTransport instance reaps them, so a
+# stopped child never lingers as a zombie while kvpd runs (PID 1 may reap orphans slowly).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+_CHILDREN_LOCK = threading.Lock()
+
+
+def reap_children() -> None:
+    """Collect the exit status of every child kvpd started that has exited."""
+    with _CHILDREN_LOCK:
+        for pid, proc in list(_CHILDREN.items()):
+            if proc.poll() is not None:
+                del _CHILDREN[pid]
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat that kvpd uses."""
+
+    pid: int
+    state: str  # R, S, D, Z (zombie), X (dead), ...
+    pgid: int
+    sid: int
+    start_ticks: int  # field 22: clock ticks after boot at which the process started
+
+    @property
+    def gone(self) -> bool:
+        return self.state in ("Z", "X", "x")
+
+
+def read_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
+    """Parse /proc/<pid>/stat; None if the process does not exist."""
+    try:
+        raw = Path(f"{proc_root}/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return parse_stat(raw)
+
+
+def parse_stat(raw: str) -> ProcStat | None:
+    # The command name (field 2) is in parentheses and may itself contain spaces and ')'.
+    head, sep, rest = raw.rpartition(")")
+    if not sep:
+        return None
+    fields = rest.split()  # fields[0] is field 3 (state)
+    try:
+        return ProcStat(
+            pid=int(head.split("(", 1)[0]),
+            state=fields[0],
+            pgid=int(fields[2]),
+            sid=int(fields[3]),
+            start_ticks=int(fields[19]),
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def all_stats(proc_root: str = "/proc") -> list[ProcStat]:
+    """Every process visible in /proc (threads are not listed at the top level)."""
+    out = []
+    for entry in os.scandir(proc_root):
+        if entry.name.isdigit():
+            st = read_stat(int(entry.name), proc_root)
+            if st is not None:
+                out.append(st)
+    return out
+
+
+def listening_ports(proc_root: str = "/proc") -> set[int]:
+    """Local ports of TCP sockets in state LISTEN (0A), IPv4 and IPv6, in kvpd's netns."""
+    ports: set[int] = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"{proc_root}/net/{name}").read_text().splitlines()[1:]
+        except FileNotFoundError:  # no IPv6 in this kernel/namespace
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 3 and cols[3] == "0A":
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+class LocalTransport:
+    """Operations on the local machine. Thread-safe: no shared mutable state but the child
+    registry, which has its own lock."""
+
+    def __init__(self, host: HostSpec | None = None, *, base_dir: str | None = None) -> None:
+        self.host = host.name if host is not None else "localhost"
+        # Relative paths resolve against kvpd's working directory at construction time.
+        self._base = os.path.abspath(base_dir or os.getcwd())
+
+    # -- files and commands --------------------------------------------------------------
+
+    def resolve(self, path: str) -> str:
+        return os.path.normpath(os.path.join(self._base, os.path.expanduser(path)))
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float = 60.0,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        full_env = {**os.environ, **env} if env else None
+        try:
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                timeout=timeout_s,
+                env=full_env,
+                cwd=self.resolve(cwd) if cwd else self._base,
+                stdin=subprocess.DEVNULL,
+            )
+        except FileNotFoundError as e:  # same code a shell gives for a missing command
+            return CommandResult(tuple(argv), 127, "", f"{argv[0]}: {e.strerror}")
+        except subprocess.TimeoutExpired as e:
+            out = (e.stdout or b"").decode(errors="replace")
+            err = (e.stderr or b"").decode(errors="replace")
+            return CommandResult(tuple(argv), 124, out, err + f"\ntimed out after {timeout_s}s")
+        return CommandResult(
+            tuple(argv),
+            proc.returncode,
+            proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+        )
+
+    def put(self, path: str, content: bytes, *, mode: int = 0o644) -> None:
+        target = Path(self.resolve(path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(content)
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def read(self, path: str) -> bytes:
+        return Path(self.resolve(path)).read_bytes()
+
+    # -- processes -----------------------------------------------------------------------
+
+    def start_detached(
+        self, argv: list[str], *, log: str, cwd: str, env: dict[str, str] | None = None
+    ) -> Started:
+        log_path = Path(self.resolve(log))
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.resolve(cwd),
+                env={**os.environ, **(env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        with _CHILDREN_LOCK:
+            _CHILDREN[proc.pid] = proc
+        # The child cannot have been reaped yet (only we wait for it), so its stat exists.
+        st = read_stat(proc.pid)
+        ticks = st.start_ticks if st is not None else 0
+        return Started(pid=proc.pid, pgid=proc.pid, start_ticks=ticks, log=str(log_path))
+
+    def alive(self, pid: int, *, start_ticks: int | None = None) -> bool:
+        reap_children()
+        st = read_stat(pid)
+        if st is None or st.gone:
+            return False
+        return start_ticks is None or st.start_ticks == start_ticks
+
+    def group_alive(self, pgid: int) -> list[int]:
+        reap_children()
+        return sorted(st.pid for st in all_stats() if st.pgid == pgid and not st.gone)
+
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
+        """Signal the group, refusing when it can no longer be ours.
+
+        While any member of a process group lives, the kernel does not hand out its number as
+        a new PID. So if the leader's PID now belongs to a process with other start_ticks, our
+        whole group is gone and nothing is signalled. If the leader has exited and been reaped
+        while members live on (a common case: bash ran the engine as a child), the group is
+        signalled only when every remaining member is in session `pgid` (ours were started with
+        setsid, so sid == pgid) and started no earlier than our leader; that rejects a foreign
+        group that reused the number after ours ended, barring a wrap-around within one tick.
+        """
+        reap_children()
+        leader = read_stat(pgid)
+        if leader is not None:
+            if start_ticks is not None and leader.start_ticks != start_ticks:
+                return False
+            if leader.gone and not any(st.pgid == pgid and not st.gone for st in all_stats()):
+                return False  # only the zombie leader is left: nothing to signal
+        else:
+            members = [st for st in all_stats() if st.pgid == pgid and not st.gone]
+            if not members:
+                return False
+            if start_ticks is not None and any(
+                st.sid != pgid or st.start_ticks < start_ticks for st in members
+            ):
+                return False
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def ports_listening(self, ports: list[int]) -> list[int]:
+        listening = listening_ports()
+        return [p for p in ports if p in listening]
+
+    def close(self) -> None:
+        # Detached processes must outlive the transport: nothing to stop here.
+        reap_children()

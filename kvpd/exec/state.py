@@ -1,0 +1,139 @@
+"""Deployment state: what `up` started where, in `<state root>/<deployment>/state.json`."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvpd.errors import StateError
+from kvpd.plan.model import Plan
+
+STATE_ENV = "KVPD_STATE_DIR"
+STATE_FILE = "state.json"
+FORMAT_VERSION = 1
+
+
+def state_root() -> Path:
+    """`$KVPD_STATE_DIR`, or `.kvpd` in the working directory."""
+    env = os.environ.get(STATE_ENV)
+    return Path(env) if env else Path.cwd() / ".kvpd"
+
+
+@dataclass
+class ProcessRecord:
+    """One started process. `pid`, `pgid` and `start_ticks` identify it on its host."""
+
+    name: str
+    host: str
+    stage: int
+    pid: int
+    pgid: int
+    start_ticks: int
+    ports: list[int]
+    log: str  # absolute on its host
+    started_at: float  # Unix time
+    status: str = "running"  # running | healthy | failed | stopped
+
+
+@dataclass
+class DeploymentState:
+    deployment: str
+    profile_digest: str
+    plan: Plan
+    status: str = "starting"  # starting | up | failed | stopping | down
+    run_dirs: dict[str, str] = field(default_factory=dict)  # host -> absolute run dir
+    processes: list[ProcessRecord] = field(default_factory=list)
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = 0.0
+    profile: str = ""  # the PROFILE argument `up` was given, for messages
+
+    def record(self, name: str) -> ProcessRecord | None:
+        for r in self.processes:
+            if r.name == name:
+                return r
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "deployment": self.deployment,
+            "profile_digest": self.profile_digest,
+            "profile": self.profile,
+            "status": self.status,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "run_dirs": self.run_dirs,
+            "processes": [asdict(r) for r in self.processes],
+            "plan": self.plan.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DeploymentState:
+        return cls(
+            deployment=d["deployment"],
+            profile_digest=d["profile_digest"],
+            plan=Plan.from_dict(d["plan"]),
+            status=d.get("status", "starting"),
+            run_dirs=dict(d.get("run_dirs", {})),
+            processes=[ProcessRecord(**r) for r in d.get("processes", [])],
+            created_at=d.get("created_at", 0.0),
+            updated_at=d.get("updated_at", 0.0),
+            profile=d.get("profile", ""),
+        )
+
+
+class StateStore:
+    """Reads and atomically writes deployment states under one root."""
+
+    def __init__(self, root: Path | str | None = None) -> None:
+        self.root = Path(root) if root is not None else state_root()
+
+    def path(self, deployment: str) -> Path:
+        return self.root / deployment / STATE_FILE
+
+    def deployments(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.parent.name for p in self.root.glob(f"*/{STATE_FILE}"))
+
+    def load(self, deployment: str) -> DeploymentState | None:
+        p = self.path(deployment)
+        try:
+            raw = p.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            return DeploymentState.from_dict(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as e:
+            raise StateError(
+                f"{p}: state file is corrupt ({e}). Inspect it; if nothing of deployment "
+                f"{deployment!r} runs any more, delete it."
+            ) from None
+
+    def save(self, state: DeploymentState) -> None:
+        """Write temp file + fsync + rename (+ fsync of the directory): a reader or a crash
+        sees either the old or the new state, never a torn one."""
+        state.updated_at = time.time()
+        p = self.path(state.deployment)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        data = json.dumps(state.to_dict(), indent=2).encode()
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".state.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dfd = os.open(p.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

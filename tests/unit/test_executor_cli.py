@@ -1,0 +1,81 @@
+"""`kvpd up/status/logs/down` through the real CLI app, on local test services."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_executor import make_plan
+from typer.testing import CliRunner
+
+import kvpd.cli.deploy_cmd as deploy_cmd
+from kvpd.cli.main import build_app
+from kvpd.errors import StateError
+from kvpd.exec.local import LocalTransport
+from kvpd.exec.state import StateStore
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("KVPD_STATE_DIR", str(tmp_path / "state"))
+    plan = make_plan(tmp_path / "run", [("kv", 0, "ok"), ("proxy", 1, "ok")], deployment="demo")
+    # Stand-in for the profile -> plan step (tested on its own): the test's plan.
+    monkeypatch.setattr(deploy_cmd, "_load_plan", lambda profile: plan)
+    runner = CliRunner()
+    app = build_app()
+
+    def run(*args: str):  # noqa: ANN202
+        return runner.invoke(app, list(args))
+
+    yield run
+    store = StateStore(tmp_path / "state")
+    st = store.load("demo")
+    if st is not None:  # never leave processes behind
+        t = LocalTransport()
+        for r in st.processes:
+            if t.alive(r.pid, start_ticks=r.start_ticks):
+                t.signal_group(r.pgid, 9, start_ticks=r.start_ticks)
+
+
+def test_up_status_logs_down_json(cli) -> None:  # noqa: ANN001
+    r = cli("up", "demo.yaml", "--yes", "--json")
+    assert r.exit_code == 0, r.output
+    up = json.loads(r.stdout)
+    assert up["status"] == "up" and [p["name"] for p in up["processes"]] == ["kv", "proxy"]
+
+    r = cli("status", "--json")
+    assert r.exit_code == 0, r.output
+    st = json.loads(r.stdout)
+    assert all(
+        p["alive"] and p["healthy"] and p["listening"] == p["ports"] for p in st["processes"]
+    )
+
+    r = cli("logs", "proxy", "-n", "5")
+    assert r.exit_code == 0 and "proxy listening on" in r.stdout
+
+    r = cli("up", "demo.yaml", "--yes")
+    assert isinstance(r.exception, StateError)
+    assert "kvpd down demo.yaml" in str(r.exception)
+
+    r = cli("down", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["clean"] and [p["result"] for p in d["processes"]] == ["stopped", "stopped"]
+    assert [p["name"] for p in d["processes"]] == ["proxy", "kv"]
+
+    r = cli("down", "demo")
+    assert r.exit_code == 0 and "Nothing is running for deployment 'demo'" in r.stdout
+
+    r = cli("status", "--json")
+    assert not any(p["alive"] for p in json.loads(r.stdout)["processes"])
+
+
+def test_up_needs_yes_when_not_interactive(cli) -> None:  # noqa: ANN001
+    r = cli("up", "demo.yaml")
+    assert r.exit_code == 2 and "--yes" in r.output
+
+
+def test_down_without_state(cli) -> None:  # noqa: ANN001
+    r = cli("down", "--deployment", "nope")
+    assert r.exit_code == 0 and "Nothing to stop" in r.stdout
