@@ -16,7 +16,11 @@ def write_plan_dir(plan: Plan, out: Path) -> list[Path]:
     """One folder per host with its rendered files, plus plan.json. Atomic per file."""
     written = []
     for f in plan.files:
-        path = out / f.host / f.path
+        # absolute host paths land under <host>/ROOT/... so nothing is written outside `out`
+        rel = f"ROOT{f.path}" if f.path.startswith("/") else f.path
+        path = out / f.host / rel
+        if ".." in Path(rel).parts:
+            raise ValueError(f"refusing to write {f.path!r} outside {out}")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(f.content)

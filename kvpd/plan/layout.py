@@ -110,13 +110,14 @@ def _place_group(
     width = group.tp * group.pp  # devices per DP rank
     count_on_host: dict[str, int] = {}
     kv_base = group_kv_port(group)
+    cursor = [0]  # hosts before this index are full for this group: keeps placement linear
     spread_kv = any(c in ("mooncake", "mooncake_layerwise") for c in group.kv_connectors)
     for inst in range(group.instances):
         rank = 0
         while rank < group.dp:
             chunk = min(per_host, group.dp - rank)
             need = chunk * width
-            host = _first_fit(profile, group, used, need)
+            host = _first_fit(profile, group, used, need, cursor)
             if host is None:
                 total = sum(host_devices(profile, profile.hosts[h]) for h in group.hosts)
                 want = group.instances * group.dp * width
@@ -161,9 +162,14 @@ def _place_group(
             rank += chunk
 
 
-def _first_fit(profile: Profile, group: Group, used: dict[str, int], need: int) -> str | None:
-    for h in group.hosts:
+def _first_fit(
+    profile: Profile, group: Group, used: dict[str, int], need: int, cursor: list[int]
+) -> str | None:
+    hosts = group.hosts
+    for i in range(cursor[0], len(hosts)):
+        h = hosts[i]
         if host_devices(profile, profile.hosts[h]) - used.get(h, 0) >= need:
+            cursor[0] = i  # chunks are equal-sized, so an earlier host cannot fit later ones
             return h
     return None
 

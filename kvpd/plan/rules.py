@@ -68,7 +68,7 @@ def check(
 
 def _host_ref(c: Checker, path: Path_, name: str) -> None:
     if name not in c.p.hosts:
-        close = difflib.get_close_matches(name, list(c.p.hosts), n=1)
+        close = difflib.get_close_matches(name, list(c.p.hosts), n=1, cutoff=0.5)
         hint = f" Did you mean '{close[0]}'?" if close else ""
         c.err(path, f"unknown host '{name}'.{hint} Declared hosts: {', '.join(c.p.hosts)}.")
 
@@ -647,7 +647,7 @@ def rule_ports(c: Checker) -> None:
                 continue
             key = (proc.host, port)
             owner = f"{proc.name} ({purpose})"
-            if key in seen and not seen[key].startswith(proc.name + " "):
+            if key in seen:
                 c.err(
                     _proc_path(proc),
                     f"port {port} on host '{proc.host}' is used twice: "
@@ -676,7 +676,17 @@ def rule_model(c: Checker) -> None:
         )
 
 
+def rule_bench(c: Checker) -> None:
+    b = c.p.bench
+    lens = [merged(c.p, g).max_model_len or c.p.model.max_model_len for _, g in c.groups()]
+    lens = [x for x in lens if x]
+    if lens and b.input_len + b.output_len > min(lens):
+        c.warn(("bench", "input_len"), f"input {b.input_len} + output {b.output_len} tokens "
+               f"exceed max_model_len {min(lens)}; vLLM will reject these requests.")
+
+
 RULES = [
+    rule_bench,
     rule_host_refs,
     rule_groups_present,
     rule_parallelism,

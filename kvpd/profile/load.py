@@ -20,6 +20,8 @@ from kvpd.errors import ProfileError
 from kvpd.profile.schema import Profile
 
 Path_ = tuple[str | int, ...]
+# libyaml is ~10x faster at composing large profiles; same nodes, same line marks
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def dotted(path: Path_) -> str:
 
 def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{name}:{mark.line + 1}" if mark else name

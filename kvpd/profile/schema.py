@@ -22,6 +22,7 @@ KvComponent = Literal[
     "kvpd_store",  # kvpd's own tiered prefix-cache store connector
     "ucm",  # UCMConnector with a UCM yaml (UcmPipelineStore)
     "mooncake",  # vLLM-Ascend MooncakeConnectorV1 (P2P KV transfer, kv_port ranges)
+    "mooncake_layerwise",  # vLLM-Ascend MooncakeLayerwiseConnector
     "sfa_d2h",  # vLLM-Ascend SfaRemoteD2HConnector (MemFabric; layerwise/sparse offload)
     "ascend_store",  # vLLM-Ascend AscendStoreConnector (memcache/mooncake KV pool)
 ]
@@ -29,6 +30,11 @@ KvComponent = Literal[
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("hardware", mode="before", check_fields=False)
+    @classmethod
+    def _hardware_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) else v  # `hardware: 950` is an int in YAML
 
 
 class SSH(_Model):

@@ -1,0 +1,61 @@
+# kvpd: `make demo` runs the local CPU deployment end to end; `make test` runs the whole suite.
+# Both set up everything they need on a fresh machine (venvs, the CPU engine, the tiny model).
+
+PYTHON ?= python3
+VENV := .venv
+KVPD := $(VENV)/bin/kvpd
+ENGINE_VENV ?= $(CURDIR)/.venv-engine
+MODEL_DIR := .kvpd/models/tiny
+export KVPD_ENGINE_VENV := $(ENGINE_VENV)
+# the engine's `vllm` must be on PATH for locally launched processes and for `kvpd bench`
+export PATH := $(ENGINE_VENV)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: demo test test-unit test-e2e lint venv engine model system-deps clean
+
+$(VENV)/.stamp: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -U pip
+	$(VENV)/bin/pip install -q -e '.[dev,proxy,bench]'
+	touch $@
+
+venv: $(VENV)/.stamp
+
+engine: venv
+	bash scripts/install-engine.sh
+
+model: engine
+	@test -f $(MODEL_DIR)/config.json || $(KVPD) model tiny $(MODEL_DIR) --seed 0
+
+# OS packages the end-to-end tests use (sshd and iproute2 for the test bed, libibverbs1 for
+# Mooncake). Only as root with apt; elsewhere the tests that need them skip and say why.
+system-deps:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=""; \
+	  for p in openssh-server openssh-client iproute2 procps libibverbs1 curl; do \
+	    dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
+	fi
+
+demo: model
+	$(KVPD) plan local
+	$(KVPD) up local --yes
+	$(KVPD) bench local || { $(KVPD) down local; exit 1; }
+	$(KVPD) down local
+
+test-unit: venv
+	$(VENV)/bin/pytest -q -m "not e2e and not ssh"
+
+test: venv system-deps model
+	$(VENV)/bin/ruff check kvpd tests benchmarks
+	$(VENV)/bin/pytest -q
+
+test-e2e: venv system-deps model
+	$(VENV)/bin/pytest -q -m "e2e or ssh"
+
+lint: venv
+	$(VENV)/bin/ruff check kvpd tests benchmarks
+	$(VENV)/bin/ruff format --check kvpd tests benchmarks
+
+clean:
+	rm -rf .kvpd build *.egg-info

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# decode-0 on localhost (decode) for deployment local.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/decode-0.log.
+set -e
+cd "$(dirname "$0")/.."
+mkdir -p cache rpc tmp
+export PYTHONHASHSEED=0
+export HF_HUB_OFFLINE=1
+export TRANSFORMERS_OFFLINE=1
+export VLLM_NO_USAGE_STATS=1
+export DO_NOT_TRACK=1
+export VLLM_HOST_IP=127.0.0.1
+export VLLM_ENABLE_V1_MULTIPROCESSING=0
+export VLLM_CACHE_ROOT=cache/vllm
+export TORCHINDUCTOR_CACHE_DIR=cache/inductor
+export XDG_CACHE_HOME=cache/xdg
+export VLLM_RPC_BASE_PATH=rpc
+export TMPDIR=tmp
+export VLLM_CPU_OMP_THREADS_BIND=1
+
+exec vllm serve /srv/kvpd/.kvpd/models/tiny \
+    --host 127.0.0.1 \
+    --port 18200 \
+    --data-parallel-size 1 \
+    --tensor-parallel-size 1 \
+    --max-model-len 512 \
+    --max-num-batched-tokens 4096 \
+    --max-num-seqs 16 \
+    --kv-cache-memory-bytes 16M \
+    --served-model-name tiny \
+    --enforce-eager \
+    --block-size 32 \
+    --no-enable-chunked-prefill \
+    --kv-transfer-config '{"kv_connector": "ExampleConnector", "kv_role": "kv_consumer", "kv_connector_extra_config": {"shared_storage_path": "/srv/kvpd/.kvpd/local/kv"}}' \
+    --enable-prompt-tokens-details

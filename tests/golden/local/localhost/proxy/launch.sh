@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# proxy on localhost (proxy) for deployment local.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/proxy.log.
+set -e
+cd "$(dirname "$0")/.."
+mkdir -p cache rpc tmp
+
+exec kvpd proxy \
+    --host 127.0.0.1 \
+    --port 18000 \
+    --prefiller-hosts 127.0.0.1 \
+    --prefiller-ports 18100 \
+    --decoder-hosts 127.0.0.1 \
+    --decoder-ports 18200 \
+    --flow prefill-first

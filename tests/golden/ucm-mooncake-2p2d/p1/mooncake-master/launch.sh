@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# mooncake-master on p1 (mooncake) for deployment ucm-mooncake-2p2d.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/mooncake-master.log.
+set -e
+cd "$(dirname "$0")/.."
+export LD_LIBRARY_PATH=/usr/local/lib:"${LD_LIBRARY_PATH}"
+
+exec mooncake_master \
+    --port 50088 \
+    --eviction_high_watermark_ratio 0.9 \
+    --eviction_ratio 0.1 \
+    --default_kv_lease_ttl 11000

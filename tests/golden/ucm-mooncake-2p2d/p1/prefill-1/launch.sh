@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# prefill-1 on p1 (prefill) for deployment ucm-mooncake-2p2d.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/prefill-1.log.
+set -e
+cd "$(dirname "$0")/.."
+export MOONCAKE_CONFIG_PATH=conf/mooncake.json
+export PYTHONHASHSEED=0
+export LD_LIBRARY_PATH=/usr/local/lib:/usr/local/Ascend/ascend-toolkit/latest/python/site-packages:"${LD_LIBRARY_PATH}"
+export PYTHONPATH="${PYTHONPATH}":/vllm-workspace/vllm
+export ASCEND_RT_VISIBLE_DEVICES=4,5,6,7
+
+exec vllm serve /models/QwQ-32B \
+    --host 0.0.0.0 \
+    --port 9001 \
+    --data-parallel-size 1 \
+    --tensor-parallel-size 4 \
+    --seed 1024 \
+    --max-model-len 17000 \
+    --max-num-batched-tokens 8000 \
+    --max-num-seqs 20 \
+    --trust-remote-code \
+    --gpu-memory-utilization 0.92 \
+    --enforce-eager \
+    --kv-transfer-config '{"kv_connector": "MultiConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"connectors": [{"kv_connector": "MooncakeConnectorV1", "kv_role": "kv_producer", "kv_port": 20005, "kv_connector_extra_config": {"prefill": {"dp_size": 1, "tp_size": 4}, "decode": {"dp_size": 1, "tp_size": 4}}}, {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config": {"UCM_CONFIG_FILE": "/vllm-workspace/unified-cache-management/examples/ucm_config_example.yaml"}}]}}'

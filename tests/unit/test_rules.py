@@ -1,0 +1,385 @@
+"""Every rule: a bundled profile changed to violate it, and the message the user gets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvpd.errors import ProfileError
+from kvpd.plan.build import load_plan
+from kvpd.plan.model import Plan
+from kvpd.profile.load import parse_profile
+
+LW = "layerwise-sparse-1p1d"
+
+
+def plan(name: str, *sets: str) -> Plan:
+    return load_plan(name, sets=list(sets), base_dir="/srv/kvpd")
+
+
+def error(name: str, *sets: str) -> str:
+    with pytest.raises(ProfileError) as e:
+        plan(name, *sets)
+    return str(e.value)
+
+
+def warnings(name: str, *sets: str) -> str:
+    return "\n".join(plan(name, *sets).warnings)
+
+
+def file(p: Plan, host: str, path: str) -> str:
+    return next(f.content for f in p.files if f.host == host and f.path == path)
+
+
+def kv_config(p: Plan, proc: str) -> dict:
+    argv = p.process(proc).command
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1])
+
+
+# --- schema and YAML ----------------------------------------------------------------------------
+
+
+def test_unknown_key_names_field_line_and_suggestion() -> None:
+    text = "name: x\nhosts:\n  h: {address: 1.2.3.4}\nmodel:\n  path: /m\n  max_modle_len: 5\n"
+    with pytest.raises(ProfileError) as e:
+        parse_profile(text, "p.yaml")
+    assert "p.yaml:6: model.max_modle_len: unknown field 'max_modle_len'. Did you mean " \
+           "'max_model_len'?" in str(e.value)
+
+
+def test_bad_value_names_field_and_line() -> None:
+    text = "name: x\nhosts:\n  h: {address: 1.2.3.4}\nmodel: {path: /m}\nhardware: a9\n"
+    with pytest.raises(ProfileError) as e:
+        parse_profile(text, "p.yaml")
+    assert "p.yaml:5: hardware: 'a9' is not allowed" in str(e.value)
+
+
+def test_yaml_syntax_error_has_line() -> None:
+    with pytest.raises(ProfileError) as e:
+        parse_profile("name: x\nhosts: [\n", "p.yaml")
+    assert "p.yaml:" in str(e.value) and "not valid YAML" in str(e.value)
+
+
+def test_duplicate_key() -> None:
+    with pytest.raises(ProfileError) as e:
+        parse_profile("name: x\nname: y\n", "p.yaml")
+    assert "p.yaml:2: name: key appears twice" in str(e.value)
+
+
+def test_all_problems_reported_at_once() -> None:
+    msg = error(LW, "prefill.tp=8", "decode.sparse_offload.topk_buffer_size=1000")
+    assert "problems" in msg and "prefill.tp" in msg and "topk_buffer_size" in msg
+
+
+def test_unknown_profile_lists_bundled() -> None:
+    with pytest.raises(ProfileError, match="Bundled profiles: .*local"):
+        plan("no-such-profile")
+
+
+# --- topology ------------------------------------------------------------------------------------
+
+
+def test_unknown_host_with_suggestion() -> None:
+    assert "prefill.hosts[0]: unknown host 'p2'. Did you mean 'p1'?" in error(LW, "prefill.hosts=[p2]")
+
+
+def test_prefill_tp_smaller_than_decode() -> None:
+    assert "prefill tp 8 must be >= decode tp 16" in error(LW, "prefill.tp=8")
+
+
+def test_prefill_tp_not_divisible_by_decode() -> None:
+    msg = error(LW, "prefill.tp=12", "decode.tp=8")
+    assert "prefill tp 12 must be >= decode tp 8 and divisible by it" in msg
+
+
+def test_dp_size_local_times_tp_exceeds_devices() -> None:
+    msg = error("large-ep", "decode.dp_size_local=4")
+    assert "dp_size_local 4 x tp 4 x pp 1 = 16 devices per host, but 'd1' has 8" in msg
+
+
+def test_dp_not_multiple_of_dp_size_local() -> None:
+    assert "dp 7 is not a multiple of dp_size_local 2" in error("large-ep", "decode.dp=7")
+
+
+def test_not_enough_devices() -> None:
+    assert "prefill needs 48 devices" in error("large-ep", "prefill.dp=6")
+
+
+def test_every_dp_rank_exactly_once() -> None:
+    p = plan("large-ep")
+    ranks = sorted(r for x in p.processes if x.role == "decode" for r in _dp_rank(x))
+    assert ranks == list(range(8))
+    starts = {x.host: _dp_rank(x) for x in p.processes if x.role == "decode" and x.ports[0] == 9000}
+    assert starts == {"d1": [0], "d2": [2], "d3": [4], "d4": [6]}  # the guide's dp_rank_start
+    assert p.process("decode-dp3").devices == (4, 5, 6, 7)
+
+
+def _dp_rank(x) -> list[int]:
+    argv = list(x.command)
+    return [int(argv[argv.index("--data-parallel-rank") + 1])]
+
+
+def test_p_without_d() -> None:
+    assert "`prefill:` without `decode:`" in error(LW, "decode=null", "proxy=null")
+
+
+# --- ports -----------------------------------------------------------------------------------
+
+
+def test_decode_kv_ports_above_65535() -> None:
+    msg = error(LW, "decode.kv_port=65530")
+    assert "decode-0 needs port 65536 (sfa_d2h kv_port dp0 tp6), above 65535" in msg
+
+
+def test_port_clash_names_both_owners() -> None:
+    msg = error(LW, "decode.port=20055")
+    assert "port 20055 on host 'd1' is used twice: decode-0 (" in msg
+
+
+def test_decode_kv_port_range_reserved() -> None:
+    p = plan(LW)
+    used = sorted(u.port for u in p.ports if u.owner == "decode-0" and "kv_port" in u.purpose)
+    assert used == list(range(20050, 20050 + 16))  # dp x tp consecutive ports from kv_port
+
+
+def test_mooncake_ports_spaced_by_tp_on_one_host() -> None:
+    p = plan("ucm-mooncake-2p2d")
+    assert kv_config(p, "prefill-1")["kv_connector_extra_config"]["connectors"][0]["kv_port"] == 20005
+
+
+def test_adxl_range_warning() -> None:
+    assert "Ascend's direct transport picks random ports" in warnings("ucm-mooncake-2p2d")
+    assert "random ports" not in warnings("ucm-mooncake-2p2d", "prefill.kv_port=30000",
+                                          "decode.kv_port=30000")
+
+
+# --- layerwise prefill offload -------------------------------------------------------------------
+
+
+def test_layerwise_needs_memcache() -> None:
+    assert "needs the memcache MetaService" in error(LW, "kv.memcache=null")
+
+
+def test_layerwise_needs_use_layerwise() -> None:
+    assert "needs backend memcache and use_layerwise: true" in error(
+        LW, "prefill.layerwise.use_layerwise=false")
+
+
+def test_layerwise_needs_eager() -> None:
+    assert "requires eager mode" in error(LW, "prefill.enforce_eager=false")
+
+
+def test_layerwise_sets_eager_by_default() -> None:
+    assert "--enforce-eager" in plan(LW).process("prefill-0").command
+
+
+def test_layerwise_needs_mla_model() -> None:
+    assert "needs an MLA, SFA or DSA attention model, not gqa" in error(
+        LW, "model.attention=gqa", "model.kv_heads=8", "model.head_dim=128")
+
+
+def test_independent_layers_range() -> None:
+    assert "layer index 100 is out of range for a model with 78 layers" in error(
+        LW, "prefill.layerwise.independent_layers=[0, 100]")
+
+
+def test_independent_layers_all_is_accepted_with_warning() -> None:
+    w = warnings(LW, "prefill.layerwise.independent_layers=ALL")
+    assert "disables buffer reuse" in w
+
+
+def test_no_mooncake_layerwise_with_reuse() -> None:
+    msg = error(LW, "prefill.kv_connectors=[mooncake_layerwise, ascend_store]",
+                "kv.mooncake={host: p1}", "decode.kv_connectors=[sfa_d2h]")
+    assert "MooncakeLayerwiseConnector cannot be combined with layerwise buffer reuse" in msg
+
+
+# --- sparse decode offload -----------------------------------------------------------------------
+
+
+def test_topk_buffer_smaller_than_index_topk() -> None:
+    assert "1024 is smaller than index_topk 2048" in error(
+        LW, "decode.sparse_offload.topk_buffer_size=1024")
+
+
+def test_topk_buffer_not_divisible_by_block() -> None:
+    assert "4100 is not divisible by block_size 128; use 4224" in error(
+        LW, "decode.sparse_offload.topk_buffer_size=4100")
+
+
+def test_sparse_only_on_decode() -> None:
+    assert "runs only on decode" in error(LW, "prefill.sparse_offload={topk_buffer_size: 4096}")
+
+
+def test_sparse_needs_consumer() -> None:
+    assert "needs decode with kv_role kv_consumer" in error(LW, "decode.kv_role=kv_both")
+
+
+def test_sparse_no_cp_no_pp() -> None:
+    assert "does not support context parallel" in error(LW, "decode.cp=2")
+    assert "does not support pipeline parallel" in error(LW, "decode.pp=2")
+
+
+def test_sparse_only_sparse_attention_models() -> None:
+    assert "only for sparse-attention models" in error(LW, "model.index_topk=null")
+
+
+def test_sparse_dram_must_hold_kv() -> None:
+    assert "1 GB cannot hold the full KV cache" in error(
+        LW, "decode.sparse_offload.dram_size_per_dp_gb=1")
+
+
+def test_decode_sfa_needs_sparse_enabled() -> None:
+    assert "runs with sparse KV offload enabled" in error(LW, "decode.sparse_offload=null")
+
+
+# --- MemFabric -----------------------------------------------------------------------------------
+
+
+def test_memfabric_protocol_must_fit_hardware() -> None:
+    assert "memfabric protocol device_urma is not valid on a3 (use sdma or device_rdma)" in error(
+        LW, "prefill.memfabric_protocol=device_urma", "decode.memfabric_protocol=device_urma")
+
+
+def test_memfabric_protocol_identical_on_p_and_d() -> None:
+    assert "prefill uses memfabric protocol sdma but decode uses device_rdma" in error(
+        LW, "decode.memfabric_protocol=device_rdma")
+
+
+def test_950_renders_device_urma_on_both_sides() -> None:
+    p = plan(LW, "hardware=950", "kv.memcache.protocol=device_urma")
+    pre = kv_config(p, "prefill-0")["kv_connector_extra_config"]["connectors"][0]
+    dec = kv_config(p, "decode-0")
+    assert pre["kv_connector_extra_config"]["memfabric_transfer_protocol"] == "device_urma"
+    assert dec["kv_connector_extra_config"]["memfabric_transfer_protocol"] == "device_urma"
+
+
+def test_sparse_offload_unsupported_on_a2() -> None:
+    assert "supported on A3 and 950 only; host 'p1' is a2" in error(
+        LW, "hardware=a2", "kv.memcache.protocol=device_rdma")
+
+
+# --- memcache --------------------------------------------------------------------------------------
+
+
+def test_mmc_files_share_urls() -> None:
+    p = plan(LW)
+    meta = file(p, "p1", "conf/mmc-meta.conf")
+    local = file(p, "p1", "conf/mmc-local.conf")
+    assert "ock.mmc.meta_service_url = tcp://192.168.20.1:5000" in meta
+    assert "ock.mmc.meta_service_url = tcp://192.168.20.1:5000" in local
+    assert "ock.mmc.meta_service.config_store_url = tcp://192.168.20.1:6000" in meta
+    assert "ock.mmc.local_service.config_store_url = tcp://192.168.20.1:6000" in local
+
+
+def test_world_size_covers_local_ranks() -> None:
+    assert "world_size 8 is below the 16 LocalService ranks" in error(
+        LW, "kv.memcache.world_size=8")
+
+
+def test_dram_size_rounded_up_to_gib() -> None:
+    p = plan(LW, "kv.memcache.dram_size=1.5GB")
+    assert "ock.mmc.local_service.dram.size = 2GB" in file(p, "p1", "conf/mmc-local.conf")
+    assert "1.5GB is rounded up to 2GB" in "\n".join(p.warnings)
+
+
+def test_dram_size_auto_from_model_facts() -> None:
+    # 78 layers x (512 + 64) x 2 B = 89,856 B/token; 32768 tokens x 16 prompts / 16 ranks
+    p = plan(LW, "kv.memcache.dram_size=auto")
+    assert "dram.size = 3GB" in file(p, "p1", "conf/mmc-local.conf")
+
+
+def test_memcache_protocol_must_fit_hardware() -> None:
+    assert "protocol device_rdma does not match a3 hardware" in error(
+        LW, "kv.memcache.protocol=device_rdma")
+
+
+def test_bad_dram_size() -> None:
+    assert "'ten' is not a size" in error(LW, "kv.memcache.dram_size=ten")
+
+
+# --- Mooncake ------------------------------------------------------------------------------------
+
+
+def test_mooncake_sizes_equal_real_groups() -> None:
+    p = plan("large-ep")
+    cfg = kv_config(p, "decode-dp5")["kv_connector_extra_config"]
+    assert cfg == {"prefill": {"dp_size": 4, "tp_size": 8}, "decode": {"dp_size": 8, "tp_size": 4}}
+    cfg = kv_config(plan("large-ep", "decode.dp=4"), "decode-dp3")["kv_connector_extra_config"]
+    assert cfg["decode"] == {"dp_size": 4, "tp_size": 4}
+
+
+def test_mooncake_master_address_matches_master() -> None:
+    p = plan("ucm-mooncake-2p2d", "kv.mooncake.port=50099")
+    doc = json.loads(file(p, "d1", "conf/mooncake.json"))
+    assert doc["master_server_address"] == "192.168.10.1:50099"
+    assert "50099" in p.process("mooncake-master").command
+
+
+def test_mooncake_segment_size_units() -> None:
+    assert "'1G': use a size with unit GB" in error(
+        "ucm-mooncake-2p2d", "kv.mooncake.global_segment_size=1G")
+
+
+def test_mooncake_needs_master() -> None:
+    assert "mooncake needs the master" in error("ucm-mooncake-2p2d", "kv.mooncake=null")
+
+
+# --- consistency between P and D -----------------------------------------------------------------
+
+
+def test_same_block_size() -> None:
+    assert "KV blocks must have the same size on both sides" in error(
+        "ucm-mooncake-2p2d", "decode.block_size=64")
+
+
+def test_same_hash_seed() -> None:
+    assert "PYTHONHASHSEED differs (prefill 0, decode 1)" in error(
+        "ucm-mooncake-2p2d", "decode.env={PYTHONHASHSEED: '1'}")
+
+
+# --- UCM -----------------------------------------------------------------------------------------
+
+
+def test_ucm_storage_must_be_shared_across_hosts() -> None:
+    assert "its storage is not shared" in error("ucm-centralized-2p2d", "kv.ucm.shared=false")
+    assert "must be one shared filesystem" in warnings("ucm-centralized-2p2d", "kv.ucm.shared=null")
+
+
+def test_ucm_never_hit_ratio() -> None:
+    assert "mock connector" in error("ucm-centralized-2p2d", "kv.ucm.config={hit_ratio: 0.5}")
+
+
+def test_ucm_single_connector_entry() -> None:
+    text = file(plan("ucm-centralized-2p2d"), "p1", "conf/ucm.yaml")
+    import yaml
+
+    doc = yaml.safe_load(text)
+    assert len(doc["ucm_connectors"]) == 1
+    assert doc["ucm_connectors"][0]["ucm_connector_config"]["storage_backends"] == "/mnt/test1"
+
+
+def test_ucm_nfs_store_without_event_sync() -> None:
+    assert "must be false with UcmNfsStore" in error(
+        "ucm-centralized-2p2d", "kv.ucm.connector=UcmNfsStore")
+
+
+# --- hardware, proxy, bench ----------------------------------------------------------------------
+
+
+def test_ascend_only_connector_on_cpu() -> None:
+    assert "ucm runs only on Ascend hosts" in error(
+        "local", "prefill.kv_connectors=[ucm]", "kv.ucm={storage: /tmp/x}")
+
+
+def test_layerwise_proxy_needs_reachable_address() -> None:
+    assert "0.0.0.0 is not one" in error(LW, "proxy.bind=0.0.0.0")
+
+
+def test_pd_needs_proxy() -> None:
+    assert "P/D needs a proxy" in error("local", "proxy=null")
+
+
+def test_bench_longer_than_max_model_len_warns() -> None:
+    assert "exceed max_model_len 512" in warnings("local", "bench.input_len=600")
