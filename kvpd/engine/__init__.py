@@ -1,0 +1,1 @@
+"""The local CPU vLLM engine: where its venv lives and the tiny test models it serves."""
