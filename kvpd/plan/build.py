@@ -11,6 +11,7 @@ from kvpd.plan import kvconfig
 from kvpd.plan.layout import build_layout
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
 from kvpd.plan.processes import Proc, all_procs
+from kvpd.plan.rehearse import rehearsal_notes
 from kvpd.plan.render import launch_script, mooncake_json, render
 from kvpd.plan.rules import Checker, check, memcache_ranks
 from kvpd.plan.shell import mask
@@ -109,14 +110,9 @@ def build_plan(
 ) -> Plan:
     """Validate, derive and render. Raises ProfileError listing every error with its line."""
     profile = _resolve_local_paths(profile, base_dir)
-    if rehearse:
-        from kvpd.plan.rehearse import rehearsal_profile
-
-        profile, notes = rehearsal_profile(profile)
-    else:
-        notes = {}
     layout = build_layout(profile)
-    procs = all_procs(profile, layout)
+    procs = all_procs(profile, layout, rehearse=rehearse)
+    notes = rehearsal_notes(profile, procs) if rehearse else {}
     findings = check(profile, layout, procs, rehearse=rehearse)
     ranks = memcache_ranks(Checker(profile, layout, procs, rehearse))
     dram, extra = memcache_dram(profile, ranks)
@@ -212,9 +208,11 @@ def build_plan(
                 env=tuple((k, mask(k, v)) for k, v in p.env),
                 log=log,
                 ports=tuple(port for port, _ in p.ports),
-                health=HealthCheck(url=p.health_url, timeout_s=_health_timeout(profile, p)),
+                health=HealthCheck(
+                    url=p.health_url, timeout_s=_health_timeout(profile, p, rehearse)
+                ),
                 devices=p.devices,
-                substituted=notes.get(p.name, notes.get(p.role, "")),
+                substituted=notes.get(p.name, ""),
             )
         )
         ports += [
@@ -272,7 +270,9 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
     return profile.model_copy(update={"model": model, "kv": kv.model_copy(update=upd)})
 
 
-def _health_timeout(profile: Profile, p: Proc) -> float:
+def _health_timeout(profile: Profile, p: Proc, rehearse: bool = False) -> float:
+    if rehearse and p.role not in ("metaservice", "mooncake", "proxy"):
+        return profile.rehearsal.health_timeout_s
     if p.role in ("metaservice", "mooncake", "proxy"):
         return min(120.0, profile.runtime.health_timeout_s)
     return profile.runtime.health_timeout_s
@@ -284,7 +284,8 @@ def load_plan(
     rehearse: bool = False,
     base_dir: str | None = None,
     sets: list[str] | None = None,
+    inventory: str | None = None,
 ) -> Plan:
     """Read PROFILE (path or bundled name) and build its plan."""
-    profile, source = load_profile(profile_arg, sets=sets or [])
+    profile, source = load_profile(profile_arg, sets=sets or [], inventory=inventory)
     return build_plan(profile, source, rehearse=rehearse, base_dir=base_dir)

@@ -191,9 +191,12 @@ def kv_ports(profile: Profile, group: Group, ep: EngineProc) -> list[tuple[int, 
     return out
 
 
-def service_procs(profile: Profile) -> list[Proc]:
+def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
+    """The memcache MetaService and the Mooncake master. In a rehearsal they run for real on the
+    CPU hosts, from the rehearsal's Python environment and without the Ascend set_env scripts."""
     out: list[Proc] = []
     kv = profile.kv
+    rh = profile.rehearsal
     mc = kv.memcache
     if mc is not None and mc.host in profile.hosts:
         a = addr(profile, mc.host)
@@ -204,12 +207,12 @@ def service_procs(profile: Profile) -> list[Proc]:
                 role="metaservice",
                 stage=STAGE["metaservice"],
                 argv=(
-                    mc.python,
+                    rh.python if rehearse else mc.python,
                     "-c",
                     "from memcache_hybrid import MetaService; MetaService.main()",
                 ),
                 env=(("MMC_META_CONFIG_PATH", MMC_META),),
-                source=tuple(mc.set_env),
+                source=() if rehearse else tuple(mc.set_env),
                 ports=(
                     (mc.port, "memcache meta rpc"),
                     (mc.config_store_port, "memcache config store"),
@@ -222,7 +225,7 @@ def service_procs(profile: Profile) -> list[Proc]:
     mk = kv.mooncake
     if mk is not None and mk.host in profile.hosts:
         a = addr(profile, mk.host)
-        argv = [mk.binary, "--port", str(mk.port)]
+        argv = [rh.mooncake_master if rehearse else mk.binary, "--port", str(mk.port)]
         argv += ["--eviction_high_watermark_ratio", f"{mk.eviction_high_watermark_ratio:g}"]
         argv += ["--eviction_ratio", f"{mk.eviction_ratio:g}"]
         argv += ["--default_kv_lease_ttl", str(mk.default_kv_lease_ttl)]
@@ -234,11 +237,9 @@ def service_procs(profile: Profile) -> list[Proc]:
             argv += ["--http_metadata_server_port", str(mk.http_metadata_port)]
             ports.append((mk.http_metadata_port, "mooncake http metadata"))
         argv += mk.extra_args
-        env = (
-            (("LD_LIBRARY_PATH", f"{mk.ld_library_path}:$LD_LIBRARY_PATH"),)
-            if mk.ld_library_path
-            else ()
-        )
+        env: tuple[tuple[str, str], ...] = ()
+        if mk.ld_library_path and not rehearse:
+            env = (("LD_LIBRARY_PATH", f"{mk.ld_library_path}:$LD_LIBRARY_PATH"),)
         out.append(
             Proc(
                 name="mooncake-master",
@@ -254,7 +255,9 @@ def service_procs(profile: Profile) -> list[Proc]:
     return out
 
 
-def proxy_proc(profile: Profile, engines: list[Proc], stage: int) -> Proc | None:
+def proxy_proc(
+    profile: Profile, engines: list[Proc], stage: int, rehearse: bool = False
+) -> Proc | None:
     px = profile.proxy
     if px is None or px.host not in profile.hosts:
         return None
@@ -262,15 +265,16 @@ def proxy_proc(profile: Profile, engines: list[Proc], stage: int) -> Proc | None
     dec = [p for p in engines if p.role in ("decode", "mixed")]
     a = addr(profile, px.host)
     bind = px.bind or a
-    flow = proxy_flow(profile)
+    flow = "prefill-first" if rehearse else proxy_flow(profile)
 
     def hp(procs: list[Proc]) -> tuple[list[str], list[str]]:
         return [addr(profile, p.host) for p in procs], [str(p.ports[0][0]) for p in procs]
 
     ph, pp = hp(pre)
     dh, dp = hp(dec)
-    if px.impl == "kvpd":
-        argv = [profile.runtime.kvpd, "proxy", "--host", bind, "--port", str(px.port)]
+    if px.impl == "kvpd" or rehearse:
+        kvpd_cmd = profile.rehearsal.kvpd if rehearse else profile.runtime.kvpd
+        argv = [kvpd_cmd, "proxy", "--host", bind, "--port", str(px.port)]
         health = f"http://{a}:{px.port}/health"
     else:
         script = px.script or (
@@ -285,7 +289,7 @@ def proxy_proc(profile: Profile, engines: list[Proc], stage: int) -> Proc | None
         health = f"http://{a}:{px.port}/healthcheck"
     argv += ["--prefiller-hosts", *ph, "--prefiller-ports", *pp]
     argv += ["--decoder-hosts", *dh, "--decoder-ports", *dp]
-    if px.impl == "kvpd":
+    if px.impl == "kvpd" or rehearse:
         argv += ["--flow", flow]
     return Proc(
         name="proxy",
@@ -307,8 +311,8 @@ def proxy_flow(profile: Profile) -> str:
     return "layerwise" if d is not None and "sfa_d2h" in d.kv_connectors else "prefill-first"
 
 
-def all_procs(profile: Profile, layout: Layout) -> list[Proc]:
-    out = service_procs(profile)
+def all_procs(profile: Profile, layout: Layout, rehearse: bool = False) -> list[Proc]:
+    out = service_procs(profile, rehearse)
     services_stage = 0 if out else -1
     engines: list[Proc] = []
     # Decode waits for prefill only where it depends on it: SfaRemoteD2H's MemFabric config
@@ -320,10 +324,15 @@ def all_procs(profile: Profile, layout: Layout) -> list[Proc]:
         stage = services_stage + 1
         if ep.role == "decode" and decode_after_prefill:
             stage += 1
-        engines.append(engine_proc(profile, group, ep, stage))
+        if rehearse:
+            from kvpd.plan.rehearse import rehearsal_engine
+
+            engines.append(rehearsal_engine(profile, group, ep, stage, len(engines)))
+        else:
+            engines.append(engine_proc(profile, group, ep, stage))
     out += engines
     last = max((p.stage for p in out), default=0)
-    px = proxy_proc(profile, engines, last + 1)
+    px = proxy_proc(profile, engines, last + 1, rehearse)
     if px is not None:
         out.append(px)
     return out

@@ -681,8 +681,11 @@ def rule_bench(c: Checker) -> None:
     lens = [merged(c.p, g).max_model_len or c.p.model.max_model_len for _, g in c.groups()]
     lens = [x for x in lens if x]
     if lens and b.input_len + b.output_len > min(lens):
-        c.warn(("bench", "input_len"), f"input {b.input_len} + output {b.output_len} tokens "
-               f"exceed max_model_len {min(lens)}; vLLM will reject these requests.")
+        c.warn(
+            ("bench", "input_len"),
+            f"input {b.input_len} + output {b.output_len} tokens "
+            f"exceed max_model_len {min(lens)}; vLLM will reject these requests.",
+        )
 
 
 RULES = [

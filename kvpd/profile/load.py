@@ -204,11 +204,25 @@ def apply_sets(data: dict[str, Any], sets: list[str]) -> None:
             node[parts[-1]] = raw
 
 
-def parse_profile(text: str, name: str, sets: list[str] | None = None) -> tuple[Profile, Source]:
+def merge_overlay(data: dict[str, Any], overlay: dict[str, Any]) -> None:
+    """Deep-merge an inventory (hosts' real addresses, ssh settings, rehearsal paths)."""
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            merge_overlay(data[key], value)
+        else:
+            data[key] = value
+
+
+def parse_profile(
+    text: str, name: str, sets: list[str] | None = None, overlay: dict[str, Any] | None = None
+) -> tuple[Profile, Source]:
     """Parse YAML text into a Profile. Pure (no I/O). Raises ProfileError with every problem."""
     data, lines = _compose(text, name)
     if not isinstance(data, dict):
         raise ProfileError(f"{name}: a profile is a YAML mapping (name:, hosts:, model:, ...).")
+    if overlay:
+        merge_overlay(data, overlay)
+        text = text + "\n# inventory " + yaml.safe_dump(overlay, sort_keys=True)
     if sets:
         apply_sets(data, sets)
         text = text + "".join(f"\n# --set {s}" for s in sets)  # part of the digest
@@ -245,7 +259,21 @@ def read_profile_text(arg: str) -> tuple[str, str]:
     )
 
 
-def load_profile(arg: str, sets: list[str] | None = None) -> tuple[Profile, Source]:
-    """Read and parse PROFILE (path or bundled name), with optional --set overrides."""
+def load_inventory(path: str) -> dict[str, Any]:
+    """An inventory file: a partial profile (hosts, ssh, rehearsal, ...) merged over it."""
+    p = Path(path)
+    if not p.is_file():
+        raise ProfileError(f"{path}: no such inventory file.")
+    data, _ = _compose(p.read_text(), path)
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: an inventory is a YAML mapping (hosts:, ssh:, rehearsal:).")
+    return data
+
+
+def load_profile(
+    arg: str, sets: list[str] | None = None, inventory: str | None = None
+) -> tuple[Profile, Source]:
+    """Read and parse PROFILE (path or bundled name), with an inventory and --set overrides."""
     text, name = read_profile_text(arg)
-    return parse_profile(text, name, sets)
+    overlay = load_inventory(inventory) if inventory else None
+    return parse_profile(text, name, sets, overlay)

@@ -290,6 +290,24 @@ class Bench(_Model):
     protocol: Literal["plain", "prefix", "twice"] = "plain"
 
 
+class Rehearsal(_Model):
+    """How `--rehearse` runs this topology on CPU hosts (usually given in an inventory file).
+
+    Engines become CPU `vllm serve`s of a tiny model, Ascend-only KV connectors become
+    ExampleConnector over a shared folder; the memcache MetaService and the Mooncake master run
+    for real from a Python environment that has memcache-hybrid / mooncake installed.
+    """
+
+    model: str = Field(".kvpd/models/tiny", description="tiny model dir, same path on all hosts")
+    vllm: str = Field("vllm", description="CPU vLLM command on the hosts")
+    kvpd: str = Field("kvpd", description="kvpd command on the proxy host")
+    python: str = Field("python3", description="python with memcache-hybrid installed")
+    mooncake_master: str = Field("mooncake_master", description="mooncake_master command")
+    storage: str = Field(".kvpd/rehearsal/kv", description="shared folder for KV hand-over")
+    cores: int = Field(2, ge=1, description="CPU cores to spread the engines over")
+    health_timeout_s: float = Field(600, gt=0)
+
+
 class Runtime(_Model):
     vllm: str = Field("vllm", description="the vLLM command on the hosts")
     python: str = Field("python3", description="python on the hosts (proxy, services)")
@@ -317,3 +335,4 @@ class Profile(_Model):
     mixed: Group | None = None
     proxy: Proxy | None = None
     bench: Bench = Field(default_factory=Bench)
+    rehearsal: Rehearsal = Field(default_factory=Rehearsal)
