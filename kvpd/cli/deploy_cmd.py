@@ -17,12 +17,20 @@ if TYPE_CHECKING:
     from kvpd.plan.model import Plan
 
 
-def _load_plan(profile: str) -> Plan:
-    try:
-        from kvpd.plan.build import load_plan
-    except ModuleNotFoundError as e:  # only while the plan builder is being written
-        raise KvpdError(f"cannot build a plan: {e}") from None
-    return load_plan(profile)
+def _load_plan(
+    profile: str,
+    *,
+    rehearse: bool = False,
+    inventory: str | None = None,
+    sets: list[str] | None = None,
+) -> Plan:
+    import os
+
+    from kvpd.plan.build import load_plan
+
+    return load_plan(
+        profile, rehearse=rehearse, inventory=inventory, sets=sets, base_dir=os.getcwd()
+    )
 
 
 def _resolve_deployment(profile: str | None, deployment: str | None, store: StateStore) -> str:
@@ -54,6 +62,19 @@ def register(app: typer.Typer) -> None:
         grace: float = typer.Option(
             20.0, "--grace", help="Seconds between SIGTERM and SIGKILL when rolling back."
         ),
+        rehearse: bool = typer.Option(
+            False, "--rehearse", help="Run the topology on CPU hosts (see `kvpd plan --rehearse`)."
+        ),
+        inventory: str | None = typer.Option(
+            None, "--inventory", help="YAML merged over the profile (real host addresses, ssh)."
+        ),
+        sets: list[str] = typer.Option([], "--set", help="Override a field: path.to.field=value"),
+        accept_new_host_keys: bool = typer.Option(
+            False, "--accept-new-host-keys", help="Trust SSH host keys not in known_hosts yet."
+        ),
+        skip_preflight: bool = typer.Option(
+            False, "--skip-preflight", help="Do not run the read-only checks on the hosts first."
+        ),
     ) -> None:
         """Start a deployment: write its files, start its stages in order, gate on health."""
         from kvpd.cli import output
@@ -61,14 +82,23 @@ def register(app: typer.Typer) -> None:
         from kvpd.exec.state import StateStore
         from kvpd.exec.transports import TransportPool
 
-        plan = _load_plan(profile)
+        plan = _load_plan(profile, rehearse=rehearse, inventory=inventory, sets=sets)
         store = StateStore()
-        pool = TransportPool(plan.hosts)
+        pool = TransportPool(plan.hosts, accept_unknown_host_key=accept_new_host_keys)
         try:  # before asking: a running deployment is refused whatever the answer
             Executor(pool, store=store).refuse_if_running(plan.deployment, profile)
         except BaseException:
             pool.close()
             raise
+        if not skip_preflight:
+            from kvpd.exec.preflight import run_preflight
+
+            if not run_preflight(plan, as_json=json_out, pool=pool):
+                pool.close()
+                raise KvpdError(
+                    "preflight failed (table above): nothing was started. Fix the hosts or "
+                    "the profile, or pass --skip-preflight to start anyway."
+                )
         if not json_out:
             output.out.print(output.plan_summary(plan))
             for w in plan.warnings:

@@ -13,6 +13,7 @@ from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, Proc
 from kvpd.plan.processes import Proc, all_procs
 from kvpd.plan.rehearse import rehearsal_notes
 from kvpd.plan.render import launch_script, mooncake_json, render
+from kvpd.plan.requirements import build_requirements
 from kvpd.plan.rules import Checker, check, memcache_ranks
 from kvpd.plan.shell import mask
 from kvpd.plan.sizing import GiB, MiB, kv_bytes, parse_size, round_up
@@ -242,6 +243,7 @@ def build_plan(
         tokenizer=model.tokenizer or model.path,
         bench=profile.bench.model_dump(),
         rehearsal=rehearse,
+        requirements=build_requirements(profile, procs, dram, rehearse),
     )
 
 

@@ -96,6 +96,9 @@ class Plan:
     tokenizer: str = ""
     bench: dict[str, Any] = field(default_factory=dict)
     rehearsal: bool = False
+    # What preflight verifies per host (read-only): host name -> requirement dict with keys
+    # packages, commands, paths, shared_dirs, memory_gb, shm_gb, npu, clang_omp, python.
+    requirements: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def stages(self) -> list[list[ProcessSpec]]:
@@ -147,4 +150,5 @@ class Plan:
             tokenizer=d.get("tokenizer", ""),
             bench=d.get("bench", {}),
             rehearsal=d.get("rehearsal", False),
+            requirements=d.get("requirements", {}),
         )

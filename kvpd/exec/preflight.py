@@ -1,0 +1,275 @@
+"""Preflight: read-only checks on every host of a plan, one table with a fix hint per failure.
+
+It verifies what `Plan.requirements` lists (derived by the planner): the host is reachable and
+its key known; packages importable with versions identical across hosts; commands and model
+paths present; the plan's ports free; NPUs visible; Clang + OpenMP for the sparse planner;
+shared storage really shared (a token written on one host must be read on the others); enough
+free memory and /dev/shm.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from kvpd.errors import KvpdError
+from kvpd.exec.probe import PROBE
+from kvpd.exec.transport import Transport
+from kvpd.plan.model import Plan
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Check:
+    host: str
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _probe(t: Transport, req: dict[str, Any]) -> dict[str, Any]:
+    r = t.run(["python3", "-c", PROBE, json.dumps(req)], timeout_s=180)
+    if not r.ok:
+        raise KvpdError(f"probe failed (exit {r.exit_code}): {r.stderr.strip()[-300:]}")
+    return json.loads(r.stdout)
+
+
+def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check]:
+    """Probe every host in parallel (twice where storage must be shared) and judge the results."""
+    token = secrets.token_hex(6)
+    hosts = [h.name for h in plan.hosts if h.name in plan.requirements]
+    ports = {h: sorted({u.port for u in plan.ports if u.host == h}) for h in hosts}
+    sharing: dict[str, list[str]] = {}
+    for h in hosts:
+        for d in plan.requirements[h]["shared_dirs"]:
+            sharing.setdefault(d, []).append(h)
+
+    def request(h: str, write: bool, cleanup: bool) -> dict[str, Any]:
+        req = dict(plan.requirements[h])
+        peers = sorted({p for d in req["shared_dirs"] for p in sharing[d] if p != h})
+        req.update(ports=ports[h], token=token, host=h, write=write, cleanup=cleanup, peers=peers)
+        return req
+
+    results: dict[str, dict[str, Any]] = {}
+    checks: list[Check] = []
+
+    def first(h: str) -> None:
+        try:
+            results[h] = _probe(transports(h), request(h, write=True, cleanup=False))
+        except KvpdError as e:
+            results[h] = {"error": str(e)}
+
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as pool:
+        list(pool.map(first, hosts))
+        if sharing:  # second round: who can read whose token; then remove our tokens
+
+            def second(h: str) -> None:
+                if "error" not in results[h]:
+                    try:
+                        r = _probe(transports(h), request(h, write=False, cleanup=True))
+                        results[h]["shared"] = r["shared"]
+                    except KvpdError:
+                        pass
+
+            list(pool.map(second, hosts))
+
+    versions: dict[str, dict[str, str | None]] = {}
+    for h in hosts:
+        res = results[h]
+        req = plan.requirements[h]
+        if "error" in res:
+            checks.append(
+                Check(
+                    h,
+                    "reachable",
+                    False,
+                    res["error"],
+                    "check the address, SSH user/key and known_hosts in the profile",
+                )
+            )
+            continue
+        checks.append(Check(h, "reachable", True, f"{res['arch']}, python {res['python3']}"))
+        for py, info in res["packages"].items():
+            if "error" in info:
+                where = f"next to `{py[1:]}`" if py.startswith("@") else py
+                checks.append(
+                    Check(
+                        h,
+                        f"python {where}",
+                        False,
+                        info["error"][:200],
+                        "install it or put its full path in the profile",
+                    )
+                )
+                continue
+            for name, ver in info["v"].items():
+                versions.setdefault(name, {})[h] = ver
+                checks.append(
+                    Check(
+                        h,
+                        f"package {name}",
+                        ver is not None,
+                        ver or f"not importable by {py}",
+                        "" if ver else f"pip install {name} into {py}'s environment",
+                    )
+                )
+            checks.append(Check(h, "site-packages", True, info["site"]))
+        for cmd, ok in res["commands"].items():
+            checks.append(
+                Check(
+                    h,
+                    f"command {cmd}",
+                    ok,
+                    "found" if ok else "not found",
+                    "" if ok else "install it or set the full path in the profile",
+                )
+            )
+        for path, ok in res["paths"].items():
+            checks.append(
+                Check(
+                    h,
+                    f"path {path}",
+                    ok,
+                    "exists" if ok else "missing",
+                    "" if ok else "copy the model there (same path on every host)",
+                )
+            )
+        busy = res["busy_ports"]
+        checks.append(
+            Check(
+                h,
+                "ports free",
+                not busy,
+                f"{len(ports[h])} ports free" if not busy else f"in use: {busy}",
+                ""
+                if not busy
+                else "stop what holds them (`ss -ltnp`) or change the ports in the profile",
+            )
+        )
+        if req["npu"]:
+            checks.append(
+                Check(
+                    h,
+                    "NPUs visible",
+                    bool(res.get("npu")),
+                    "npu-smi info ok" if res.get("npu") else "npu-smi info failed",
+                    ""
+                    if res.get("npu")
+                    else "install the Ascend driver / mount the devices into the container",
+                )
+            )
+        if req["clang_omp"]:
+            ok = bool(res.get("clang") and res.get("omp_h"))
+            checks.append(
+                Check(
+                    h,
+                    "clang + omp.h",
+                    ok,
+                    "found" if ok else "missing",
+                    "" if ok else "apt-get install -y clang libomp-dev",
+                )
+            )
+        need = req["memory_gb"]
+        if need:
+            avail = (res.get("mem_available") or 0) / GiB
+            checks.append(
+                Check(
+                    h,
+                    "memory",
+                    avail >= need,
+                    f"{avail:.0f} GiB available, pools need {need:g} GiB",
+                    "" if avail >= need else "lower dram sizes or use a larger host",
+                )
+            )
+        shm = req["shm_gb"]
+        if shm:
+            free = (res.get("shm_free") or 0) / GiB
+            checks.append(
+                Check(
+                    h,
+                    "/dev/shm",
+                    free >= shm,
+                    f"{free:.0f} GiB free, UCM cache buffers need {shm:g} GiB",
+                    "" if free >= shm else "enlarge /dev/shm (docker --shm-size)",
+                )
+            )
+        for d, info in res.get("shared", {}).items():
+            peers = [p for p in sharing.get(d, []) if p != h]
+            if not info["exists"] or not info["writable"]:
+                checks.append(
+                    Check(
+                        h,
+                        f"storage {d}",
+                        False,
+                        "missing" if not info["exists"] else "not writable",
+                        "create/mount it with write access on every host",
+                    )
+                )
+                continue
+            missing = [p for p in peers if p not in info.get("sees", [])]
+            checks.append(
+                Check(
+                    h,
+                    f"storage {d}",
+                    not missing,
+                    "shared with " + (", ".join(peers) or "no other host")
+                    if not missing
+                    else f"does not see files written by {missing}",
+                    ""
+                    if not missing
+                    else "mount the same shared filesystem (NFS/3FS) at this path on every host",
+                )
+            )
+    for name, by_host in versions.items():
+        found = {v for v in by_host.values() if v}
+        if len(found) > 1:
+            detail = ", ".join(f"{h}={v}" for h, v in sorted(by_host.items()))
+            checks.append(
+                Check(
+                    "*",
+                    f"same {name} everywhere",
+                    False,
+                    detail,
+                    f"install one {name} version on every host",
+                )
+            )
+    return checks
+
+
+def run_preflight(
+    plan: Plan,
+    *,
+    accept_new_host_keys: bool = False,
+    as_json: bool = False,
+    pool: Any = None,
+) -> bool:
+    """Run the checks and print the table (or JSON). True when everything passed."""
+    from kvpd.exec.transports import TransportPool
+
+    own = pool is None
+    pool = pool or TransportPool(plan.hosts, accept_unknown_host_key=accept_new_host_keys)
+    try:
+        checks = run_checks(plan, lambda h: pool[h])
+    finally:
+        if own:
+            pool.close()
+    ok = all(c.ok for c in checks)
+    if as_json:
+        print(json.dumps({"ok": ok, "checks": [c.__dict__ for c in checks]}, indent=2))
+        return ok
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"preflight: {plan.deployment}")
+    for col in ("host", "check", "result", "detail", "fix"):
+        t.add_column(col)
+    for c in checks:
+        t.add_row(c.host, c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail, c.fix)
+    Console(width=None if Console().is_terminal else 160).print(t)
+    return ok

@@ -1,0 +1,104 @@
+"""What each host must provide before `up` (pure): packages, commands, paths, memory.
+
+`kvpd plan --check` and `kvpd up` hand this to the preflight, which verifies it read-only.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from kvpd.plan.layout import hardware_of
+from kvpd.plan.processes import Proc
+from kvpd.plan.sizing import GiB, parse_size
+from kvpd.profile.schema import ASCEND, Profile
+
+
+def _python_of(command: str, fallback: str) -> str:
+    """The interpreter next to a console script given by path (…/bin/vllm -> …/bin/python)."""
+    if "/" in command:
+        return posixpath.join(posixpath.dirname(command), "python")
+    return "@" + command  # the probe resolves it: the python next to `command` on PATH
+
+
+def build_requirements(
+    profile: Profile, procs: list[Proc], dram_per_rank: str | None, rehearse: bool
+) -> dict[str, dict[str, Any]]:
+    req: dict[str, dict[str, Any]] = {}
+
+    def host(name: str) -> dict[str, Any]:
+        return req.setdefault(
+            name,
+            {
+                "packages": {},
+                "commands": [],
+                "paths": [],
+                "shared_dirs": [],
+                "memory_gb": 0.0,
+                "shm_gb": 0.0,
+                "npu": False,
+                "clang_omp": False,
+            },
+        )
+
+    def add(lst: list[Any], item: Any) -> None:
+        if item not in lst:
+            lst.append(item)
+
+    def pkg(h: dict[str, Any], python: str, name: str) -> None:
+        add(h["packages"].setdefault(python, []), name)
+
+    rh = profile.rehearsal
+    kv = profile.kv
+    created_on_use: set[str] = set()  # ExampleConnector makes its folder; sharing matters only
+    for p in procs:
+        h = host(p.host)
+        hw = "cpu" if rehearse else hardware_of(profile, p.host)
+        add(h["commands"], p.argv[0])
+        if p.role in ("prefill", "decode", "mixed"):
+            g = getattr(profile, p.role)
+            vllm = rh.vllm if rehearse else profile.runtime.vllm
+            py = _python_of(vllm, profile.runtime.python)
+            pkg(h, py, "vllm")
+            add(h["paths"], rh.model if rehearse else profile.model.path)
+            if rehearse:
+                add(h["shared_dirs"], rh.storage) if g.kv_connectors else None
+                continue
+            if hw in ASCEND:
+                pkg(h, py, "vllm-ascend")
+                h["npu"] = True
+            comps = set(g.kv_connectors)
+            if "ascend_store" in comps:
+                pkg(h, py, "memcache-hybrid")
+                pkg(h, py, "memfabric-hybrid")
+                if dram_per_rank:
+                    ranks = len(p.devices) or 1
+                    h["memory_gb"] += parse_size(dram_per_rank) * ranks / GiB
+            if "sfa_d2h" in comps:
+                pkg(h, py, "memfabric-hybrid")
+            if "ucm" in comps and kv.ucm is not None:
+                pkg(h, py, "uc-manager")
+                for d in kv.ucm.storage.split(":"):
+                    add(h["shared_dirs"], d)
+                h["shm_gb"] += kv.ucm.cache_buffer_capacity_gb
+            if "kvpd_store" in comps and kv.kvpd_store is not None:
+                add(h["shared_dirs"], kv.kvpd_store.path)
+            if "example" in comps and kv.example_path:
+                add(h["shared_dirs"], kv.example_path)
+                created_on_use.add(kv.example_path)
+            so = g.sparse_offload
+            if p.role == "decode" and so is not None and so.enabled:
+                h["clang_omp"] = True
+                dp_ranks = max(1, len(p.devices) // max(1, g.tp * g.pp))
+                h["memory_gb"] += so.dram_size_per_dp_gb * dp_ranks
+        elif p.role == "metaservice":
+            py = rh.python if rehearse else profile.kv.memcache.python
+            pkg(h, py, "memcache-hybrid")
+            pkg(h, py, "memfabric-hybrid")
+    for d in created_on_use:
+        users = [h for h in req.values() if d in h["shared_dirs"]]
+        if len(users) == 1:  # one host: nothing to share, and vLLM creates the folder
+            users[0]["shared_dirs"].remove(d)
+    for h in req.values():
+        h["memory_gb"] = round(h["memory_gb"], 1)
+    return req
