@@ -1,0 +1,129 @@
+"""A real local deployment (CPU vLLM prefill + decode + kvpd proxy) for end-to-end tests.
+
+Started once per test session through the real CLI (`kvpd up`), under its own deployment name
+and ports so it never collides with a developer's own `local` deployment, and stopped with
+`kvpd down` at the end. Skips with the reason when the CPU engine or the tiny model is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE = Path(os.environ.get("KVPD_ENGINE_VENV", REPO / ".venv-engine"))
+MODEL = REPO / ".kvpd" / "models" / "tiny"
+
+
+def kvpd_env() -> dict[str, str]:
+    env = dict(os.environ)
+    bins = [str(ENGINE / "bin"), str(Path(sys.executable).parent)]
+    env["PATH"] = os.pathsep.join(bins + [env.get("PATH", "")])
+    env["KVPD_ENGINE_VENV"] = str(ENGINE)
+    return env
+
+
+def kvpd(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "kvpd.cli.main", *args]
+    r = subprocess.run(cmd, cwd=REPO, env=kvpd_env(), capture_output=True, text=True,
+                       timeout=timeout)
+    if check and r.returncode != 0:
+        out = f"{r.stdout}\n{r.stderr}"
+        raise AssertionError(f"kvpd {' '.join(args)} exited {r.returncode}:\n{out}")
+    return r
+
+
+def engine_missing() -> str | None:
+    if not (ENGINE / "bin" / "vllm").exists():
+        return f"CPU engine not installed at {ENGINE} (run `make engine`)"
+    if not (MODEL / "config.json").exists():
+        return f"tiny model missing at {MODEL} (run `make model`)"
+    return None
+
+
+@dataclass
+class LocalDeployment:
+    name: str
+    sets: list[str]
+    proxy: str
+    prefill: str
+    decode: str
+    state_file: Path
+    args: list[str] = field(default_factory=list)
+
+    def state(self) -> dict:
+        return json.loads(self.state_file.read_text())
+
+
+def set_args(sets: list[str]) -> list[str]:
+    return [a for s in sets for a in ("--set", s)]
+
+
+def local_sets(name: str, base_port: int) -> list[str]:
+    return [
+        f"name={name}",
+        f"proxy.port={base_port}",
+        f"prefill.port={base_port + 100}",
+        f"decode.port={base_port + 200}",
+        f"kv.example_path=.kvpd/{name}/kv",
+        f"runtime.run_dir=.kvpd/{name}/run",
+    ]
+
+
+def get_json(url: str, body: dict | None = None, timeout: float = 60) -> tuple[int, dict]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, {"raw": raw.decode(errors="replace")}
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    text = urllib.request.urlopen(url + "/metrics", timeout=30).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+@pytest.fixture(scope="session")
+def local_deployment():
+    reason = engine_missing()
+    if reason:
+        pytest.skip(reason)
+    name, port = "e2e-local", 18600
+    sets = local_sets(name, port)
+    kvpd("down", "--deployment", name, check=False)
+    shutil.rmtree(REPO / ".kvpd" / name, ignore_errors=True)
+    kvpd("up", "local", "--yes", *set_args(sets))
+    dep = LocalDeployment(
+        name=name,
+        sets=sets,
+        proxy=f"http://127.0.0.1:{port}",
+        prefill=f"http://127.0.0.1:{port + 100}",
+        decode=f"http://127.0.0.1:{port + 200}",
+        state_file=REPO / ".kvpd" / name / "state.json",
+        args=set_args(sets),
+    )
+    try:
+        yield dep
+    finally:
+        kvpd("down", "--deployment", name, check=False)
