@@ -10,7 +10,7 @@ export KVPD_ENGINE_VENV := $(ENGINE_VENV)
 # the engine's `vllm` must be on PATH for locally launched processes and for `kvpd bench`
 export PATH := $(ENGINE_VENV)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test test-unit test-e2e lint venv engine model system-deps clean
+.PHONY: demo test test-unit test-e2e lint venv engine model services system-deps clean
 
 $(VENV)/.stamp: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ venv: $(VENV)/.stamp
 
 engine: venv
 	bash scripts/install-engine.sh
+
+# memcache MetaService + mooncake_master on CPU, for rehearsals (`kvpd up --rehearse`) and tests
+services:
+	bash scripts/install-services.sh
 
 model: engine
 	@test -f $(MODEL_DIR)/config.json || $(KVPD) model tiny $(MODEL_DIR) --seed 0
@@ -46,11 +50,11 @@ demo: model
 test-unit: venv
 	$(VENV)/bin/pytest -q -m "not e2e and not ssh"
 
-test: venv system-deps model
+test: venv system-deps model services
 	$(VENV)/bin/ruff check kvpd tests benchmarks
 	$(VENV)/bin/pytest -q
 
-test-e2e: venv system-deps model
+test-e2e: venv system-deps model services
 	$(VENV)/bin/pytest -q -m "e2e or ssh"
 
 lint: venv
