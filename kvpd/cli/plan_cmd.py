@@ -55,7 +55,7 @@ def show_plan(plan: Plan) -> None:
         for i, p in enumerate(procs):
             devs = _ranges(p.devices)
             ports = ", ".join(str(x) for x in _ports_short(p.ports))
-            name = p.name + (f" [substituted: {p.substituted}]" if p.substituted else "")
+            name = p.name + (" *" if p.substituted else "")
             hosts.add_row(
                 h.name if i == 0 else "",
                 h.address if i == 0 else "",
@@ -74,6 +74,11 @@ def show_plan(plan: Plan) -> None:
         files.setdefault(f.host, []).append(f.path)
     for host, paths in files.items():
         con.print(f"[bold]{host}[/bold] files: {', '.join(paths)}")
+    subs = [p for p in plan.processes if p.substituted]
+    if subs:
+        con.print("[bold]rehearsal substitutions[/bold] (* above):")
+        for p in subs:
+            con.print(f"  {p.name}: substituted: {p.substituted}")
     if plan.proxy_url:
         con.print(f"[bold]endpoint[/bold]: {plan.proxy_url}  (model {plan.served_model})")
     for w in plan.warnings:

@@ -1,0 +1,78 @@
+"""`kvpd plan` and `kvpd schema` through the real CLI: exit codes, messages, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kvpd(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvpd.cli.main", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_plan_bundled_profile_shows_processes_and_order() -> None:
+    r = kvpd("plan", "ucm-centralized-2p2d")
+    assert r.returncode == 0, r.stderr
+    for word in ("prefill-1", "decode-1", "proxy", "start order", "7805"):
+        assert word in r.stdout
+
+
+def test_plan_json_is_the_plan() -> None:
+    r = kvpd("plan", "large-ep", "--json")
+    plan = json.loads(r.stdout)
+    assert plan["deployment"] == "large-ep"
+    assert len([p for p in plan["processes"] if p["role"] == "decode"]) == 8
+
+
+def test_plan_out_writes_one_folder_per_host(tmp_path: Path) -> None:
+    r = kvpd("plan", "layerwise-sparse-1p1d", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p1" / "conf" / "mmc-meta.conf").is_file()
+    assert (tmp_path / "d1" / "decode-0" / "launch.sh").is_file()
+    assert json.loads((tmp_path / "plan.json").read_text())["deployment"]
+
+
+def test_bad_profile_exits_2_with_located_message(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nhosts:\n  h1: {address: 10.0.0.1}\nmodel:\n  path: /m\n"
+                   "prefil:\n  hosts: [h1]\n")
+    r = kvpd("plan", str(bad))
+    assert r.returncode == 2
+    assert f"{bad}:6: prefil: unknown field 'prefil'. Did you mean 'prefill'?" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_rule_violation_exits_2(tmp_path: Path) -> None:
+    r = kvpd("plan", "layerwise-sparse-1p1d", "--set", "decode.sparse_offload.topk_buffer_size=100")
+    assert r.returncode == 2
+    assert "decode.sparse_offload.topk_buffer_size: 100 is smaller than index_topk 2048" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_profile_names_the_bundled_ones() -> None:
+    r = kvpd("plan", "nope")
+    assert r.returncode == 2 and "Bundled profiles:" in r.stderr
+
+
+def test_schema_is_json_schema() -> None:
+    r = kvpd("schema")
+    schema = json.loads(r.stdout)
+    assert "prefill" in schema["properties"] and schema["additionalProperties"] is False
+
+
+def test_plan_rehearse_shows_substitutions() -> None:
+    r = kvpd("plan", "layerwise-sparse-1p1d", "--rehearse")
+    assert r.returncode == 0, r.stderr
+    assert "substituted" in r.stdout and "MetaService" in r.stdout
+
+
+def test_import_kvpd_core_is_light() -> None:
+    code = ("import sys, kvpd, kvpd.plan.build; "
+            "print(sorted(m for m in ('typer','rich','paramiko','fabric') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
