@@ -214,7 +214,11 @@ def merge_overlay(data: dict[str, Any], overlay: dict[str, Any]) -> None:
 
 
 def parse_profile(
-    text: str, name: str, sets: list[str] | None = None, overlay: dict[str, Any] | None = None
+    text: str,
+    name: str,
+    sets: list[str] | None = None,
+    overlay: dict[str, Any] | None = None,
+    config_reader: Any = None,
 ) -> tuple[Profile, Source]:
     """Parse YAML text into a Profile. Pure (no I/O). Raises ProfileError with every problem."""
     data, lines = _compose(text, name)
@@ -225,6 +229,13 @@ def parse_profile(
         text = text + "\n# inventory " + yaml.safe_dump(overlay, sort_keys=True)
     if sets:
         apply_sets(data, sets)
+    model = data.get("model")
+    if isinstance(model, dict) and model.get("config") and config_reader is not None:
+        from kvpd.profile.model_facts import facts_from_config
+
+        for key, value in facts_from_config(config_reader(str(model["config"]))).items():
+            if model.get(key) is None:
+                model[key] = value
         text = text + "".join(f"\n# --set {s}" for s in sets)  # part of the digest
     source = Source(name=name, text=text, lines=lines)
     try:
@@ -274,6 +285,8 @@ def load_profile(
     arg: str, sets: list[str] | None = None, inventory: str | None = None
 ) -> tuple[Profile, Source]:
     """Read and parse PROFILE (path or bundled name), with an inventory and --set overrides."""
+    from kvpd.profile.model_facts import read_config
+
     text, name = read_profile_text(arg)
     overlay = load_inventory(inventory) if inventory else None
-    return parse_profile(text, name, sets, overlay)
+    return parse_profile(text, name, sets, overlay, config_reader=read_config)

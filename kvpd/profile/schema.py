@@ -66,6 +66,10 @@ class ModelSpec(_Model):
     """The served model and the facts sizing needs (overridable; normally from config.json)."""
 
     path: str
+    config: str | None = Field(
+        None, description="config.json (or model dir) to read the facts below from; "
+        "facts written here take precedence"
+    )
     served_name: str | None = None
     tokenizer: str | None = Field(None, description="tokenizer path for bench (default: path)")
     attention: Literal["mha", "gqa", "mla", "sfa", "dsa"] = "gqa"

@@ -1,0 +1,59 @@
+"""Model facts for sizing from a Hugging Face `config.json` (pure mapping + one reader)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kvpd.errors import ProfileError
+
+_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+
+
+def facts_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The `model:` fields a config.json determines (only those it actually has)."""
+    text = cfg.get("text_config") or cfg  # multimodal configs nest the language model
+    out: dict[str, Any] = {}
+    if "num_hidden_layers" in text:
+        out["layers"] = int(text["num_hidden_layers"])
+    if text.get("kv_lora_rank"):
+        out["kv_lora_rank"] = int(text["kv_lora_rank"])
+        out["qk_rope_head_dim"] = int(text.get("qk_rope_head_dim", 64))
+        out["attention"] = "sfa" if text.get("index_topk") else "mla"
+    else:
+        heads = text.get("num_attention_heads")
+        kv_heads = text.get("num_key_value_heads", heads)
+        if kv_heads:
+            out["kv_heads"] = int(kv_heads)
+            out["attention"] = "gqa" if heads and kv_heads != heads else "mha"
+        head_dim = text.get("head_dim") or (
+            text["hidden_size"] // heads if heads and text.get("hidden_size") else None
+        )
+        if head_dim:
+            out["head_dim"] = int(head_dim)
+    if text.get("index_topk"):
+        out["index_topk"] = int(text["index_topk"])
+    if text.get("compress_ratios"):
+        out["compressed"] = True
+    dtype = text.get("torch_dtype") or text.get("dtype") or cfg.get("torch_dtype")
+    if dtype in _DTYPES:
+        out["dtype"] = _DTYPES[dtype]
+    return out
+
+
+def read_config(path: str, base: Path | None = None) -> dict[str, Any]:
+    p = Path(path).expanduser()
+    if base is not None and not p.is_absolute():
+        p = base / p
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise ProfileError(
+            f"model.config: {p} does not exist on this machine. Point it at a local copy of the "
+            "model's config.json, or write the facts (layers, kv_heads, ...) into `model:`."
+        ) from None
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"model.config: {p} is not valid JSON ({e}).") from None
