@@ -1,0 +1,410 @@
+"""Proxy overhead: latency and throughput through `kvpd proxy` against the floor (the client
+calling the prefill backend, then the decode backend itself), with fake backends (prefill: JSON
+with kv_transfer_params; decode: 20 ms wait, then 16 SSE chunks), at 1, 16 and 128 concurrent
+streams. Reports medians over repetitions, the proxy's CPU time per 1,000 requests and, with
+--profile, where the proxy's CPU goes.
+
+    .venv/bin/python benchmarks/proxy_overhead.py [--reps 3] [--duration 2] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pstats
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 12  # ~540 characters, ~135 tokens
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def system_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine, to report how loaded it was."""
+    vals = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = vals[3] + vals[4]
+    return sum(vals) - idle, sum(vals)
+
+
+def request_bytes(port: int, path: str, body: dict, request_id: str = "") -> bytes:
+    data = json.dumps(body, separators=(",", ":")).encode()
+    rid = f"X-Request-Id: {request_id}\r\n" if request_id else ""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n{rid}\r\n"
+    ).encode() + data
+
+
+class Conn(asyncio.Protocol):
+    """Lean keep-alive client connection: one request at a time; the end of a response is
+    its Content-Length or the chunked terminator (our backends never send trailers)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[int] | None = None
+        self.buf = b""
+        self.need = -1  # body bytes still expected (Content-Length), -2 = chunked, -1 = no head
+        self.status = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError("connection lost"))
+
+    def data_received(self, data: bytes) -> None:
+        if self.need == -1:
+            self.buf += data
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].lower()
+            data = self.buf[end + 4 :]
+            self.buf = b""
+            self.status = int(head[9:12])
+            if b"transfer-encoding: chunked" in head:
+                self.need = -2
+                self.tail = b""
+            else:
+                i = head.find(b"content-length:")
+                j = head.find(b"\r\n", i)
+                self.need = int(head[i + 15 : j if j > 0 else len(head)])
+        if self.need == -2:
+            self.tail = (self.tail + data)[-7:]
+            if self.tail.endswith(b"\r\n0\r\n\r\n") or self.tail == b"0\r\n\r\n":
+                self._done()
+        else:
+            self.need -= len(data)
+            if self.need <= 0:
+                self._done()
+
+    def _done(self) -> None:
+        self.need = -1
+        w = self.waiter
+        self.waiter = None
+        if w is not None and not w.done():
+            w.set_result(self.status)
+
+    async def call(self, request: bytes) -> int:
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(request)  # type: ignore[union-attr]
+        return await self.waiter
+
+
+async def connect(port: int) -> Conn:
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(Conn, "127.0.0.1", port)
+    return conn
+
+
+@dataclass
+class RunResult:
+    latencies: list[float] = field(default_factory=list)
+    rps: float = 0.0
+    errors: int = 0
+    proxy_cpu: float = 0.0
+    busy: float = 0.0  # machine CPU busy fraction during the run (0-1, all cores)
+
+    @property
+    def p50(self) -> float:
+        return statistics.median(self.latencies) * 1e3 if self.latencies else float("nan")
+
+    @property
+    def p99(self) -> float:
+        if not self.latencies:
+            return float("nan")
+        s = sorted(self.latencies)
+        return s[min(len(s) - 1, int(len(s) * 0.99))] * 1e3
+
+    @property
+    def cpu_per_1k(self) -> float:
+        n = len(self.latencies)
+        return self.proxy_cpu / n * 1000 if n else float("nan")
+
+
+async def run_load(
+    mode: str,
+    ports: dict[str, int],
+    streams: int,
+    duration: float,
+    warmup: float,
+    proxy_pid: int | None,
+) -> RunResult:
+    """`mode` "proxy": POST to the proxy; "floor": prefill then decode, directly."""
+    body = {"model": "fake", "prompt": PROMPT, "max_tokens": 16, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    if mode == "proxy":
+        conns = [await connect(ports["proxy"]) for _ in range(streams)]
+        req = request_bytes(ports["proxy"], "/v1/completions", body)
+    else:
+        # Exactly what the proxy would send, prepared once: the floor pays no JSON work.
+        p_body = dict(body, max_tokens=1, stream=False)
+        p_body.pop("stream_options")
+        p_body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
+                                        "remote_engine_id": None, "remote_block_ids": None,
+                                        "remote_host": None, "remote_port": None}  # fmt: skip
+        d_body = dict(body, kv_transfer_params={"do_remote_prefill": True, "remote_block_ids":
+                      [[1, 2, 3]], "remote_engine_id": "fake", "remote_host": "127.0.0.1",
+                      "remote_port": ports["prefill"]})  # fmt: skip
+        rid = "0" * 32
+        p_req = request_bytes(ports["prefill"], "/v1/completions", p_body, rid)
+        d_req = request_bytes(ports["decode"], "/v1/completions", d_body, rid)
+        conns = [(await connect(ports["prefill"]), await connect(ports["decode"]))
+                 for _ in range(streams)]  # fmt: skip
+
+    result = RunResult()
+    clock = time.perf_counter
+    t0 = clock()
+    measure_from = t0 + warmup
+    end = measure_from + duration
+    cpu_marks: list[float] = []
+    sys_marks: list[tuple[float, float]] = []
+
+    async def mark_window() -> None:
+        await asyncio.sleep(warmup)
+        if proxy_pid:
+            cpu_marks.append(proc_cpu_seconds(proxy_pid))
+        sys_marks.append(system_busy())
+        await asyncio.sleep(duration)
+        if proxy_pid:
+            cpu_marks.append(proc_cpu_seconds(proxy_pid))
+        sys_marks.append(system_busy())
+
+    async def worker(c: object) -> None:
+        lat = result.latencies
+        while True:
+            start = clock()
+            if start >= end:
+                return
+            try:
+                if mode == "proxy":
+                    status = await c.call(req)  # type: ignore[attr-defined]
+                else:
+                    p, d = c  # type: ignore[misc]
+                    status = await p.call(p_req)
+                    if status == 200:
+                        status = await d.call(d_req)
+            except ConnectionError:
+                result.errors += 1
+                return
+            done = clock()
+            if status != 200:
+                result.errors += 1
+            elif start >= measure_from and done <= end:
+                lat.append(done - start)
+
+    await asyncio.gather(mark_window(), *(worker(c) for c in conns))
+    result.rps = len(result.latencies) / duration
+    if len(cpu_marks) == 2:
+        result.proxy_cpu = cpu_marks[1] - cpu_marks[0]
+    if len(sys_marks) == 2:
+        (b0, t0_), (b1, t1_) = sys_marks
+        result.busy = (b1 - b0) / max(1, t1_ - t0_)
+    for c in conns:
+        for one in c if isinstance(c, tuple) else (c,):
+            one.transport.close()  # type: ignore[union-attr]
+    return result
+
+
+def wait_http(url: str, deadline_s: float = 15.0) -> None:
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > end:
+            raise SystemExit(f"{url} did not become ready within {deadline_s} s")
+        time.sleep(0.05)
+
+
+def start_processes(
+    profile_path: str | None, chunk_gap_ms: float
+) -> tuple[dict[str, int], list[subprocess.Popen]]:
+    py = sys.executable
+    ports = {"prefill": free_port(), "decode": free_port(), "proxy": free_port()}
+    procs = []
+    backends = subprocess.Popen(
+        [py, "-m", "kvpd.proxy.fake_backend", "--prefill-port", str(ports["prefill"]),
+         "--decode-port", str(ports["decode"]), "--delay-ms", "20", "--chunks", "16",
+         "--chunk-gap-ms", str(chunk_gap_ms)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    procs.append(backends)
+    backends.stdout.readline()  # type: ignore[union-attr]  # printed once both listen
+    prof = ["-m", "cProfile", "-o", profile_path] if profile_path else []
+    proxy = subprocess.Popen(
+        [py, *prof, "-m", "kvpd.proxy", "--port", str(ports["proxy"]),
+         "--prefiller-ports", str(ports["prefill"]), "--decoder-ports", str(ports["decode"]),
+         "--log-level", "WARNING"],
+        cwd=ROOT,
+    )  # fmt: skip
+    procs.append(proxy)
+    wait_http(f"http://127.0.0.1:{ports['proxy']}/health")
+    return ports, procs
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    for p in reversed(procs):
+        p.terminate()
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def fmt(v: float, spec: str = ".2f") -> str:
+    return "-" if v != v else format(v, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 16, 128])
+    ap.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
+    ap.add_argument("--duration", type=float, default=2.0, help="measured seconds per run")
+    ap.add_argument("--warmup", type=float, default=0.3)
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="run the proxy under cProfile (slower) and print its top functions",
+    )
+    ap.add_argument(
+        "--chunk-gap-ms",
+        type=float,
+        default=0.0,
+        help="pause between the decoder's SSE chunks (0 = the 16 chunks back to back)",
+    )
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        print("uvloop not installed: the load generator runs on plain asyncio", file=sys.stderr)
+
+    profile_path = tempfile.mktemp(suffix=".prof") if args.profile else None
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    ports, procs = start_processes(profile_path, args.chunk_gap_ms)
+    rows = []
+    try:
+        proxy_pid = procs[1].pid
+        for streams in args.streams:
+            floor_runs, proxy_runs = [], []
+            for _ in range(args.reps):  # alternate so drift in machine load hits both
+                floor_runs.append(
+                    asyncio.run(run_load("floor", ports, streams, args.duration, args.warmup, None))
+                )
+                proxy_runs.append(
+                    asyncio.run(
+                        run_load("proxy", ports, streams, args.duration, args.warmup, proxy_pid)
+                    )
+                )
+
+            def med(runs: list[RunResult], attr: str) -> float:
+                return statistics.median(getattr(r, attr) for r in runs)
+
+            pairs = list(zip(proxy_runs, floor_runs, strict=True))
+            rows.append(
+                {
+                    "streams": streams,
+                    "floor_p50_ms": med(floor_runs, "p50"),
+                    "floor_p99_ms": med(floor_runs, "p99"),
+                    "proxy_p50_ms": med(proxy_runs, "p50"),
+                    "proxy_p99_ms": med(proxy_runs, "p99"),
+                    "added_p50_ms": med(proxy_runs, "p50") - med(floor_runs, "p50"),
+                    "floor_rps": med(floor_runs, "rps"),
+                    "proxy_rps": med(proxy_runs, "rps"),
+                    "ratio": med(proxy_runs, "rps") / max(1e-9, med(floor_runs, "rps")),
+                    "cpu_per_1k": med(proxy_runs, "cpu_per_1k"),
+                    "errors": sum(r.errors for r in floor_runs + proxy_runs),
+                    "machine_busy": med(floor_runs + proxy_runs, "busy"),
+                    "all_proxy_rps": [round(r.rps) for r in proxy_runs],
+                    "all_added_p50_ms": [round(p.p50 - f.p50, 3) for p, f in pairs],
+                }
+            )
+    finally:
+        stop_processes(procs)
+    load_after = Path("/proc/loadavg").read_text().split()[:3]
+
+    print(f"\nkvpd proxy overhead: {args.reps} reps x {args.duration:g} s per cell, medians; "
+          f"{os.cpu_count()} CPUs; loadavg before {' '.join(load_before)}, after "
+          f"{' '.join(load_after)}; decode chunk gap {args.chunk_gap_ms:g} ms"
+          f"{'; PROXY UNDER cProfile' if args.profile else ''}")  # fmt: skip
+    head = (f"{'streams':>7} {'floor p50':>9} {'proxy p50':>9} {'added p50':>9} {'floor p99':>9} "
+            f"{'proxy p99':>9} {'floor rps':>9} {'proxy rps':>9} {'ratio':>6} {'CPU-s/1k':>8} "
+            f"{'busy':>5} {'err':>4}")  # fmt: skip
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['streams']:>7} {fmt(r['floor_p50_ms']):>9} {fmt(r['proxy_p50_ms']):>9} "
+              f"{fmt(r['added_p50_ms'], '+.2f'):>9} {fmt(r['floor_p99_ms']):>9} "
+              f"{fmt(r['proxy_p99_ms']):>9} {fmt(r['floor_rps'], '.0f'):>9} "
+              f"{fmt(r['proxy_rps'], '.0f'):>9} {fmt(r['ratio'] * 100, '.0f') + '%':>6} "
+              f"{fmt(r['cpu_per_1k'], '.3f'):>8} {fmt(r['machine_busy'] * 100, '.0f') + '%':>5} "
+              f"{r['errors']:>4}")  # fmt: skip
+    print(
+        "(ms; rps = completed requests/s; ratio = proxy rps / floor rps; CPU-s/1k = proxy "
+        "process CPU seconds per 1,000 requests; busy = whole-machine CPU use during runs)"
+    )
+    by = {r["streams"]: r for r in rows}
+    checks = []
+    for s in (1, 16):
+        if s in by:
+            checks.append((f"added p50 at {s} stream(s) <= 1 ms", by[s]["added_p50_ms"] <= 1.0))
+    if 16 in by:
+        checks.append((">= 90% of floor throughput at 16 streams", by[16]["ratio"] >= 0.9))
+    if 128 in by:
+        checks.append((">= 1,000 req/s at 128 streams", by[128]["proxy_rps"] >= 1000))
+        checks.append(("<= 0.8 proxy CPU-s per 1,000 requests (128 streams)",
+                       by[128]["cpu_per_1k"] <= 0.8))  # fmt: skip
+    for name, ok in checks:
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    if args.profile and profile_path and os.path.exists(profile_path):
+        print("\nWhere the proxy's CPU goes (cProfile, top 25 by own time, whole run):")
+        stats = pstats.Stats(profile_path)
+        total = stats.total_tt  # type: ignore[attr-defined]
+        loop_own = sum(
+            tt
+            for (file, _, fn), (_, _, tt, _, _) in stats.stats.items()  # type: ignore[attr-defined]
+            if fn == "run" and file.endswith("runners.py")
+        )
+        print(
+            f"{total:.2f} s profiled; {loop_own / total:.0%} inside the event loop's C code "
+            "(uvloop: epoll, recv/send, accept), the rest in Python:"
+        )
+        stats.sort_stats("tottime").print_stats(25)
+        os.unlink(profile_path)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "checks": checks}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The decode-first layerwise flow (vLLM-Ascend's metaserver flow): the decoder gets the request
+first and calls POST /v1/metaserver with its KV destination; that call dispatches the prefill
+and is answered only when the prefill is done."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from kvpd.proxy.relay import DecodeRelay, Failure, error_body
+from kvpd.proxy.rewrite import (
+    child_request_ids,
+    decode_tokens,
+    dumps,
+    estimate_prompt_tokens,
+    prefill_request_body,
+)
+
+if TYPE_CHECKING:
+    from kvpd.proxy.flows import Flows
+    from kvpd.proxy.server import ClientConnection, Request
+
+
+class LayerwiseRecord:
+    """A decode-first request waiting for its decoder to call /v1/metaserver."""
+
+    __slots__ = ("request_id", "path", "body", "children", "params", "done", "dispatched",
+                 "relay", "extra", "tokens")  # fmt: skip
+
+    def __init__(
+        self,
+        request_id: str,
+        path: bytes,
+        body: dict[str, Any],
+        children: list[str],
+        extra: bytes,
+        tokens: int,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.request_id = request_id
+        self.path = path
+        self.body = body
+        self.children = children
+        self.extra = extra
+        self.tokens = tokens
+        self.params: dict[str, dict[str, Any]] = {}
+        self.done: asyncio.Future[Failure | None] = loop.create_future()
+        self.dispatched = False
+        self.relay: DecodeRelay | None = None
+
+
+class Layerwise:
+    """Records of decode-first requests by the ids their decoder will report."""
+
+    def __init__(self, flows: Flows) -> None:
+        self.flows = flows
+        self.loop = flows.loop
+        self.metrics = flows.metrics
+        self.records: dict[str, LayerwiseRecord] = {}
+        self.set_metaserver(flows.cfg.metaserver)
+
+    def set_metaserver(self, url: str) -> None:
+        self._meta_kv = {"do_remote_decode": False, "do_remote_prefill": True, "metaserver": url}
+
+    async def handle(
+        self,
+        client: ClientConnection,
+        req: Request,
+        body: dict[str, Any],
+        route: str,
+        request_id: str,
+        extra: bytes,
+    ) -> None:
+        prompt_tokens = estimate_prompt_tokens(body)
+        children = child_request_ids(request_id, route == "chat_completions", body)
+        record = LayerwiseRecord(
+            request_id, req.path, body, children, extra, prompt_tokens, self.loop
+        )
+        for child in children:
+            self.records[child] = record
+        d_body = dict(body)
+        d_body["kv_transfer_params"] = self._meta_kv
+
+        def on_attempt(relay: DecodeRelay, attempt: int) -> None:
+            if attempt:
+                self._reset(record)
+            record.relay = relay
+
+        try:
+            await self.flows.decode(
+                client,
+                req,
+                dumps(d_body).encode(),
+                decode_tokens(body, prompt_tokens),
+                extra,
+                request_id,
+                on_attempt,
+            )
+        finally:
+            for child in children:
+                self.records.pop(child, None)
+            if not record.done.done():
+                record.done.set_result(Failure(404, "metaserver_unknown", "request finished"))
+
+    def _reset(self, record: LayerwiseRecord) -> None:
+        """A retried decode calls the metaserver again: give it a fresh prefill (otherwise it
+        would get the old "ok" and wait for KV that was sent elsewhere)."""
+        if not record.done.done():
+            record.done.set_result(Failure(502, "decode_error", "decode attempt abandoned"))
+        record.done = self.loop.create_future()
+        record.params = {}
+        record.dispatched = False
+
+    async def metaserver(self, client: ClientConnection, req: Request) -> None:
+        """POST /v1/metaserver from a decoder: dispatch the prefill once every child id has
+        reported, and answer only when it is done."""
+        try:
+            payload = json.loads(req.body)
+            child = str(payload["request_id"])
+        except (ValueError, KeyError, TypeError):
+            client.send_json(400, error_body("expected JSON with request_id", "bad_request", 400))
+            return
+        record = self.records.get(child)
+        if record is None and len(child) > 9:
+            # vLLM may report its internal id: the external one plus a 9-character suffix.
+            child = child[:-9]
+            record = self.records.get(child)
+        if record is None:
+            self.metrics.failures["metaserver_unknown"] += 1
+            client.send_json(
+                404, error_body(f"unknown request id {payload['request_id']}", "not_found", 404)
+            )
+            return
+        record.params[child] = payload
+        done = record.done
+        if not record.dispatched and len(record.params) >= len(record.children):
+            record.dispatched = True
+            tasks = self.flows.app.state.tasks
+            task = self.loop.create_task(self._prefill(record, done))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        try:
+            failure = await asyncio.wait_for(asyncio.shield(done), self.flows.cfg.prefill_timeout)
+        except asyncio.TimeoutError:
+            failure = Failure(504, "prefill_timeout", "prefill did not finish in time")
+        if failure is None:
+            client.send_json(200, b'{"status":"ok"}')
+        else:
+            client.send_json(failure.status if failure.status >= 500 else 502, failure.body)
+
+    async def _prefill(self, record: LayerwiseRecord, done: asyncio.Future[Failure | None]) -> None:
+        params = [record.params[c] for c in record.children]
+        p_body = prefill_request_body(record.body, dict(params[0]))
+        if len(params) > 1:
+            p_body["batch_kv_transfer_params"] = dict(zip(record.children, params, strict=True))
+        relay = record.relay
+        try:
+            await self.flows.prefill(
+                record.path, dumps(p_body).encode(), record.tokens, record.extra
+            )
+        except Failure as f:
+            if not done.done():
+                done.set_result(f)
+            if relay is not None and record.done is done and not relay.sent:
+                relay.abandon(f)  # the decoder would wait for this KV forever
+            return
+        self.metrics.disaggregated += 1
+        if not done.done():
+            done.set_result(None)

@@ -1,0 +1,138 @@
+"""Proxy counters and latency histograms, rendered as Prometheus text on GET /metrics."""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpd.proxy.backends import BackendPool
+
+_LATENCY_BOUNDS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+)  # fmt: skip
+
+# Failure kinds, fixed so that every series exists (at 0) from the start.
+FAILURE_KINDS = (
+    "bad_request",
+    "no_prefiller",
+    "no_decoder",
+    "prefill_error",
+    "prefill_timeout",
+    "prefill_rejected",
+    "decode_error",
+    "decode_timeout",
+    "decode_rejected",
+    "stream_truncated",
+    "client_disconnect",
+    "metaserver_unknown",
+)
+
+
+class Histogram:
+    """Cumulative-on-render histogram: observe() is one bisect and two additions."""
+
+    __slots__ = ("bounds", "counts", "total", "n")
+
+    def __init__(self, bounds: tuple[float, ...] = _LATENCY_BOUNDS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.n = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.n += 1
+
+    def render(self, name: str, out: list[str]) -> None:
+        acc = 0
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            acc += count
+            out.append(f'{name}_bucket{{le="{bound:g}"}} {acc}')
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.n}')
+        out.append(f"{name}_sum {self.total:.6f}")
+        out.append(f"{name}_count {self.n}")
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.requests: Counter[str] = Counter()  # by route: completions, chat_completions
+        self.responses: Counter[int] = Counter()  # by HTTP status sent to the client
+        self.failures: Counter[str] = Counter({k: 0 for k in FAILURE_KINDS})
+        self.disaggregated = 0  # prefill succeeded and its kv_transfer_params reached decode
+        self.prefill_without_params = 0  # prefill succeeded but returned no kv_transfer_params
+        self.retries = 0
+        self.inflight = 0
+        self.prefill_seconds = Histogram()
+        self.first_byte_seconds = Histogram()  # request received -> first decode byte sent
+        self.request_seconds = Histogram()  # request received -> response complete
+
+    def render(self, prefillers: BackendPool, decoders: BackendPool) -> bytes:
+        out: list[str] = []
+
+        def family(name: str, kind: str, help_text: str) -> None:
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+
+        family("kvpd_proxy_requests_total", "counter", "Generation requests received, by route.")
+        for route in ("completions", "chat_completions"):
+            out.append(f'kvpd_proxy_requests_total{{route="{route}"}} {self.requests[route]}')
+        family("kvpd_proxy_responses_total", "counter", "Generation responses, by HTTP status.")
+        for status in sorted(self.responses):
+            out.append(f'kvpd_proxy_responses_total{{status="{status}"}} {self.responses[status]}')
+        family(
+            "kvpd_proxy_disaggregated_requests_total",
+            "counter",
+            "Requests whose prefill succeeded and whose kv_transfer_params reached a decoder.",
+        )
+        out.append(f"kvpd_proxy_disaggregated_requests_total {self.disaggregated}")
+        family(
+            "kvpd_proxy_prefill_without_kv_params_total",
+            "counter",
+            "Prefills that succeeded without returning kv_transfer_params (e.g. ExampleConnector).",
+        )
+        out.append(f"kvpd_proxy_prefill_without_kv_params_total {self.prefill_without_params}")
+        family("kvpd_proxy_failures_total", "counter", "Failed requests, by kind.")
+        for kind in sorted(self.failures):
+            out.append(f'kvpd_proxy_failures_total{{kind="{kind}"}} {self.failures[kind]}')
+        family("kvpd_proxy_retries_total", "counter", "Backend attempts repeated after an error.")
+        out.append(f"kvpd_proxy_retries_total {self.retries}")
+        family("kvpd_proxy_inflight_requests", "gauge", "Client requests being served.")
+        out.append(f"kvpd_proxy_inflight_requests {self.inflight}")
+
+        pools = (prefillers, decoders)
+        for name, kind, help_text, attr in (
+            ("kvpd_proxy_backend_inflight", "gauge", "Requests in flight per backend.", "inflight"),
+            (
+                "kvpd_proxy_backend_outstanding_tokens",
+                "gauge",
+                "Estimated tokens of work in flight per backend.",
+                "outstanding",
+            ),
+            ("kvpd_proxy_backend_healthy", "gauge", "1 if the backend is usable.", "healthy_num"),
+            ("kvpd_proxy_backend_requests_total", "counter", "Requests sent.", "requests"),
+            ("kvpd_proxy_backend_errors_total", "counter", "Failed requests.", "errors"),
+        ):
+            family(name, kind, help_text)
+            for pool in pools:
+                for b in pool.backends:
+                    out.append(
+                        f'{name}{{role="{pool.role}",backend="{b.name}"}} {getattr(b, attr)}'
+                    )
+
+        for name, hist, help_text in (
+            ("kvpd_proxy_prefill_seconds", self.prefill_seconds, "Prefill round trip."),
+            (
+                "kvpd_proxy_first_byte_seconds",
+                self.first_byte_seconds,
+                "From request received to the first decoder byte sent to the client.",
+            ),
+            ("kvpd_proxy_request_seconds", self.request_seconds, "Whole request duration."),
+        ):
+            family(name, "histogram", help_text)
+            hist.render(name, out)
+        out.append("")
+        return "\n".join(out).encode()

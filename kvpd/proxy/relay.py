@@ -1,0 +1,145 @@
+"""Relaying a decoder's response to the client byte for byte, and the errors a request can end
+with."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from kvpd.proxy.http1 import encode_chunk, status_line
+
+if TYPE_CHECKING:
+    from kvpd.proxy.server import ClientConnection
+    from kvpd.proxy.upstream import UpstreamConnection, UpstreamError
+
+
+def error_body(message: str, kind: str, code: int, **extra: Any) -> bytes:
+    """An OpenAI-style error object."""
+    err = {"message": message, "type": kind, "code": code, **extra}
+    return json.dumps({"error": err}).encode()
+
+
+class Failure(Exception):
+    """A request that cannot be served; becomes a JSON error response."""
+
+    def __init__(self, status: int, kind: str, message: str, body: bytes = b"") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.body = body or error_body(message, kind, status)
+
+
+class DecodeRelay:
+    """Sink that relays a decoder's response to the client byte for byte.
+
+    The response head is held back until the first body bytes (so it goes out in the same
+    write, and in the layerwise flow nothing reaches the client before the prefill has
+    worked). A 5xx head switches to buffering so the caller can retry elsewhere.
+    """
+
+    __slots__ = (
+        "client",
+        "upstream",
+        "future",
+        "request_id",
+        "status",
+        "sent",
+        "error_parts",
+        "_head",
+        "_rechunk",
+        "first_byte_at",
+        "loop",
+    )
+
+    def __init__(self, client: ClientConnection, request_id: bytes, loop: Any) -> None:
+        self.client = client
+        self.upstream: UpstreamConnection | None = None
+        self.loop = loop
+        self.future: asyncio.Future[Exception | None] = loop.create_future()
+        self.request_id = request_id
+        self.status = 0
+        self.sent = False
+        self.error_parts: list[bytes] | None = None
+        self._head: bytes | None = None
+        self._rechunk = False
+        self.first_byte_at = 0.0
+
+    def on_head(self, status: int, headers: dict[bytes, bytes]) -> None:
+        self.status = status
+        if status >= 500:
+            self.error_parts = []
+            return
+        client = self.client
+        ctype = headers.get(b"content-type", b"application/json")
+        te = headers.get(b"transfer-encoding")
+        if te is not None and b"chunked" in te.lower():
+            framing = b"transfer-encoding: chunked\r\n"
+        elif b"content-length" in headers:
+            framing = b"content-length: " + headers[b"content-length"] + b"\r\n"
+        else:  # close-delimited upstream body: re-frame it for a keep-alive client
+            self._rechunk = True
+            framing = b"transfer-encoding: chunked\r\n"
+        self._head = b"".join(
+            (
+                status_line(status),
+                b"content-type: ",
+                ctype,
+                b"\r\n",
+                framing,
+                b"x-request-id: ",
+                self.request_id,
+                b"\r\n",
+                b"\r\n" if client.keep_alive else b"connection: close\r\n\r\n",
+            )
+        )
+
+    def on_body(self, data: bytes) -> None:
+        if self.error_parts is not None:
+            self.error_parts.append(data)
+            return
+        client = self.client
+        if client.closed:
+            return
+        if self._rechunk:
+            data = encode_chunk(data)
+        head = self._head
+        if head is not None:
+            self._head = None
+            data = head + data
+            self.sent = True
+            client.response_started = True
+            self.first_byte_at = self.loop.time()
+        client.transport.write(data)  # type: ignore[union-attr]
+
+    def on_done(self) -> None:
+        if self.error_parts is not None:
+            result: Exception | None = BackendServerError()
+        else:
+            result = None
+            if not self.client.closed:
+                if self._head is not None:  # empty body: the head still has to go out
+                    self.on_body(b"")
+                if self._rechunk:
+                    self.client.transport.write(b"0\r\n\r\n")  # type: ignore[union-attr]
+        if not self.future.done():
+            self.future.set_result(result)
+
+    def on_error(self, exc: UpstreamError) -> None:
+        if not self.future.done():
+            self.future.set_result(exc)
+
+    def abandon(self, reason: Exception) -> None:
+        """Stop relaying (client gone, or the prefill behind this decode failed)."""
+        if self.upstream is not None:
+            self.upstream.detach()
+        if not self.future.done():
+            self.future.set_result(reason)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the answer was complete."""
+
+
+class BackendServerError(Exception):
+    """The decoder answered 5xx before anything was relayed (its body is in error_parts)."""

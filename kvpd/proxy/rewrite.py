@@ -1,0 +1,77 @@
+"""How the proxy rewrites OpenAI request bodies for prefill and decode, and estimates their
+work in tokens for balancing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+PREFILL_KV_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+DEFAULT_MAX_TOKENS = 256  # decode work estimate when the request sets no limit
+
+
+def estimate_prompt_tokens(body: dict[str, Any]) -> int:
+    """Cheap token estimate: token-id lists count exactly, text counts 4 characters a token."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        chars = 0
+        for message in body.get("messages") or ():
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        chars += len(part["text"])
+        return chars // 4 + 1
+    if isinstance(prompt, str):
+        return len(prompt) // 4 + 1
+    if isinstance(prompt, list):
+        if not prompt or isinstance(prompt[0], int):
+            return len(prompt) + 1
+        total = 0
+        for p in prompt:
+            total += len(p) // 4 + 1 if isinstance(p, str) else len(p) if isinstance(p, list) else 1
+        return total
+    return 1
+
+
+def decode_tokens(body: dict[str, Any], prompt_tokens: int) -> int:
+    limit = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
+    n = body.get("n") or 1
+    try:
+        return prompt_tokens + int(limit) * int(n)
+    except (TypeError, ValueError):
+        return prompt_tokens + DEFAULT_MAX_TOKENS
+
+
+def prefill_request_body(body: dict[str, Any], kv_params: dict[str, Any]) -> dict[str, Any]:
+    """The prefiller's copy: one token, no streaming, no minimum length."""
+    p = dict(body)
+    p["max_tokens"] = 1
+    if "max_completion_tokens" in p:
+        p["max_completion_tokens"] = 1
+    p["stream"] = False
+    p.pop("stream_options", None)
+    p.pop("min_tokens", None)  # a minimum above 1 would contradict max_tokens=1
+    p.pop("min_completion_tokens", None)
+    p["kv_transfer_params"] = kv_params
+    return p
+
+
+def child_request_ids(request_id: str, chat: bool, body: dict[str, Any]) -> list[str]:
+    """The ids vLLM gives the request (what the decoder reports to the metaserver)."""
+    if chat:
+        return [f"chatcmpl-{request_id}"]
+    prompt = body.get("prompt")
+    n = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+    return [f"cmpl-{request_id}-{i}" for i in range(n)]

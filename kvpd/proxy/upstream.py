@@ -1,0 +1,433 @@
+"""Keep-alive HTTP/1.1 client connections to one backend, driven by callback sinks (no per-chunk
+coroutines): the response head and every read are handed to the sink as they arrive."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import Protocol
+
+from kvpd.proxy.http1 import MAX_HEAD_BYTES, ChunkedReader, HttpParseError, parse_response_head
+
+# uvicorn (vLLM's server) closes idle keep-alive connections after 5 s; drop ours a bit earlier
+# so a request is never written into a socket the server is closing.
+IDLE_TTL_S = 4.0
+MAX_IDLE_PER_BACKEND = 512
+
+
+class UpstreamError(Exception):
+    """A backend could not be reached or did not answer properly."""
+
+    kind = "error"
+
+    def __init__(self, message: str, *, bytes_received: int = 0) -> None:
+        super().__init__(message)
+        self.bytes_received = bytes_received
+
+
+class ConnectFailed(UpstreamError):
+    kind = "connect"
+
+
+class ReadTimeout(UpstreamError):
+    kind = "timeout"
+
+
+class ConnectionLost(UpstreamError):
+    kind = "reset"
+
+    def __init__(self, message: str, *, bytes_received: int = 0, reused: bool = False) -> None:
+        super().__init__(message, bytes_received=bytes_received)
+        # A reused keep-alive connection that dies before any byte came back was most likely
+        # closed by the server while idle: the request never ran and may be resent.
+        self.stale = reused and bytes_received == 0
+
+
+class BadResponse(UpstreamError):
+    kind = "protocol"
+
+
+class Sink(Protocol):
+    def on_head(self, status: int, headers: dict[bytes, bytes]) -> None: ...
+
+    def on_body(self, data: bytes) -> None: ...
+
+    def on_done(self) -> None: ...
+
+    def on_error(self, exc: UpstreamError) -> None: ...
+
+
+_CL, _CHUNKED, _UNTIL_CLOSE, _NO_BODY = 0, 1, 2, 3
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One TCP connection to a backend, carrying one request at a time."""
+
+    def __init__(self, pool: HostPool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self.idle_since = 0.0
+        self.sink: Sink | None = None
+        self._head = b""
+        self._in_body = False
+        self._mode = _CL
+        self._left = 0
+        self._chunked: ChunkedReader | None = None
+        self._keep_alive = True
+        self._received = 0
+        self._ticks = 0
+        self._seen_ticks = -1
+        self._timer: asyncio.TimerHandle | None = None
+        self._timeout = 0.0
+        self._head_request = False
+        self._paused = False
+
+    # --- asyncio callbacks -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._cancel_timer()
+        sink = self.sink
+        if sink is None:
+            return
+        self.sink = None
+        if self._in_body and self._mode == _UNTIL_CLOSE:
+            sink.on_done()
+            return
+        reason = f": {exc}" if exc else ""
+        sink.on_error(
+            ConnectionLost(
+                f"{self.pool.name} closed the connection mid-response{reason}"
+                if self._received
+                else f"{self.pool.name} closed the connection before answering{reason}",
+                bytes_received=self._received,
+                reused=self.reused,
+            )
+        )
+
+    def pause_writing(self) -> None:  # request bodies are small; nothing to throttle
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    def data_received(self, data: bytes) -> None:
+        sink = self.sink
+        if sink is None:
+            # Bytes nobody asked for: the connection is out of sync; never reuse it.
+            self.abort()
+            return
+        self._received += len(data)
+        self._ticks += 1
+        if not self._in_body:
+            head = self._head + data if self._head else data
+            end = head.find(b"\r\n\r\n")
+            if end < 0:
+                if len(head) > MAX_HEAD_BYTES:
+                    self._fail(BadResponse(f"{self.pool.name} sent an oversized response head"))
+                else:
+                    self._head = head
+                return
+            self._head = b""
+            try:
+                status, headers = parse_response_head(head[:end])
+            except HttpParseError as e:
+                self._fail(BadResponse(f"{self.pool.name} sent a bad response: {e}"))
+                return
+            if status < 200:  # 100 Continue and friends: skip and wait for the real head
+                rest = head[end + 4 :]
+                if rest:
+                    self.data_received(rest)
+                return
+            self._start_body(status, headers)
+            sink.on_head(status, headers)
+            data = head[end + 4 :]
+            if self.sink is None:  # the sink gave up inside on_head
+                return
+            if self._mode == _NO_BODY:
+                self._finish()
+                return
+            if not data:
+                return
+        mode = self._mode
+        if mode == _CHUNKED:
+            try:
+                used = self._chunked.feed(data)  # type: ignore[union-attr]
+            except HttpParseError as e:
+                self._fail(BadResponse(f"{self.pool.name}: {e}"))
+                return
+            sink.on_body(data if used == len(data) else data[:used])
+            if self._chunked.done:  # type: ignore[union-attr]
+                if used != len(data):
+                    self._keep_alive = False  # pipelined garbage after the body
+                self._finish()
+        elif mode == _CL:
+            left = self._left
+            if len(data) >= left:
+                sink.on_body(data if len(data) == left else data[:left])
+                if len(data) > left:
+                    self._keep_alive = False
+                self._left = 0
+                self._finish()
+            else:
+                self._left = left - len(data)
+                sink.on_body(data)
+        else:
+            sink.on_body(data)
+
+    # --- request side ------------------------------------------------------------------------
+    def send(self, request: bytes, sink: Sink, timeout: float, head_request: bool = False) -> None:
+        """Write a complete request; the response goes to `sink`. `timeout` is the longest
+        silence allowed (the check runs every `timeout` seconds, so the effective limit is
+        between one and two periods; this avoids re-arming a timer on every read)."""
+        self.sink = sink
+        self._in_body = False
+        self._head = b""
+        self._received = 0
+        self._keep_alive = True
+        self._head_request = head_request
+        self._timeout = timeout
+        self._seen_ticks = -1
+        if timeout > 0:
+            self._timer = self.pool.loop.call_later(timeout, self._tick)
+        self.transport.write(request)  # type: ignore[union-attr]
+
+    def _start_body(self, status: int, headers: dict[bytes, bytes]) -> None:
+        self._in_body = True
+        conn = headers.get(b"connection")
+        if conn is not None and conn.lower() == b"close":
+            self._keep_alive = False
+        if self._head_request or status in (204, 304):
+            self._mode = _NO_BODY
+            return
+        te = headers.get(b"transfer-encoding")
+        if te is not None and b"chunked" in te.lower():
+            self._mode = _CHUNKED
+            self._chunked = ChunkedReader()
+            return
+        cl = headers.get(b"content-length")
+        if cl is not None:
+            try:
+                self._left = int(cl)
+            except ValueError:
+                self._left = -1
+            if self._left < 0:
+                self._mode = _UNTIL_CLOSE
+                self._keep_alive = False
+                return
+            self._mode = _CL if self._left else _NO_BODY
+            return
+        self._mode = _UNTIL_CLOSE
+        self._keep_alive = False
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self.sink is None:
+            return
+        if self._ticks != self._seen_ticks:
+            self._seen_ticks = self._ticks
+            self._timer = self.pool.loop.call_later(self._timeout, self._tick)
+            return
+        self._fail(
+            ReadTimeout(
+                f"{self.pool.name} sent nothing for {self._timeout:g} s",
+                bytes_received=self._received,
+            )
+        )
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _finish(self) -> None:
+        sink = self.sink
+        self.sink = None
+        self._cancel_timer()
+        if self._paused and not self.closed:
+            # Paused for a slow client after the last bytes had already arrived: the next
+            # user of this pooled connection must be able to read.
+            self._paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        if self._keep_alive:
+            self.pool.release(self)
+        else:
+            self.abort()
+        if sink is not None:
+            sink.on_done()
+
+    def _fail(self, exc: UpstreamError) -> None:
+        sink = self.sink
+        self.sink = None
+        self.abort()
+        if sink is not None:
+            sink.on_error(exc)
+
+    def detach(self) -> None:
+        """The caller lost interest (its client went away): drop the response and the socket,
+        which also makes vLLM abort the request."""
+        self.sink = None
+        self.abort()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed and self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        self._cancel_timer()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class HostPool:
+    """Idle keep-alive connections to one host:port, most recently used first."""
+
+    def __init__(
+        self, host: str, port: int, loop: asyncio.AbstractEventLoop, connect_timeout: float
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.name = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.loop = loop
+        self.connect_timeout = connect_timeout
+        self._idle: collections.deque[UpstreamConnection] = collections.deque()
+        self.host_header = f"Host: {self.name}\r\n".encode()
+
+    async def acquire(self) -> UpstreamConnection:
+        idle = self._idle
+        if idle:
+            now = self.loop.time()
+            while idle:
+                conn = idle.pop()
+                if not conn.closed and now - conn.idle_since < IDLE_TTL_S:
+                    conn.reused = True
+                    return conn
+                conn.abort()
+        return await self.connect()
+
+    async def connect(self) -> UpstreamConnection:
+        try:
+            _, conn = await asyncio.wait_for(
+                self.loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port),
+                self.connect_timeout,
+            )
+        except asyncio.TimeoutError:
+            raise ConnectFailed(
+                f"connecting to {self.name} timed out after {self.connect_timeout:g} s"
+            ) from None
+        except OSError as e:
+            raise ConnectFailed(f"cannot connect to {self.name}: {e.strerror or e}") from None
+        conn.reused = False
+        return conn
+
+    def release(self, conn: UpstreamConnection) -> None:
+        if conn.closed:
+            return
+        if len(self._idle) >= MAX_IDLE_PER_BACKEND:
+            conn.abort()
+            return
+        conn.idle_since = self.loop.time()
+        self._idle.append(conn)
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().abort()
+
+
+class BufferedResponse:
+    """A sink that keeps the whole (de-chunked) response and resolves a future with it."""
+
+    __slots__ = ("future", "status", "headers", "_parts")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.future: asyncio.Future[BufferedResponse] = loop.create_future()
+        self.status = 0
+        self.headers: dict[bytes, bytes] = {}
+        self._parts: list[bytes] = []
+
+    def on_head(self, status: int, headers: dict[bytes, bytes]) -> None:
+        self.status = status
+        self.headers = headers
+
+    def on_body(self, data: bytes) -> None:
+        self._parts.append(data)
+
+    def on_done(self) -> None:
+        if not self.future.done():
+            self.future.set_result(self)
+
+    def on_error(self, exc: UpstreamError) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+    @property
+    def body(self) -> bytes:
+        raw = b"".join(self._parts)
+        te = self.headers.get(b"transfer-encoding")
+        if te is not None and b"chunked" in te.lower():
+            reader = ChunkedReader(collect=True)
+            reader.feed(raw)
+            return reader.body()
+        return raw
+
+
+def build_request(
+    method: bytes, path: bytes, pool: HostPool, body: bytes, extra_headers: bytes = b""
+) -> bytes:
+    """One request with Content-Length; `extra_headers` is pre-formatted header lines."""
+    if method == b"GET" and not body:
+        return b"".join(
+            (method, b" ", path, b" HTTP/1.1\r\n", pool.host_header, extra_headers, b"\r\n")
+        )
+    return b"".join(
+        (
+            method,
+            b" ",
+            path,
+            b" HTTP/1.1\r\n",
+            pool.host_header,
+            b"Content-Type: application/json\r\nContent-Length: ",
+            str(len(body)).encode(),
+            b"\r\n",
+            extra_headers,
+            b"\r\n",
+            body,
+        )
+    )
+
+
+async def fetch(
+    pool: HostPool,
+    method: bytes,
+    path: bytes,
+    body: bytes,
+    timeout: float,
+    extra_headers: bytes = b"",
+) -> BufferedResponse:
+    """Send one request and buffer the whole response; a stale keep-alive socket is retried
+    once on a fresh connection."""
+    request = build_request(method, path, pool, body, extra_headers)
+    for attempt in range(2):
+        conn = await (pool.acquire() if attempt == 0 else pool.connect())
+        sink = BufferedResponse(pool.loop)
+        conn.send(request, sink, timeout)
+        try:
+            return await sink.future
+        except ConnectionLost as e:
+            if not e.stale or attempt:
+                raise
+        except asyncio.CancelledError:
+            conn.detach()
+            raise
+    raise AssertionError("unreachable")

@@ -1,0 +1,625 @@
+"""The kvpd proxy end to end against fake backends on 127.0.0.1: both flows, streaming and not,
+errors, balancing, health checks and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from kvpd.proxy.app import ProxyApp
+from kvpd.proxy.config import ProxyConfig
+from kvpd.proxy.fake_backend import FakeBackend
+from kvpd.proxy.http1 import ChunkedReader
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Reply:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes, complete: bool) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+        self.complete = complete  # False when the connection broke before the body's end
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def events(self) -> list[str]:
+        return [e[6:] for e in self.body.decode().split("\n\n") if e.startswith("data: ")]
+
+
+async def call(
+    port: int,
+    method: str,
+    path: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+) -> Reply:
+    """A plain HTTP/1.1 request on its own connection (read to EOF)."""
+    data = b"" if body is None else json.dumps(body).encode()
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
+    if body is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
+    raw = b""
+    try:
+        raw = await reader.read()
+    except ConnectionResetError:
+        pass
+    writer.close()
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    status_line, *hdr_lines = head.decode().split("\r\n")
+    hdrs = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in hdr_lines)}
+    if hdrs.get("transfer-encoding") == "chunked":
+        reader_ = ChunkedReader(collect=True)
+        reader_.feed(rest)
+        return Reply(int(status_line.split()[1]), hdrs, reader_.body(), reader_.done)
+    complete = len(rest) == int(hdrs.get("content-length", len(rest)))
+    return Reply(int(status_line.split()[1]), hdrs, rest, complete)
+
+
+class Cluster:
+    def __init__(self, app: ProxyApp, prefillers: list[FakeBackend], decoders: list[FakeBackend]):
+        self.app = app
+        self.p = prefillers
+        self.d = decoders
+
+    @property
+    def port(self) -> int:
+        return self.app.port
+
+    async def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Reply:
+        return await call(self.port, method, path, body, **kw)
+
+    def metric(self, line_prefix: str) -> float:
+        text = self.app.metrics.render(self.app.prefillers, self.app.decoders).decode()
+        for line in text.splitlines():
+            if line.startswith(line_prefix + " "):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(line_prefix)
+
+
+def run_cluster(
+    test: Callable[[Cluster], Awaitable[None]],
+    n_prefill: int = 1,
+    n_decode: int = 1,
+    decode_delay: float = 0.0,
+    **cfg: Any,
+) -> None:
+    async def main() -> None:
+        prefillers = [await FakeBackend("prefill").start() for _ in range(n_prefill)]
+        decoders = [
+            await FakeBackend("decode", delay_s=decode_delay, chunks=4).start()
+            for _ in range(n_decode)
+        ]
+        config = ProxyConfig(
+            port=0,
+            prefillers=[("127.0.0.1", b.port) for b in prefillers],
+            decoders=[("127.0.0.1", b.port) for b in decoders],
+            **{"health_interval": 30.0, "retry_delay": 0.0, **cfg},
+        )
+        app = ProxyApp(config)
+        await app.start()
+        await app.health.wait_round()
+        try:
+            await test(Cluster(app, prefillers, decoders))
+        finally:
+            await app.stop()
+            for b in prefillers + decoders:
+                await b.stop()
+
+    asyncio.run(main())
+
+
+COMPLETION = {
+    "model": "fake",
+    "prompt": "Hello there, how are you?",
+    "max_tokens": 8,
+    "min_tokens": 2,
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
+CHAT = {
+    "model": "fake",
+    "messages": [{"role": "user", "content": "Hi!"}],
+    "max_completion_tokens": 8,
+}
+PREFILL_KV = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+# --- prefill-first ---------------------------------------------------------------------------
+def test_prefill_first_streaming_completion_forwards_kv_params() -> None:
+    async def t(c: Cluster) -> None:
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 200 and r.complete
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.events() == [*(json.dumps(
+            {"id": "cmpl-fake", "object": "text_completion",
+             "choices": [{"index": 0, "text": f"t{i}"}]}) for i in range(4)), "[DONE]"]  # fmt: skip
+
+        ((p_path, p_headers, p_body),) = c.p[0].requests
+        assert p_path == "/v1/completions"
+        assert p_body["max_tokens"] == 1 and p_body["stream"] is False
+        assert "stream_options" not in p_body and "min_tokens" not in p_body
+        assert p_body["kv_transfer_params"] == PREFILL_KV
+        assert p_body["prompt"] == COMPLETION["prompt"]
+
+        ((_, d_headers, d_body),) = c.d[0].requests
+        expected = dict(COMPLETION)
+        expected["kv_transfer_params"] = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": f"fake-{c.p[0].port}",
+            "remote_block_ids": [[1, 2, 3]],
+            "remote_request_id": p_headers[b"x-request-id"].decode(),
+            "remote_host": "127.0.0.1",
+            "remote_port": c.p[0].port,
+        }
+        assert d_body == expected  # the original request, untouched except the KV params
+        assert p_headers[b"x-request-id"] == d_headers[b"x-request-id"]
+        assert r.headers["x-request-id"] == d_headers[b"x-request-id"].decode()
+        assert c.metric("kvpd_proxy_disaggregated_requests_total") == 1
+        assert c.metric('kvpd_proxy_requests_total{route="completions"}') == 1
+
+    run_cluster(t)
+
+
+def test_prefill_first_chat_non_streaming() -> None:
+    async def t(c: Cluster) -> None:
+        r = await c.call("POST", "/v1/chat/completions", CHAT)
+        assert r.status == 200 and r.complete
+        assert r.json()["choices"][0]["message"]["content"] == "t0t1t2t3"
+        ((p_path, _, p_body),) = c.p[0].requests
+        assert p_path == "/v1/chat/completions"
+        assert p_body["max_completion_tokens"] == 1 and p_body["max_tokens"] == 1
+        ((d_path, _, d_body),) = c.d[0].requests
+        assert d_path == "/v1/chat/completions"
+        assert d_body["max_completion_tokens"] == 8
+        assert d_body["kv_transfer_params"]["do_remote_prefill"] is True
+        assert c.metric('kvpd_proxy_requests_total{route="chat_completions"}') == 1
+
+    run_cluster(t)
+
+
+def test_chat_streaming_and_keep_alive_pipelining() -> None:
+    async def t(c: Cluster) -> None:
+        body = json.dumps(dict(CHAT, stream=True)).encode()
+        req = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        writer.write(req + req)  # two requests on one keep-alive connection, pipelined
+        seen = b""
+        while seen.count(b"0\r\n\r\n") < 2:
+            seen += await reader.read(65536)
+        writer.close()
+        assert seen.count(b"HTTP/1.1 200 OK") == 2
+        assert seen.count(b"chat.completion.chunk") == 8
+        assert len(c.d[0].requests) == 2
+
+    run_cluster(t)
+
+
+def test_authorization_from_openai_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+
+    async def t(c: Cluster) -> None:
+        r = await c.call("POST", "/v1/completions", COMPLETION, headers={"Authorization": "x"})
+        assert r.status == 200
+        assert c.p[0].requests[0][1][b"authorization"] == b"Bearer sk-test"
+        assert c.d[0].requests[0][1][b"authorization"] == b"Bearer sk-test"
+
+    run_cluster(t)
+
+
+def test_client_authorization_forwarded_without_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+
+    async def t(c: Cluster) -> None:
+        await c.call("POST", "/v1/completions", COMPLETION, headers={"Authorization": "Bearer u"})
+        assert c.p[0].requests[0][1][b"authorization"] == b"Bearer u"
+        assert c.d[0].requests[0][1][b"authorization"] == b"Bearer u"
+
+    run_cluster(t)
+
+
+def test_prefill_without_kv_params_sends_original_body() -> None:
+    """ExampleConnector-style prefillers return no kv_transfer_params: decode gets the request
+    as the client sent it, and the request is not counted as disaggregated."""
+
+    async def t(c: Cluster) -> None:
+        c.p[0]._prefill_answer = lambda client, req, body: client.send_json(200, b'{"id":"x"}')
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 200
+        assert c.d[0].requests[0][2] == COMPLETION
+        assert c.metric("kvpd_proxy_disaggregated_requests_total") == 0
+        assert c.metric("kvpd_proxy_prefill_without_kv_params_total") == 1
+
+    run_cluster(t)
+
+
+def test_failed_prefill_is_502_and_never_decoded() -> None:
+    async def t(c: Cluster) -> None:
+        c.p[0].fail_status = 500
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 502
+        err = r.json()["error"]
+        assert err["type"] == "prefill_error"
+        assert "prefill failed" in err["message"] and c.p[0].name in err["message"]
+        assert "HTTP 500" in err["message"]
+        assert c.d[0].requests == []  # no silent decode-only fallback
+        assert len(c.p[0].requests) == 1 + 2  # first try plus --max-retries 2
+        assert c.metric('kvpd_proxy_failures_total{kind="prefill_error"}') == 1
+        assert c.metric("kvpd_proxy_disaggregated_requests_total") == 0
+
+    run_cluster(t, max_retries=2)
+
+
+def test_prefill_client_error_is_passed_through() -> None:
+    async def t(c: Cluster) -> None:
+        c.p[0].fail_status = 400
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 400
+        assert r.json()["error"]["message"] == "fake prefill failure"
+        assert len(c.p[0].requests) == 1 and c.d[0].requests == []
+
+    run_cluster(t)
+
+
+def test_dead_prefiller_fails_over_and_is_marked_down() -> None:
+    async def t(c: Cluster) -> None:
+        dead, alive = c.p
+        await dead.stop()
+        for _ in range(4):
+            r = await c.call("POST", "/v1/completions", COMPLETION)
+            assert r.status == 200
+        assert len(alive.requests) == 4
+        state = (await c.call("GET", "/healthcheck")).json()["prefill_instances"]
+        by_url = {s["url"]: s for s in state}
+        assert by_url[f"http://{dead.name}"]["healthy"] is False
+        assert "cannot connect" in by_url[f"http://{dead.name}"]["last_error"]
+        assert c.metric("kvpd_proxy_retries_total") <= 1
+
+    run_cluster(t, n_prefill=2)
+
+
+def test_all_prefillers_dead_is_a_clear_error() -> None:
+    async def t(c: Cluster) -> None:
+        await c.p[0].stop()
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 502
+        assert "cannot connect" in r.json()["error"]["message"]
+        r = await c.call("POST", "/v1/completions", COMPLETION)  # now known to be down
+        assert r.status == 503
+        assert r.json()["error"]["type"] == "no_prefiller"
+        assert (await c.call("GET", "/health")).status == 503
+
+    run_cluster(t)
+
+
+def test_dead_decoder_gives_a_quick_clear_error() -> None:
+    async def t(c: Cluster) -> None:
+        await c.d[0].stop()
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 502
+        err = r.json()["error"]
+        assert err["type"] == "decode_error"
+        assert "decode failed" in err["message"] and c.d[0].name in err["message"]
+        assert c.metric('kvpd_proxy_failures_total{kind="decode_error"}') == 1
+
+    run_cluster(t)
+
+
+def test_hung_decoder_times_out() -> None:
+    async def t(c: Cluster) -> None:
+        c.d[0].hang = True
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 504
+        assert r.json()["error"]["type"] == "decode_timeout"
+        assert "sent nothing" in r.json()["error"]["message"]
+
+    run_cluster(t, read_timeout=0.2)
+
+
+def test_hung_prefiller_times_out() -> None:
+    async def t(c: Cluster) -> None:
+        c.p[0].hang = True
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 502
+        assert r.json()["error"]["type"] == "prefill_timeout"
+        assert c.d[0].requests == []
+
+    run_cluster(t, prefill_timeout=0.2)
+
+
+def test_decoder_5xx_is_retried_on_another_decoder() -> None:
+    async def t(c: Cluster) -> None:
+        c.d[0].fail_status = 503
+        c.d[1].fail_status = None
+        for _ in range(3):
+            r = await c.call("POST", "/v1/completions", COMPLETION)
+            assert r.status == 200 and r.complete
+        assert len(c.d[1].requests) == 3
+
+    run_cluster(t, n_decode=2)
+
+
+def test_decoder_dying_mid_stream_breaks_the_client_connection() -> None:
+    async def t(c: Cluster) -> None:
+        c.d[0].chunk_gap_s = 0.05
+
+        async def kill_soon() -> None:
+            while not c.d[0].requests:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.12)
+            await c.d[0].stop()
+
+        killer = asyncio.ensure_future(kill_soon())
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        await killer
+        assert r.status == 200 and not r.complete  # truncated, never a clean end
+        assert c.metric('kvpd_proxy_failures_total{kind="stream_truncated"}') == 1
+
+    run_cluster(t)
+
+
+def test_client_going_away_closes_the_decoder_stream() -> None:
+    async def t(c: Cluster) -> None:
+        dec = c.d[0]
+        dec.chunk_gap_s = 0.05
+        body = json.dumps(COMPLETION).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(body), body)
+        )
+        await reader.readuntil(b"data: ")
+        writer.transport.abort()
+        for _ in range(100):
+            if not dec._state.connections:
+                break
+            await asyncio.sleep(0.01)
+        assert not dec._state.connections  # the proxy dropped its decoder connection
+        for _ in range(100):
+            if c.metric('kvpd_proxy_failures_total{kind="client_disconnect"}') == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert c.metric('kvpd_proxy_failures_total{kind="client_disconnect"}') == 1
+
+    run_cluster(t)
+
+
+def test_bad_json_is_400() -> None:
+    async def t(c: Cluster) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+                     b"Connection: close\r\n\r\n{x}")  # fmt: skip
+        raw = await reader.read()
+        assert raw.startswith(b"HTTP/1.1 400")
+        assert b"invalid JSON" in raw
+        assert c.p[0].requests == []
+
+    run_cluster(t)
+
+
+# --- balancing and health ----------------------------------------------------------------------
+def test_balancing_spreads_sequential_requests() -> None:
+    async def t(c: Cluster) -> None:
+        for _ in range(6):
+            assert (await c.call("POST", "/v1/completions", COMPLETION)).status == 200
+        assert [len(b.requests) for b in c.p] == [2, 2, 2]
+        assert [len(b.requests) for b in c.d] == [3, 3]
+
+    run_cluster(t, n_prefill=3, n_decode=2)
+
+
+def test_balancing_prefers_the_decoder_with_less_outstanding_work() -> None:
+    async def t(c: Cluster) -> None:
+        big = dict(COMPLETION, max_tokens=4000)
+        small = dict(COMPLETION, max_tokens=4)
+        first = asyncio.ensure_future(c.call("POST", "/v1/completions", big))
+        while sum(len(d.requests) for d in c.d) < 1:
+            await asyncio.sleep(0.005)
+        busy = next(d for d in c.d if d.requests)
+        others = [asyncio.ensure_future(c.call("POST", "/v1/completions", small))
+                  for _ in range(3)]  # fmt: skip
+        await asyncio.gather(first, *others)
+        # 3 small requests (~4 + prompt tokens each) never outweigh the big one: they all go
+        # to the other decoder while the big one is in flight.
+        assert len(busy.requests) == 1
+
+    run_cluster(t, n_decode=2, decode_delay=0.3)
+
+
+def test_health_checks_remove_and_restore_backends() -> None:
+    async def t(c: Cluster) -> None:
+        sick = c.d[0]
+        sick.healthy = False
+        await c.app.health.wait_round()
+        assert c.app.decoders.backends[0].healthy is False
+        for _ in range(4):
+            assert (await c.call("POST", "/v1/completions", COMPLETION)).status == 200
+        assert sick.requests == [] and len(c.d[1].requests) == 4
+        assert c.metric(f'kvpd_proxy_backend_healthy{{role="decode",backend="{sick.name}"}}') == 0
+
+        c.d[1].healthy = False
+        await c.app.health.wait_round()
+        assert (await c.call("GET", "/health")).status == 503
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 503 and r.json()["error"]["type"] == "no_decoder"
+
+        sick.healthy = True
+        c.d[1].healthy = True
+        await c.app.health.wait_round()
+        assert (await c.call("GET", "/health")).status == 200
+        for _ in range(4):
+            assert (await c.call("POST", "/v1/completions", COMPLETION)).status == 200
+        assert len(sick.requests) == 2  # back in rotation
+
+    run_cluster(t, n_decode=2, health_interval=0.05)
+
+
+def test_health_endpoints_and_models() -> None:
+    async def t(c: Cluster) -> None:
+        r = await c.call("GET", "/health")
+        assert r.status == 200 and r.json() == {"status": "ok"}
+        hc = (await c.call("GET", "/healthcheck")).json()
+        assert hc["status"] == "ok" and hc["flow"] == "prefill-first"
+        assert [i["healthy"] for i in hc["prefill_instances"] + hc["decode_instances"]] == [
+            True,
+            True,
+        ]
+        models = await c.call("GET", "/v1/models")
+        assert models.status == 200 and models.json()["data"][0]["owned_by"] == "decode"
+        assert (await c.call("GET", "/nope")).status == 404
+        assert (await c.call("GET", "/v1/completions")).status == 405
+        assert (await c.call("POST", "/reset_prefix_cache")).status == 200
+
+    run_cluster(t)
+
+
+def test_metrics_counters() -> None:
+    async def t(c: Cluster) -> None:
+        for _ in range(3):
+            await c.call("POST", "/v1/completions", COMPLETION)
+        await c.call("POST", "/v1/chat/completions", CHAT)
+        c.p[0].fail_status = 500
+        await c.call("POST", "/v1/completions", COMPLETION)
+        r = await c.call("GET", "/metrics")
+        assert r.status == 200 and r.headers["content-type"].startswith("text/plain")
+        text = r.body.decode()
+        assert 'kvpd_proxy_requests_total{route="completions"} 4' in text
+        assert 'kvpd_proxy_requests_total{route="chat_completions"} 1' in text
+        assert "kvpd_proxy_disaggregated_requests_total 4" in text
+        assert 'kvpd_proxy_failures_total{kind="prefill_error"} 1' in text
+        assert 'kvpd_proxy_responses_total{status="502"} 1' in text
+        assert f'kvpd_proxy_backend_inflight{{role="decode",backend="{c.d[0].name}"}} 0' in text
+        assert "kvpd_proxy_request_seconds_count 5" in text
+        assert 'kvpd_proxy_first_byte_seconds_bucket{le="+Inf"} 4' in text
+
+    run_cluster(t, max_retries=0)
+
+
+# --- decode-first layerwise --------------------------------------------------------------------
+def test_layerwise_streaming_dispatches_prefill_from_metaserver() -> None:
+    async def t(c: Cluster) -> None:
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 200 and r.complete and r.events()[-1] == "[DONE]"
+        ((_, d_headers, d_body),) = c.d[0].requests
+        rid = d_headers[b"x-request-id"].decode()
+        assert d_body["kv_transfer_params"] == {
+            "do_remote_decode": False,
+            "do_remote_prefill": True,
+            "metaserver": f"http://127.0.0.1:{c.port}/v1/metaserver",
+        }
+        assert d_body["stream"] is True and d_body["max_tokens"] == 8
+        ((_, p_headers, p_body),) = c.p[0].requests
+        assert p_body["max_tokens"] == 1 and p_body["stream"] is False
+        assert "min_tokens" not in p_body and "stream_options" not in p_body
+        kv = p_body["kv_transfer_params"]
+        assert kv["request_id"] == f"cmpl-{rid}-0" and kv["do_remote_decode"] is True
+        assert kv["remote_port"] == c.d[0].port and kv["remote_cached_tokens"] == 0
+        assert p_headers[b"x-request-id"].decode() == rid
+        assert c.d[0].metaserver_answers == [200]
+        assert c.metric("kvpd_proxy_disaggregated_requests_total") == 1
+        assert not c.app.flows.layerwise.records  # records cleaned up
+
+    run_cluster(t, flow="layerwise")
+
+
+def test_layerwise_chat_non_streaming_with_internal_ids() -> None:
+    async def t(c: Cluster) -> None:
+        c.d[0].internal_ids = True  # the decoder reports vLLM's suffixed internal ids
+        r = await c.call("POST", "/v1/chat/completions", CHAT)
+        assert r.status == 200 and r.json()["object"] == "chat.completion"
+        rid = c.d[0].requests[0][1][b"x-request-id"].decode()
+        assert c.p[0].requests[0][2]["kv_transfer_params"]["request_id"] == (
+            f"chatcmpl-{rid}-0a1b2c3d"
+        )
+
+    run_cluster(t, flow="layerwise")
+
+
+def test_layerwise_batch_prompt_waits_for_every_child() -> None:
+    async def t(c: Cluster) -> None:
+        body = dict(COMPLETION, prompt=["one", "two", "three"], stream=False)
+        r = await c.call("POST", "/v1/completions", body)
+        assert r.status == 200
+        ((_, _, p_body),) = c.p[0].requests  # one prefill for all three prompts
+        rid = c.d[0].requests[0][1][b"x-request-id"].decode()
+        assert sorted(p_body["batch_kv_transfer_params"]) == [f"cmpl-{rid}-{i}" for i in range(3)]
+        assert c.d[0].metaserver_answers == [200, 200, 200]
+
+    run_cluster(t, flow="layerwise")
+
+
+def test_layerwise_failed_prefill_is_502_and_decoder_released() -> None:
+    async def t(c: Cluster) -> None:
+        c.p[0].fail_status = 500
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 502
+        assert "prefill failed" in r.json()["error"]["message"]
+        for _ in range(100):  # the decoder's connection is dropped (vLLM then aborts)
+            if not c.d[0]._state.connections and c.d[0].metaserver_answers:
+                break
+            await asyncio.sleep(0.01)
+        assert c.d[0].metaserver_answers == [502]
+        assert not c.d[0]._state.connections
+        assert c.metric('kvpd_proxy_failures_total{kind="prefill_error"}') == 1
+
+    run_cluster(t, flow="layerwise", max_retries=0)
+
+
+def test_metaserver_unknown_id_is_404() -> None:
+    async def t(c: Cluster) -> None:
+        r = await c.call("POST", "/v1/metaserver", {"request_id": "cmpl-nope-0"})
+        assert r.status == 404
+        r = await c.call("POST", "/v1/metaserver", {"no": "id"})
+        assert r.status == 400
+
+    run_cluster(t, flow="layerwise")
+
+
+def test_chunked_request_body_and_expect_continue() -> None:
+    async def t(c: Cluster) -> None:
+        body = json.dumps(dict(COMPLETION, stream=False)).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"Expect: 100-continue\r\nConnection: close\r\n\r\n"
+        )
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        half = len(body) // 2
+        writer.write(b"%x\r\n%s\r\n" % (half, body[:half]))
+        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body) - half, body[half:]))
+        raw = await reader.read()
+        assert raw.startswith(b"HTTP/1.1 200 OK") and b"t0t1t2t3" in raw
+        assert c.d[0].requests[0][2]["prompt"] == COMPLETION["prompt"]
+
+    run_cluster(t)
+
+
+def test_long_pipeline_of_small_requests() -> None:
+    async def t(c: Cluster) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 2000)
+        seen = b""
+        while seen.count(b'{"status":"ok"}') < 2000:
+            seen += await reader.read(1 << 20)
+        assert seen.count(b"HTTP/1.1 200 OK") == 2000
+        writer.close()
+
+    run_cluster(t)
