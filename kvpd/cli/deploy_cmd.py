@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
         if not skip_preflight:
             from kvpd.exec.preflight import run_preflight
 
-            if not run_preflight(plan, as_json=json_out, pool=pool):
+            if not run_preflight(plan, as_json=json_out, pool=pool, quiet_if_ok=True):
                 pool.close()
                 raise KvpdError(
                     "preflight failed (table above): nothing was started. Fix the hosts or "

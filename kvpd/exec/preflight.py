@@ -248,8 +248,10 @@ def run_preflight(
     accept_new_host_keys: bool = False,
     as_json: bool = False,
     pool: Any = None,
+    quiet_if_ok: bool = False,
 ) -> bool:
-    """Run the checks and print the table (or JSON). True when everything passed."""
+    """Run the checks and print the table (or JSON). True when everything passed.
+    With `quiet_if_ok`, nothing is printed when every check passed (used inside `up`)."""
     from kvpd.exec.transports import TransportPool
 
     own = pool is None
@@ -260,6 +262,8 @@ def run_preflight(
         if own:
             pool.close()
     ok = all(c.ok for c in checks)
+    if ok and quiet_if_ok:
+        return True
     if as_json:
         print(json.dumps({"ok": ok, "checks": [c.__dict__ for c in checks]}, indent=2))
         return ok

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from test_executor import make_plan
 from typer.testing import CliRunner
 
 import kvpd.cli.deploy_cmd as deploy_cmd
@@ -14,6 +13,7 @@ from kvpd.cli.main import build_app
 from kvpd.errors import StateError
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.state import StateStore
+from tests.unit.test_executor import make_plan
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("KVPD_STATE_DIR", str(tmp_path / "state"))
     plan = make_plan(tmp_path / "run", [("kv", 0, "ok"), ("proxy", 1, "ok")], deployment="demo")
     # Stand-in for the profile -> plan step (tested on its own): the test's plan.
-    monkeypatch.setattr(deploy_cmd, "_load_plan", lambda profile: plan)
+    monkeypatch.setattr(deploy_cmd, "_load_plan", lambda profile, **kw: plan)
     runner = CliRunner()
     app = build_app()
 

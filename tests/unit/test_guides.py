@@ -87,7 +87,8 @@ P2P_P = """vllm serve /models/QwQ-32B --host 0.0.0.0 --port 9000 --gpu-memory-ut
     "kv_connector_extra_config": {"prefill": {"dp_size": 1, "tp_size": 4},
                                   "decode": {"dp_size": 1, "tp_size": 4}}},
    {"kv_connector": "UCMConnector", "kv_role": "kv_both", "kv_connector_extra_config":
-    {"UCM_CONFIG_FILE": "/vllm-workspace/unified-cache-management/examples/ucm_config_example.yaml"}}]}}'"""
+    {"UCM_CONFIG_FILE":
+     "/vllm-workspace/unified-cache-management/examples/ucm_config_example.yaml"}}]}}'"""
 
 P2P_D = """vllm serve /models/QwQ-32B --host 0.0.0.0 --port 9000 --data-parallel-size 1 \
  --tensor-parallel-size 4 --seed 1024 --max-model-len 17000 --max-num-batched-tokens 8000 \

@@ -81,7 +81,8 @@ def test_unknown_profile_lists_bundled() -> None:
 
 
 def test_unknown_host_with_suggestion() -> None:
-    assert "prefill.hosts[0]: unknown host 'p2'. Did you mean 'p1'?" in error(LW, "prefill.hosts=[p2]")
+    msg = error(LW, "prefill.hosts=[p2]")
+    assert "prefill.hosts[0]: unknown host 'p2'. Did you mean 'p1'?" in msg
 
 
 def test_prefill_tp_smaller_than_decode() -> None:
@@ -145,7 +146,8 @@ def test_decode_kv_port_range_reserved() -> None:
 
 def test_mooncake_ports_spaced_by_tp_on_one_host() -> None:
     p = plan("ucm-mooncake-2p2d")
-    assert kv_config(p, "prefill-1")["kv_connector_extra_config"]["connectors"][0]["kv_port"] == 20005
+    mooncake = kv_config(p, "prefill-1")["kv_connector_extra_config"]["connectors"][0]
+    assert mooncake["kv_port"] == 20005
 
 
 def test_adxl_range_warning() -> None:
@@ -260,7 +262,7 @@ def test_sparse_offload_unsupported_on_a2() -> None:
         LW, "hardware=a2", "kv.memcache.protocol=device_rdma")
 
 
-# --- memcache --------------------------------------------------------------------------------------
+# --- memcache ------------------------------------------------------------------------------------
 
 
 def test_mmc_files_share_urls() -> None:
