@@ -1,0 +1,1 @@
+"""`kvpd bench`: the guides' `vllm bench serve` protocols against a deployment's proxy."""

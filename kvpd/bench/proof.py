@@ -1,0 +1,89 @@
+"""Proof of disaggregation and caching: the checks that turn a run into a failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpd.bench.metrics import Delta
+
+
+def check_phase(
+    *,
+    scenario: str,
+    phase: str,
+    measured: bool,
+    protocol: str,
+    disaggregated: bool,
+    expect_external: bool,
+    result: dict[str, Any],
+    delta: Delta,
+) -> list[str]:
+    """Problems that make this phase's numbers not a result (empty list: it is one).
+
+    - Failed requests, or none completed.
+    - P/D (every phase, seeding included): decode received no KV (its
+      `prompt_tokens_by_source{source="external_kv_transfer"}` did not grow) and computed more
+      prompt tokens itself than it found in its own prefix cache. Decode then recomputed the
+      prompts: the P->D handoff does not work. (Decode may legitimately receive nothing when
+      its own prefix cache already holds the prompts, e.g. the measured phase of the prefix
+      protocol; the seeding phase before it is where the transfer must show.)
+    - A scenario that must hit the external KV store and never did, in the phase whose prompts
+      were seeded before (prefix: measured; twice: warm). In a P/D deployment decode's
+      external hits are the P->D handoff, so only prefill (and mixed) engines count.
+    """
+    problems: list[str] = []
+    where = f"scenario {scenario!r}, phase {phase}"
+    completed = int(result.get("completed") or 0)
+    failed = int(result.get("failed") or 0)
+    if failed:
+        problems.append(f"{where}: {failed} of {completed + failed} requests failed.")
+    if completed == 0:
+        problems.append(f"{where}: no request completed.")
+        return problems
+    if disaggregated:
+        problems += _check_handoff(where, delta)
+    seeded_phase = (protocol == "prefix" and phase == "measured") or (
+        protocol == "twice" and phase == "warm"
+    )
+    if expect_external and seeded_phase and measured:
+        roles = ("prefill", "mixed") if disaggregated else ("prefill", "decode", "mixed")
+        engines = [n for n, r in delta.roles.items() if r in roles]
+        if engines and all(n in delta.missing for n in engines):
+            problems.append(f"{where}: cannot check external cache hits: no engine /metrics.")
+        elif sum(delta.role_sum(r, "external_prefix_cache_hits") for r in roles) <= 0:
+            problems.append(
+                f"{where}: zero external prefix-cache hits (vllm:external_prefix_cache_hits_total "
+                f"of the {'/'.join(roles)} engines did not grow) although this phase repeats "
+                "seeded prompts: the external KV store is not used. Check the scenario's "
+                "connector settings and the store's logs."
+            )
+    return problems
+
+
+def _check_handoff(where: str, delta: Delta) -> list[str]:
+    decode_missing = {n: w for n, w in delta.missing.items() if delta.roles[n] == "decode"}
+    if decode_missing:
+        return [
+            f"{where}: cannot prove disaggregation, decode /metrics unreachable: "
+            + "; ".join(f"{n} ({w})" for n, w in decode_missing.items())
+        ]
+    served = int(delta.role_sum("decode", "requests"))
+    if served == 0:
+        return [
+            f"{where}: the decode engines served no request during this phase (their "
+            "vllm:request_success_total did not grow): the proxy is not sending requests "
+            "through decode, so this is not a P/D result."
+        ]
+    received = delta.role_sum("decode", "kv_received_tokens")
+    computed = delta.role_sum("decode", "local_compute_tokens")
+    cached = delta.role_sum("decode", "local_cache_hit_tokens")
+    if received > 0 or computed <= cached:
+        return []
+    return [
+        f"{where}: decode received no KV: vllm:prompt_tokens_by_source_total"
+        f'{{source="external_kv_transfer"}} on the decode engines did not grow while they '
+        f"served {served} requests and computed {computed:.0f} prompt tokens themselves "
+        f"({cached:.0f} from their own prefix cache), so this is not a P/D result. Check the "
+        "KV connector settings of prefill and decode, that prompts are longer than one KV "
+        "block, and `kvpd logs decode-0`."
+    ]

@@ -1,0 +1,330 @@
+"""One `kvpd bench` run: scenarios (restarting the deployment), sweep points and protocol phases,
+each phase bracketed by /metrics scrapes of every engine and the proxy."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from kvpd.bench import metrics as m
+from kvpd.bench import proof, results, runner
+from kvpd.bench.saved import BenchRun, Record
+from kvpd.bench.settings import Point, Scenario, Settings
+from kvpd.errors import BenchError, KvpdError
+from kvpd.exec.health import probe
+from kvpd.exec.state import DeploymentState, StateStore
+from kvpd.plan.model import HealthCheck, Plan
+
+
+class Progress(Protocol):
+    def start(self, total_phases: int) -> None: ...
+    def status(self, text: str) -> None: ...
+    def phase(self, scenario: str, point: Point, phase: str) -> None: ...
+    def advance(self) -> None: ...
+
+
+class NullProgress:
+    def start(self, total_phases: int) -> None:
+        pass
+
+    def status(self, text: str) -> None:
+        pass
+
+    def phase(self, scenario: str, point: Point, phase: str) -> None:
+        pass
+
+    def advance(self) -> None:
+        pass
+
+
+def is_disaggregated(plan: Plan) -> bool:
+    roles = {p.role for p in plan.processes}
+    return "prefill" in roles and "decode" in roles
+
+
+@dataclass
+class Target:
+    """Where the phases go: the proxy, the model name, and the /metrics endpoints."""
+
+    plan: Plan
+    base_url: str
+    model: str
+    tokenizer: str
+    metrics: list[m.Target] = field(default_factory=list)
+
+
+@dataclass
+class Deployer:
+    """Brings the deployment down and up with overrides, through the executor (the same code
+    as `kvpd up` / `kvpd down`)."""
+
+    profile: str
+    store: StateStore
+    grace_s: float = 20.0
+    load: Callable[[str, list[str]], Plan] | None = None
+
+    def plan(self, sets: list[str]) -> Plan:
+        if self.load is not None:
+            return self.load(self.profile, sets)
+        from kvpd.plan.build import load_plan
+
+        return load_plan(self.profile, sets=sets)
+
+    def running(self, deployment: str) -> DeploymentState | None:
+        """The state of the deployment if any of its processes is alive."""
+        from kvpd.exec.executor import Executor
+        from kvpd.exec.transports import TransportPool
+
+        state = self.store.load(deployment)
+        if state is None:
+            return None
+        pool = TransportPool(state.plan.hosts)
+        try:
+            rows = Executor(pool, store=self.store).status(state)
+        finally:
+            pool.close()
+        return state if any(r.alive is not False for r in rows) else None
+
+    def down(self, deployment: str) -> None:
+        from kvpd.exec.executor import Executor
+        from kvpd.exec.transports import TransportPool
+
+        state = self.store.load(deployment)
+        if state is None:
+            return
+        pool = TransportPool(state.plan.hosts)
+        try:
+            result = Executor(pool, store=self.store, grace_s=self.grace_s).down(state)
+        finally:
+            pool.close()
+        if not result.clean:
+            left = ", ".join(o.name for o in result.stop.leftover) or "ports still busy"
+            raise BenchError(
+                f"could not stop deployment {deployment!r} between scenarios ({left}). "
+                f"Run `kvpd down {self.profile}` and check `kvpd status`."
+            )
+
+    def up(self, plan: Plan) -> DeploymentState:
+        from kvpd.exec.executor import Executor
+        from kvpd.exec.transports import TransportPool
+
+        pool = TransportPool(plan.hosts)
+        try:
+            return Executor(pool, store=self.store, grace_s=self.grace_s).up(
+                plan, profile=self.profile
+            )
+        finally:
+            pool.close()
+
+
+@dataclass
+class Session:
+    profile: str
+    settings: Settings
+    scenarios: list[Scenario]  # empty: bench the running deployment as it is
+    out_dir: Path
+    deployer: Deployer
+    user_sets: list[str] = field(default_factory=list)
+    vllm: str = ""
+    tokenizer: str = ""  # override of the plan's tokenizer (bench runs on this machine)
+    phase_timeout_s: float = 3600.0
+    restore: bool = True  # bring the original deployment back after scenarios
+    keep_up: bool = False  # leave the last scenario running
+    progress: Progress = field(default_factory=NullProgress)
+    run_client: Callable[..., runner.RunOutput] = runner.run
+
+    def run(self) -> BenchRun:
+        base = self.deployer.plan(self.user_sets)
+        run = BenchRun(
+            profile=self.profile,
+            deployment=base.deployment,
+            plan_digest=base.profile_digest,
+            protocol=self.settings.protocol,
+            created=_dt.datetime.now().isoformat(timespec="seconds"),
+            settings={**asdict(self.settings), "points": [asdict(p) for p in self.settings.points]},
+            scenarios=[{"name": s.name, "sets": list(s.sets)} for s in self.scenarios],
+            out_dir=str(self.out_dir),
+        )
+        phases_per_point = 2 if self.settings.protocol in ("prefix", "twice") else 1
+        n_scen = max(1, len(self.scenarios))
+        self.progress.start(n_scen * len(self.settings.points) * phases_per_point)
+        if not self.scenarios:
+            target = self._current_target(base)
+            self._run_points("as-is", target, run, expect_external=False)
+            return run
+        was_running = self.deployer.running(base.deployment) is not None
+        started = False
+        try:
+            for scn in self.scenarios:
+                self.progress.status(f"scenario {scn.name}: restarting {base.deployment}")
+                try:
+                    self.deployer.down(base.deployment)
+                    plan = self.deployer.plan([*self.user_sets, *scn.sets])
+                    started = True
+                    state = self.deployer.up(plan)
+                except KvpdError as e:
+                    run.failures.append(f"scenario {scn.name!r}: the deployment did not start: {e}")
+                    for _ in range(len(self.settings.points) * phases_per_point):
+                        self.progress.advance()
+                    continue
+                target = self._target(state.plan)
+                self._run_points(scn.name, target, run, expect_external=scn.expect_external)
+        finally:
+            if started and not self.keep_up:
+                self.progress.status(f"stopping {base.deployment}")
+                self.deployer.down(base.deployment)
+                if was_running and self.restore:
+                    self.progress.status(f"restoring {base.deployment} as it was")
+                    try:
+                        self.deployer.up(base)
+                    except KvpdError as e:
+                        run.failures.append(f"could not restore the deployment: {e}")
+        return run
+
+    # -- targets -------------------------------------------------------------------------
+
+    def _target(self, plan: Plan) -> Target:
+        if not plan.proxy_url:
+            raise BenchError(
+                f"deployment {plan.deployment!r} has no proxy URL to benchmark (profile without "
+                "a proxy and without a mixed engine?)."
+            )
+        return Target(
+            plan=plan,
+            base_url=plan.proxy_url,
+            model=plan.served_model,
+            tokenizer=self.tokenizer or plan.tokenizer,
+            metrics=m.targets(plan),
+        )
+
+    def _current_target(self, base: Plan) -> Target:
+        """The running deployment (its recorded plan), or the profile's plan when its proxy
+        answers although kvpd did not start it."""
+        state = self.deployer.store.load(base.deployment)
+        plan = state.plan if state is not None and state.status == "up" else base
+        target = self._target(plan)
+        health = HealthCheck(target.base_url.rstrip("/") + "/health")
+        proxy = next((p for p in plan.processes if p.role == "proxy" and p.health), None)
+        if proxy is not None:
+            health = proxy.health
+        pr = probe(health, timeout_s=5.0)
+        if not pr.ok:
+            raise BenchError(
+                f"deployment {base.deployment!r} is not serving: {health.url} -> {pr.detail}. "
+                f"Start it with `kvpd up {self.profile}`, or give --scenario so that bench "
+                "starts it."
+            )
+        return target
+
+    # -- phases --------------------------------------------------------------------------
+
+    def _run_points(self, scenario: str, target: Target, run: BenchRun, *, expect_external: bool):
+        from kvpd.bench.runner import protocol_phases
+
+        s = self.settings
+        for point in s.points:
+            phases = protocol_phases(
+                s.protocol,
+                input_len=point.input_len,
+                output_len=point.output_len,
+                num_prompts=s.num_prompts,
+                seed=s.seed,
+                request_rate=point.request_rate,
+                max_concurrency=point.max_concurrency,
+                ignore_eos=s.ignore_eos,
+                prefix_ratio=s.prefix_ratio,
+            )
+            for ph in phases:
+                self.progress.phase(scenario, point, ph.name)
+                rec = self._run_phase(scenario, point, ph, target, run, expect_external)
+                run.records.append(rec)
+                self.progress.advance()
+
+    def _run_phase(
+        self,
+        scenario: str,
+        point: Point,
+        ph: runner.Phase,
+        target: Target,
+        run: BenchRun,
+        expect_external: bool,
+    ) -> Record:
+        result_dir = self.out_dir / "raw" / scenario
+        result_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"{point.key}-{ph.name}"
+        argv = runner.build_argv(
+            self.vllm,
+            ph,
+            base_url=target.base_url,
+            model=target.model,
+            tokenizer=target.tokenizer,
+            result_dir=str(result_dir),
+            result_filename=f"{stem}.json",
+            metadata={
+                "kvpd_profile": self.profile,
+                "kvpd_deployment": run.deployment,
+                "kvpd_plan_digest": target.plan.profile_digest,
+                "kvpd_scenario": scenario,
+                "kvpd_protocol": run.protocol,
+            },
+        )
+        before = m.scrape(target.metrics)
+        t0 = time.monotonic()
+        out = self.run_client(
+            argv,
+            env=runner.client_env(target.tokenizer, target.base_url),
+            log=result_dir / f"{stem}.log",
+            timeout_s=self.phase_timeout_s,
+        )
+        after = m.scrape(target.metrics)
+        delta = m.delta(target.metrics, before, after)
+        raw_path = result_dir / f"{stem}.json"
+        raw: dict = {}
+        if raw_path.is_file():
+            try:
+                raw = results.load_json(raw_path)
+            except ValueError:
+                raw = {}
+        result = results.merge(raw, results.parse_stdout(out.stdout))
+        rec = Record(
+            scenario=scenario,
+            phase=ph.name,
+            measured=ph.measured,
+            input_len=ph.input_len,
+            output_len=ph.output_len,
+            max_concurrency=ph.max_concurrency,
+            request_rate=ph.request_rate,
+            num_prompts=ph.num_prompts,
+            result=result,
+            metrics=delta.to_dict(),
+            raw_file=str(raw_path) if raw else "",
+            log=out.log,
+            seconds=round(time.monotonic() - t0, 3),
+        )
+        if out.timed_out:
+            rec.problems.append(
+                f"scenario {scenario!r}, phase {ph.name}: vllm bench serve did not finish in "
+                f"{self.phase_timeout_s:g}s (log: {out.log})."
+            )
+        elif out.returncode != 0:
+            tail = "\n    ".join(out.tail[-8:])
+            rec.problems.append(
+                f"scenario {scenario!r}, phase {ph.name}: vllm bench serve exited with "
+                f"{out.returncode} (log: {out.log}):\n    {tail}"
+            )
+        else:
+            rec.problems += proof.check_phase(
+                scenario=scenario,
+                phase=ph.name,
+                measured=ph.measured,
+                protocol=run.protocol,
+                disaggregated=is_disaggregated(target.plan),
+                expect_external=expect_external,
+                result=result,
+                delta=delta,
+            )
+        return rec

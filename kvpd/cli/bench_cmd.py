@@ -1,0 +1,228 @@
+"""`kvpd bench`: run the guides' `vllm bench serve` protocols through a deployment's proxy."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+import typer
+
+from kvpd.errors import BenchError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench_cmd(
+        profile: str | None = typer.Argument(
+            None, help="Profile file or bundled profile name (not needed with --compare)."
+        ),
+        protocol: str | None = typer.Option(
+            None,
+            "--protocol",
+            help="plain | prefix (seed input x ratio with output 1, then measure) | twice "
+            "(cold, then warm). Default: the profile's bench.protocol.",
+        ),
+        input_len: str | None = typer.Option(
+            None, "--input-len", help="Input length(s), comma-separated for a sweep."
+        ),
+        output_len: str | None = typer.Option(
+            None, "--output-len", help="Output length(s), comma-separated for a sweep."
+        ),
+        concurrency: str | None = typer.Option(
+            None, "--concurrency", help="--max-concurrency value(s), comma-separated for a sweep."
+        ),
+        num_prompts: int | None = typer.Option(None, "--num-prompts", min=1),
+        request_rate: str | None = typer.Option(None, "--request-rate", help="req/s or inf."),
+        seed: int | None = typer.Option(None, "--seed"),
+        prefix_ratio: float | None = typer.Option(
+            None, "--prefix-ratio", help="Seeded share of the input (prefix protocol)."
+        ),
+        scenario: list[str] = typer.Option(
+            [],
+            "--scenario",
+            help="Restart the deployment with this variant and bench it; repeat to compare. "
+            "NAME from the profile's bench.scenarios or a preset (recompute, hbm, as-is), or "
+            "NAME:field.path=value;... inline. The first is the speedup baseline.",
+        ),
+        all_scenarios: bool = typer.Option(
+            False, "--all-scenarios", help="Run every scenario of the profile's bench.scenarios."
+        ),
+        sets: list[str] = typer.Option(
+            [], "--set", help="Override a profile field for every run (field.path=value)."
+        ),
+        results_dir: Path | None = typer.Option(
+            None,
+            "--results",
+            help="Results folder (default .kvpd/<deployment>/bench/<time>).",
+        ),
+        stat: str = typer.Option("mean", "--stat", help="Latency shown: mean, median or p99."),
+        tokenizer: str | None = typer.Option(
+            None, "--tokenizer", help="Tokenizer for the client (default: the plan's)."
+        ),
+        phase_timeout: float = typer.Option(
+            3600.0, "--phase-timeout", help="Seconds one vllm bench serve run may take."
+        ),
+        keep_up: bool = typer.Option(
+            False, "--keep-up", help="After scenarios, leave the last one running."
+        ),
+        restore: bool = typer.Option(
+            True,
+            "--restore/--no-restore",
+            help="After scenarios, start the deployment again as it was if it was running.",
+        ),
+        compare: tuple[str, str] | None = typer.Option(
+            None, "--compare", help="Print the differences between two saved runs A B."
+        ),
+        baseline: Path | None = typer.Option(
+            None, "--baseline", help="Saved run (folder or results.json) to gate against."
+        ),
+        max_regression: str | None = typer.Option(
+            None,
+            "--max-regression",
+            help="Largest allowed regression (default 10% with --baseline; with --compare it "
+            "gates B against A).",
+        ),
+        charts: bool = typer.Option(True, "--charts/--no-charts", help="Write PNG charts."),
+        json_out: bool = typer.Option(False, "--json", help="Print the run as JSON."),
+    ) -> None:
+        """Benchmark a deployment through its proxy with the real `vllm bench serve`.
+
+        Prints the guide-shaped table (TTFT/TPOT/E2EL per scenario, throughput, speedup) and the proof from /metrics; saves JSON, CSV and charts. Exits non-zero when a phase failed, decode received no KV, an external scenario had no external hits, or a metric regressed beyond --max-regression against --baseline.
+        """  # noqa: E501
+        from kvpd.bench import compare as cmp
+        from kvpd.bench import gate, report, saved
+        from kvpd.cli import output
+
+        if stat not in ("mean", "median", "p99"):
+            raise BenchError(f"--stat must be mean, median or p99, not {stat!r}.")
+        if compare:
+            a, b = saved.load(compare[0]), saved.load(compare[1])
+            output.out.print(cmp.compare_table(a, b, compare[0], compare[1]))
+            only_a, only_b = cmp.unmatched(a, b)
+            for label in only_a:
+                output.err.print(f"only in {compare[0]}: {label}")
+            for label in only_b:
+                output.err.print(f"only in {compare[1]}: {label}")
+            if max_regression is not None:
+                gate.gate(a, b, gate.parse_percent(max_regression))
+            return
+        if not profile:
+            raise BenchError("give a PROFILE to benchmark (or --compare A B for saved runs).")
+        run = _run(
+            profile=profile,
+            protocol=protocol,
+            input_len=input_len,
+            output_len=output_len,
+            concurrency=concurrency,
+            num_prompts=num_prompts,
+            request_rate=request_rate,
+            seed=seed,
+            prefix_ratio=prefix_ratio,
+            scenario=scenario,
+            all_scenarios=all_scenarios,
+            sets=sets,
+            results_dir=results_dir,
+            tokenizer=tokenizer,
+            phase_timeout=phase_timeout,
+            keep_up=keep_up,
+            restore=restore,
+            quiet=json_out,
+        )
+        out_dir = Path(run.out_dir)
+        json_path, csv_path = saved.save(run, out_dir)
+        pngs = report.charts(run, out_dir) if charts and run.measured else []
+        if json_out:
+            output.print_json(run.to_dict())
+        else:
+            if run.measured:
+                output.out.print(report.results_table(run, stat))
+            if run.records:
+                output.out.print(report.proof_table(run))
+            output.out.print(f"Results: {json_path}, {csv_path}")
+            for p in pngs:
+                output.out.print(f"Chart: {p}")
+        problems = run.problems
+        gate_problems: list[str] = []
+        if baseline is not None:
+            allowed = gate.parse_percent(max_regression or "10%")
+            gate_problems = gate.regressions(saved.load(baseline), run, allowed)
+        if problems or gate_problems:
+            lines = [f"  - {p}" for p in problems]
+            if gate_problems:
+                lines.append(f"  regression gate against {baseline} (max {allowed:.0%}):")
+                lines += [f"    - {p}" for p in gate_problems]
+            what = "not a valid result" if problems else "regressed"
+            raise BenchError(f"bench of {run.deployment!r} {what}:\n" + "\n".join(lines))
+
+
+def _run(
+    *,
+    profile: str,
+    protocol: str | None,
+    input_len: str | None,
+    output_len: str | None,
+    concurrency: str | None,
+    num_prompts: int | None,
+    request_rate: str | None,
+    seed: int | None,
+    prefix_ratio: float | None,
+    scenario: list[str],
+    all_scenarios: bool,
+    sets: list[str],
+    results_dir: Path | None,
+    tokenizer: str | None,
+    phase_timeout: float,
+    keep_up: bool,
+    restore: bool,
+    quiet: bool,
+):
+    from kvpd.bench import runner
+    from kvpd.bench.progress import RichProgress
+    from kvpd.bench.session import Deployer, NullProgress, Session
+    from kvpd.bench.settings import int_list, make_settings, resolve_scenarios
+    from kvpd.cli import output
+    from kvpd.exec.state import StateStore, state_root
+
+    vllm = runner.find_vllm()  # before anything starts: a missing client is a setup problem
+    store = StateStore()
+    deployer = Deployer(profile, store)
+    base = deployer.plan(list(sets))
+    settings = make_settings(
+        base.bench,
+        protocol=protocol,
+        input_lens=int_list(input_len, "--input-len"),
+        output_lens=int_list(output_len, "--output-len"),
+        concurrencies=int_list(concurrency, "--concurrency"),
+        num_prompts=num_prompts,
+        request_rate=request_rate,
+        seed=seed,
+        prefix_ratio=prefix_ratio,
+    )
+    names = list(scenario)
+    if all_scenarios:
+        defined = [str(k) for k in (base.bench.get("scenarios") or {})]
+        if not defined:
+            raise BenchError(f"profile {profile!r} defines no bench.scenarios.")
+        names += [n for n in defined if n not in names]
+    scenarios = resolve_scenarios(names, base.bench)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = results_dir or state_root() / base.deployment / "bench" / stamp
+    session = Session(
+        profile=profile,
+        settings=settings,
+        scenarios=scenarios,
+        out_dir=Path(out_dir),
+        deployer=deployer,
+        user_sets=list(sets),
+        vllm=vllm,
+        tokenizer=tokenizer or "",
+        phase_timeout_s=phase_timeout,
+        restore=restore,
+        keep_up=keep_up,
+    )
+    if quiet:
+        session.progress = NullProgress()
+        return session.run()
+    with RichProgress(output.err) as progress:
+        session.progress = progress
+        return session.run()
