@@ -169,6 +169,13 @@ class Executor:
 
         def write(host: str) -> None:
             t, run_dir = self.transports[host], state.run_dirs[host]
+            for d in state.plan.fresh_dirs:  # scratch, by the profile's say-so (relative only)
+                path = posixpath.normpath(posixpath.join(run_dir, d))
+                if not path.startswith(run_dir.rstrip("/") + "/"):
+                    raise DeployError(f"fresh dir {d!r} is outside the run dir {run_dir}")
+                r = t.run(["rm", "-rf", "--", path], timeout_s=300)
+                if not r.ok:
+                    raise DeployError(f"emptying {path} on {host} failed: {r.stderr.strip()}")
             self.reporter.message(f"{host}: writing {len(by_host[host])} files under {run_dir}")
             for f in by_host[host]:
                 try:
@@ -178,7 +185,10 @@ class Executor:
                 except Exception as e:
                     raise DeployError(f"writing {f.path} on host {host} failed: {e}") from e
 
-        list(pool.map(write, sorted(by_host)))
+        hosts = set(by_host) | (set(state.run_dirs) if state.plan.fresh_dirs else set())
+        for h in hosts:
+            by_host.setdefault(h, [])
+        list(pool.map(write, sorted(hosts)))
 
     def _start_stage(
         self, state: DeploymentState, stage: list[ProcessSpec], pool: ThreadPoolExecutor

@@ -243,6 +243,7 @@ def build_plan(
         tokenizer=model.tokenizer or model.path,
         bench=profile.bench.model_dump(),
         rehearsal=rehearse,
+        fresh_dirs=tuple(profile.runtime.fresh_dirs),
         requirements=build_requirements(profile, procs, dram, rehearse),
     )
 
@@ -289,5 +290,8 @@ def load_plan(
     inventory: str | None = None,
 ) -> Plan:
     """Read PROFILE (path or bundled name) and build its plan."""
+    import os
+
     profile, source = load_profile(profile_arg, sets=sets or [], inventory=inventory)
-    return build_plan(profile, source, rehearse=rehearse, base_dir=base_dir)
+    base = base_dir if base_dir is not None else os.getcwd()
+    return build_plan(profile, source, rehearse=rehearse, base_dir=base)

@@ -99,6 +99,7 @@ class Plan:
     # What preflight verifies per host (read-only): host name -> requirement dict with keys
     # packages, commands, paths, shared_dirs, memory_gb, shm_gb, npu, clang_omp, python.
     requirements: dict[str, dict[str, Any]] = field(default_factory=dict)
+    fresh_dirs: tuple[str, ...] = ()  # relative to each host's run dir; emptied by every `up`
 
     @property
     def stages(self) -> list[list[ProcessSpec]]:
@@ -151,4 +152,5 @@ class Plan:
             bench=d.get("bench", {}),
             rehearsal=d.get("rehearsal", False),
             requirements=d.get("requirements", {}),
+            fresh_dirs=tuple(d.get("fresh_dirs", ())),
         )

@@ -67,8 +67,9 @@ class ModelSpec(_Model):
 
     path: str
     config: str | None = Field(
-        None, description="config.json (or model dir) to read the facts below from; "
-        "facts written here take precedence"
+        None,
+        description="config.json (or model dir) to read the facts below from; "
+        "facts written here take precedence",
     )
     served_name: str | None = None
     tokenizer: str | None = Field(None, description="tokenizer path for bench (default: path)")
@@ -280,6 +281,14 @@ class Proxy(_Model):
     python: str = "python"
 
 
+class BenchSweep(_Model):
+    """Lists `kvpd bench` sweeps over (cross product); empty: the single value of `bench`."""
+
+    input_len: list[int] = Field(default_factory=list)
+    output_len: list[int] = Field(default_factory=list)
+    max_concurrency: list[int] = Field(default_factory=list)
+
+
 class Bench(_Model):
     """Defaults of `kvpd bench` (the guides' `vllm bench serve` protocol)."""
 
@@ -292,6 +301,12 @@ class Bench(_Model):
     ignore_eos: bool = True
     prefix_ratio: float = Field(0.8, gt=0, lt=1)
     protocol: Literal["plain", "prefix", "twice"] = "plain"
+    sweep: BenchSweep | None = None
+    scenarios: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="name -> `--set` overrides; `kvpd bench --scenario NAME` restarts the "
+        "deployment with them. Names starting with external/ucm must show external cache hits.",
+    )
 
 
 class Rehearsal(_Model):
@@ -320,6 +335,20 @@ class Runtime(_Model):
     dirs: list[str] = Field(
         default_factory=list, description="directories created in the run dir before launch"
     )
+    fresh_dirs: list[str] = Field(
+        default_factory=list,
+        description="scratch directories in the run dir, emptied by every `kvpd up` "
+        "(e.g. a local KV hand-over folder)",
+    )
+
+    @field_validator("dirs", "fresh_dirs")
+    @classmethod
+    def _inside_run_dir(cls, v: list[str]) -> list[str]:
+        for d in v:
+            if d.startswith(("/", "~")) or ".." in d.split("/") or not d.strip("/."):
+                raise ValueError(f"{d!r} must be a relative path inside the run directory")
+        return v
+
     health_timeout_s: float = Field(1800, gt=0)
 
 

@@ -31,5 +31,5 @@ exec vllm serve /srv/kvpd/.kvpd/models/tiny \
     --enforce-eager \
     --block-size 32 \
     --no-enable-chunked-prefill \
-    --kv-transfer-config '{"kv_connector": "ExampleConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": "/srv/kvpd/.kvpd/local/kv"}}' \
+    --kv-transfer-config '{"kv_connector": "ExampleConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": "/srv/kvpd/.kvpd/local/run/kv"}}' \
     --enable-prompt-tokens-details
