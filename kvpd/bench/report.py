@@ -87,6 +87,30 @@ def results_table(run: BenchRun, stat: str = "mean") -> Table:
     return t
 
 
+def latency_table(record: Record) -> Table:
+    """One measured phase in detail: TTFT, TPOT, ITL and E2EL with mean, median and p99, plus
+    throughput (what `vllm bench serve` prints, as one table)."""
+    r = record.result
+    t = Table(
+        title=f"{record.scenario} / {record.phase}: input {record.input_len}, output "
+        f"{record.output_len}, {record.num_prompts} prompts"
+        + (f", concurrency {record.max_concurrency}" if record.max_concurrency else "")
+    )
+    t.add_column("ms", justify="left")
+    for s in STATS:
+        t.add_column(s, justify="right")
+    for key, name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL")):
+        t.add_row(name, *(_fmt(value(r, key, s)) for s in STATS))
+    done, failed = r.get("completed"), r.get("failed")
+    t.caption = (
+        f"{done} ok, {failed} failed; "
+        f"{_fmt(r.get('request_throughput'), 2)} req/s, "
+        f"{_fmt(r.get('output_throughput'))} output tok/s, "
+        f"{_fmt(r.get('total_token_throughput'))} total tok/s"
+    )
+    return t
+
+
 def speedup(base: Record | None, other: Record | None, stat: str = "mean") -> str:
     """TTFT and E2EL of the first scenario divided by this one's (>1: faster)."""
     if base is None or other is None:

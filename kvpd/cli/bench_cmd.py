@@ -134,7 +134,9 @@ def register(app: typer.Typer) -> None:
         if json_out:
             output.print_json(run.to_dict())
         else:
-            if run.measured:
+            if len(run.measured) == 1:
+                output.out.print(report.latency_table(run.measured[0]))
+            elif run.measured:
                 output.out.print(report.results_table(run, stat))
             if run.records:
                 output.out.print(report.proof_table(run))

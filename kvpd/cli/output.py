@@ -17,8 +17,10 @@ from kvpd.exec.executor import DownResult, ProcessStatus
 from kvpd.exec.state import DeploymentState
 from kvpd.plan.model import Plan
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+# Not a terminal (make demo, CI logs): wide enough that tables are not cut to 80 columns.
+_WIDTH = None if Console().is_terminal else 160
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, highlight=False, width=_WIDTH)
 
 _PHASE_STYLE = {
     "pending": "dim",

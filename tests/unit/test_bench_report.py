@@ -135,3 +135,11 @@ def test_cli_compare_and_gate(tmp_path: Path, capsys: pytest.CaptureFixture[str]
               "--max-regression", "10%"])  # fmt: skip
     assert e.value.code == 1
     assert "regression gate failed" in capsys.readouterr().err
+
+
+def test_single_phase_latency_table_has_mean_median_p99_of_every_metric() -> None:
+    from kvpd.bench.report import latency_table
+
+    text = _text(latency_table(_record("as-is", 128)))
+    for word in ("TTFT", "TPOT", "ITL", "E2EL", "mean", "median", "p99", "req/s"):
+        assert word in text
