@@ -1,0 +1,123 @@
+"""Command lines built for remote shells, checked with the real local shells (dash, bash)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from kvpd.errors import PlanError
+from kvpd.exec.ssh import (
+    check_env,
+    command_line,
+    detached_command_line,
+    group_stats_snippet,
+    parse_jump,
+    quote_word,
+)
+
+SHELLS = [s for s in ("sh", "dash", "bash") if shutil.which(s)]
+HOSTILE = [
+    "plain",
+    "with space",
+    "it's",
+    'dq"',
+    "$(touch canary)",
+    "`touch canary`",
+    "; touch canary",
+    "&& touch canary",
+    "a\nb",
+    "*",
+    "?",
+    "~",
+    "$HOME",
+    "\\",
+    "a=b",
+    "-n",
+    "!",
+    "#x",
+    "{a,b}",
+    "tab\t",
+    "ü",
+    "",
+]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_argv_env_and_cwd_arrive_verbatim(shell, tmp_path) -> None:
+    env = {f"V{i}": v for i, v in enumerate(HOSTILE)}
+    code = (
+        "import os, sys; vals = [os.getcwd()] + [os.environ[f'V{i}'] for i in range(COUNT)]; "
+        "sys.stdout.write('\\0'.join(vals + sys.argv[1:]))"
+    ).replace("COUNT", str(len(HOSTILE)))
+    line = command_line([sys.executable, "-c", code, *HOSTILE], env=env, cwd=str(tmp_path))
+    r = subprocess.run([shell, "-c", line], capture_output=True, cwd="/", timeout=10)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().split("\0") == [str(tmp_path), *HOSTILE, *HOSTILE]
+    assert not (tmp_path / "canary").exists()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_command_name_is_never_an_assignment_or_expansion(shell, tmp_path) -> None:
+    for word in ("a=b", "$(touch canary)", "*", "~"):
+        r = subprocess.run(
+            [shell, "-c", command_line([word], cwd=str(tmp_path))], capture_output=True, timeout=10
+        )
+        assert r.returncode == 127, (word, r)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_word_is_quoted() -> None:
+    assert quote_word("a=b") == "'a=b'"
+    assert quote_word("") == "''"
+    assert quote_word("it's") == "'it'\"'\"'s'"
+    with pytest.raises(PlanError, match="NUL"):
+        quote_word("a\0b")
+
+
+@pytest.mark.parametrize("name", ["A B", "1A", "A-B", "$(x)", "A=B", "", "A\nB", "Ä"])
+def test_invalid_env_names_rejected(name) -> None:
+    with pytest.raises(PlanError, match="invalid environment variable name"):
+        check_env({name: "x"})
+
+
+def test_bad_commands_rejected() -> None:
+    with pytest.raises(PlanError):
+        command_line([])
+    with pytest.raises(PlanError, match="must not start with '-'"):
+        command_line(["-x"])
+    with pytest.raises(PlanError, match="NUL"):
+        check_env({"A": "x\0"})
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_generated_snippets_parse(shell) -> None:
+    for line in (
+        detached_command_line(["a b", "$(x)"], log="/l o/g", cwd="/c d", env={"A": "'"}),
+        group_stats_snippet(123),
+    ):
+        r = subprocess.run([shell, "-n", "-c", line], capture_output=True, timeout=10)
+        assert r.returncode == 0, (line, r.stderr)
+
+
+def test_group_snippet_lists_own_group() -> None:
+    import os
+
+    out = subprocess.run(
+        ["sh", "-c", group_stats_snippet(os.getpgrp())], capture_output=True, text=True, timeout=10
+    ).stdout
+    assert any(line.startswith(f"{os.getpid()} (") for line in out.splitlines())
+
+
+def test_parse_jump() -> None:
+    hops = parse_jump("bastion, alice@gw:2222,[fd00::1]:23", "root")
+    assert [(h.user, h.address, h.port) for h in hops] == [
+        ("root", "bastion", 22),
+        ("alice", "gw", 2222),
+        ("root", "fd00::1", 23),
+    ]
+    assert parse_jump(None, "root") == []
+    with pytest.raises(PlanError):
+        parse_jump("a@b:c", "root")
