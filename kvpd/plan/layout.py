@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from kvpd.profile.schema import DEFAULT_DEVICES, Group, Host, Profile, ServeOptions
 
 ROLES = ("prefill", "decode", "mixed")
-DEFAULT_KV_PORT = {"mooncake": 20001, "mooncake_layerwise": 20001, "sfa_d2h": 20050}
+DEFAULT_KV_PORT = {
+    "mooncake": 20001,
+    "mooncake_layerwise": 20001,
+    "sfa_d2h": 20050,
+    "nixl": 5600,  # NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT), one per process
+}
 
 
 @dataclass(frozen=True)
@@ -78,9 +83,14 @@ def launch_per_rank(profile: Profile, group: Group) -> bool:
     return group.dp > 1 and dp_size_local(profile, group) < group.dp
 
 
-def group_kv_port(group: Group) -> int | None:
+NIXL_BASE = {"prefill": 5600, "decode": 5700, "mixed": 5800}  # P and D may share a host
+
+
+def group_kv_port(group: Group, role: str = "") -> int | None:
     if group.kv_port is not None:
         return group.kv_port
+    if "nixl" in group.kv_connectors and role in NIXL_BASE:
+        return NIXL_BASE[role]
     for comp in group.kv_connectors:
         if comp in DEFAULT_KV_PORT:
             return DEFAULT_KV_PORT[comp]
@@ -109,9 +119,10 @@ def _place_group(
     per_rank = launch_per_rank(profile, group)
     width = group.tp * group.pp  # devices per DP rank
     count_on_host: dict[str, int] = {}
-    kv_base = group_kv_port(group)
+    kv_base = group_kv_port(group, role)
     cursor = [0]  # hosts before this index are full for this group: keeps placement linear
     spread_kv = any(c in ("mooncake", "mooncake_layerwise") for c in group.kv_connectors)
+    nixl = "nixl" in group.kv_connectors
     for inst in range(group.instances):
         rank = 0
         while rank < group.dp:
@@ -144,7 +155,12 @@ def _place_group(
                 if kv_base is not None:
                     # MooncakeConnectorV1 binds kv_port + dp_rank*tp + tp_rank per process, so
                     # processes sharing a host are spaced by tp (run_multi_dp.sh: base + i*tp).
-                    kv_port = kv_base + idx * width if spread_kv else kv_base
+                    if spread_kv:
+                        kv_port = kv_base + idx * width
+                    elif nixl:  # every engine on a host needs its own side-channel port
+                        kv_port = kv_base + idx
+                    else:
+                        kv_port = kv_base
                 out.procs.append(
                     EngineProc(
                         name=_name(role, group, inst, proc_ranks, per_rank),

@@ -125,6 +125,13 @@ def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> P
                 source.append(s)
         if kv.memfabric.extend_lib_path:
             env["MEMFABRIC_HYBRID_EXTEND_LIB_PATH"] = kv.memfabric.extend_lib_path
+    if "nixl" in comps and ep.kv_port is not None:
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host.address
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ep.kv_port)
+        if hw == "cpu":  # UCX over TCP/shared memory on hosts without RDMA
+            env["UCX_TLS"] = "tcp,sm,self"
+            if host.address.startswith("127."):
+                env["UCX_NET_DEVICES"] = "lo"
     if comps & {"mooncake", "mooncake_layerwise"}:
         env["MOONCAKE_CONFIG_PATH"] = MOONCAKE_CONFIG
         files.append(MOONCAKE_CONFIG)
@@ -184,6 +191,8 @@ def kv_ports(profile: Profile, group: Group, ep: EngineProc) -> list[tuple[int, 
             side = ep.kv_port + r * group.tp * group.pp * group.cp
             for i in range(group.tp * group.pp * group.cp):
                 out.append((side + i, f"mooncake kv_port dp{r} rank{i}"))
+    elif "nixl" in comps:
+        out.append((ep.kv_port, "nixl side channel"))
     elif "sfa_d2h" in comps and ep.role == "decode":
         for r in ep.dp_ranks:
             for t in range(group.tp):

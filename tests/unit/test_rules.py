@@ -385,3 +385,19 @@ def test_pd_needs_proxy() -> None:
 
 def test_bench_longer_than_max_model_len_warns() -> None:
     assert "exceed max_model_len 512" in warnings("local", "bench.input_len=600")
+
+
+def test_nixl_on_cpu_gets_side_channel_ports_and_ucx_env() -> None:
+    p = plan("local", "prefill.kv_connectors=[nixl]", "decode.kv_connectors=[nixl]")
+    pre, dec = dict(p.process("prefill-0").env), dict(p.process("decode-0").env)
+    assert pre["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+    assert dec["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5700"
+    assert pre["UCX_TLS"] == "tcp,sm,self" and pre["UCX_NET_DEVICES"] == "lo"
+    assert kv_config(p, "prefill-0") == {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
+                                         "kv_buffer_device": "cpu"}
+
+
+def test_nixl_side_channel_clash_is_reported() -> None:
+    msg = error("local", "prefill.kv_connectors=[nixl]", "decode.kv_connectors=[nixl]",
+                "decode.kv_port=5600")  # the prefill's default
+    assert "port 5600 on host 'localhost' is used twice" in msg
