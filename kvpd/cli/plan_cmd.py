@@ -81,6 +81,11 @@ def show_plan(plan: Plan) -> None:
             con.print(f"  {p.name}: substituted: {p.substituted}")
     if plan.proxy_url:
         con.print(f"[bold]endpoint[/bold]: {plan.proxy_url}  (model {plan.served_model})")
+    if "sparse" in plan.sizing:
+        from kvpd.cli.sizing_view import sparse_sizing_lines
+
+        for line in sparse_sizing_lines(plan.sizing["sparse"]):
+            con.print(line, highlight=False)
     for w in plan.warnings:
         con.print(f"[yellow]warning[/yellow]: {w}")
     con.print(f"plan digest {plan.profile_digest}; `kvpd plan ... --out DIR` writes every file.")

@@ -8,7 +8,7 @@ from typing import Any
 
 from kvpd.errors import ProfileError
 from kvpd.plan import kvconfig
-from kvpd.plan.layout import build_layout
+from kvpd.plan.layout import build_layout, merged
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
 from kvpd.plan.processes import Proc, all_procs
 from kvpd.plan.rehearse import rehearsal_notes
@@ -244,8 +244,33 @@ def build_plan(
         bench=profile.bench.model_dump(),
         rehearsal=rehearse,
         fresh_dirs=tuple(profile.runtime.fresh_dirs),
+        sizing=_sizing(profile),
         requirements=build_requirements(profile, procs, dram, rehearse),
     )
+
+
+def _sizing(profile: Profile) -> dict[str, Any]:
+    from kvpd.plan.sizing import kv_bytes_per_token
+
+    out: dict[str, Any] = {}
+    per_token = kv_bytes_per_token(profile.model)
+    if per_token:
+        out["kv_bytes_per_token"] = per_token
+    d = profile.decode
+    m = profile.model
+    if d is not None and d.sparse_offload is not None and d.sparse_offload.enabled:
+        opts = merged(profile, d)
+        out["sparse"] = {
+            "topk_buffer_size": d.sparse_offload.topk_buffer_size,
+            "index_topk": m.index_topk,
+            "kv_lora_rank": m.kv_lora_rank,
+            "qk_rope_head_dim": m.qk_rope_head_dim,
+            "layers": m.layers,
+            "block_size": opts.block_size or m.block_size,
+            "max_model_len": opts.max_model_len or m.max_model_len,
+            "rows": opts.max_num_seqs or 16,
+        }
+    return out
 
 
 def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:

@@ -100,6 +100,8 @@ class Plan:
     # packages, commands, paths, shared_dirs, memory_gb, shm_gb, npu, clang_omp, python.
     requirements: dict[str, dict[str, Any]] = field(default_factory=dict)
     fresh_dirs: tuple[str, ...] = ()  # relative to each host's run dir; emptied by every `up`
+    # Inputs of the sizing `kvpd plan` shows (e.g. "sparse": the sparse-offload hot buffer)
+    sizing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def stages(self) -> list[list[ProcessSpec]]:
@@ -153,4 +155,5 @@ class Plan:
             rehearsal=d.get("rehearsal", False),
             requirements=d.get("requirements", {}),
             fresh_dirs=tuple(d.get("fresh_dirs", ())),
+            sizing=d.get("sizing", {}),
         )

@@ -76,3 +76,9 @@ def test_import_kvpd_core_is_light() -> None:
             "print(sorted(m for m in ('typer','rich','paramiko','fabric') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_plan_shows_sparse_offload_sizing() -> None:
+    r = kvpd("plan", "layerwise-sparse-1p1d")
+    assert "sparse offload sizing" in r.stdout and "<- profile" in r.stdout
+    assert "recommended:" in r.stdout
