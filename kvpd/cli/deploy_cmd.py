@@ -75,6 +75,9 @@ def register(app: typer.Typer) -> None:
         skip_preflight: bool = typer.Option(
             False, "--skip-preflight", help="Do not run the read-only checks on the hosts first."
         ),
+        serial: bool = typer.Option(
+            False, "--serial", help="Bring each stage up one host at a time (slow; a baseline)."
+        ),
     ) -> None:
         """Start a deployment: write its files, start its stages in order, gate on health."""
         from kvpd.cli import output
@@ -118,10 +121,11 @@ def register(app: typer.Typer) -> None:
         old_term = signal.signal(signal.SIGTERM, _interrupt)
         try:
             if json_out:
-                state = Executor(pool, store=store, grace_s=grace).up(plan, profile=profile)
+                ex = Executor(pool, store=store, grace_s=grace, serial=serial)
+                state = ex.up(plan, profile=profile)
             else:
                 with output.LiveProgress(names, f"up {plan.deployment}") as progress:
-                    ex = Executor(pool, progress, store=store, grace_s=grace)
+                    ex = Executor(pool, progress, store=store, grace_s=grace, serial=serial)
                     state = ex.up(plan, profile=profile)
         except KvpdError as e:
             if json_out:

@@ -80,7 +80,10 @@ class Executor:
         max_workers: int = 16,
         probe_timeout_s: float = 2.0,
         log_tail_lines: int = 30,
+        serial: bool = False,
     ) -> None:
+        """`serial`: bring a stage up one host at a time (that host's processes started and
+        healthy before the next host's start) with one worker, i.e. by hand, as a baseline."""
         # Hosts of an older state may be missing from `transports`: the pool opens those.
         self.transports = (
             transports
@@ -96,6 +99,7 @@ class Executor:
         self.max_workers = max_workers
         self.probe_timeout_s = probe_timeout_s
         self.log_tail_lines = log_tail_lines
+        self.serial = serial
         self._lock = threading.Lock()  # guards the state being built and its saving
 
     # -- up ------------------------------------------------------------------------------
@@ -112,19 +116,29 @@ class Executor:
             profile=profile,
         )
         self._save(state)
-        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+        with ThreadPoolExecutor(max_workers=1 if self.serial else self.max_workers) as pool:
             try:
                 self._resolve_run_dirs(state, pool)
                 self._write_files(state, pool)
                 for stage in plan.stages:
-                    records = self._start_stage(state, stage, pool)
-                    self._wait_stage(stage, records, pool)
+                    for batch in self._batches(stage):
+                        records = self._start_stage(state, batch, pool)
+                        self._wait_stage(batch, records, pool)
                     self._save(state)
             except BaseException as e:
                 raise self._roll_back(state, e, pool) from None
         state.status = "up"
         self._save(state)
         return state
+
+    def _batches(self, stage: list[ProcessSpec]) -> list[list[ProcessSpec]]:
+        """The whole stage at once, or (serial) one batch per host in plan order."""
+        if not self.serial:
+            return [stage]
+        by_host: dict[str, list[ProcessSpec]] = {}
+        for p in stage:
+            by_host.setdefault(p.host, []).append(p)
+        return list(by_host.values())
 
     def close(self) -> None:
         """Close the transports the executor opened itself (never the ones it was given)."""
@@ -174,6 +188,8 @@ class Executor:
                 if not path.startswith(run_dir.rstrip("/") + "/"):
                     raise DeployError(f"fresh dir {d!r} is outside the run dir {run_dir}")
                 r = t.run(["rm", "-rf", "--", path], timeout_s=300)
+                if r.ok:
+                    r = t.run(["mkdir", "-p", "--", path], timeout_s=60)
                 if not r.ok:
                     raise DeployError(f"emptying {path} on {host} failed: {r.stderr.strip()}")
             self.reporter.message(f"{host}: writing {len(by_host[host])} files under {run_dir}")
@@ -222,6 +238,8 @@ class Executor:
                 ["bash", posixpath.join(run_dir, p.script)], log=log, cwd=run_dir, env=env
             )
         except KvpdError as e:
+            raise _ProcessFailed(p, f"could not be started: {e}") from e
+        except OSError as e:  # LocalTransport: e.g. a missing executable or run dir
             raise _ProcessFailed(p, f"could not be started: {e}") from e
         rec = ProcessRecord(
             name=p.name,

@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpd.exec.shellwords import check_env
 from kvpd.exec.transport import CommandResult, Started
 from kvpd.plan.model import HostSpec
 
@@ -116,7 +117,8 @@ class LocalTransport:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
     ) -> CommandResult:
-        full_env = {**os.environ, **env} if env else None
+        # Same rules as over SSH: a name a shell could not export is refused on every host.
+        full_env = {**os.environ, **check_env(env)} if env else None
         try:
             proc = subprocess.run(
                 argv,
@@ -162,13 +164,14 @@ class LocalTransport:
     def start_detached(
         self, argv: list[str], *, log: str, cwd: str, env: dict[str, str] | None = None
     ) -> Started:
+        full_env = {**os.environ, **check_env(env)}
         log_path = Path(self.resolve(log))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(
                 argv,
                 cwd=self.resolve(cwd),
-                env={**os.environ, **(env or {})},
+                env=full_env,
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=subprocess.STDOUT,

@@ -50,9 +50,11 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
         for d in plan.requirements[h]["shared_dirs"]:
             sharing.setdefault(d, []).append(h)
 
-    def request(h: str, write: bool, cleanup: bool) -> dict[str, Any]:
+    def request(h: str, write: bool, cleanup: bool, full: bool = True) -> dict[str, Any]:
         req = dict(plan.requirements[h])
         peers = sorted({p for d in req["shared_dirs"] for p in sharing[d] if p != h})
+        if not full:  # later rounds only look at the shared directories
+            req = {"shared_dirs": req["shared_dirs"]}
         req.update(ports=ports[h], token=token, host=h, write=write, cleanup=cleanup, peers=peers)
         return req
 
@@ -67,17 +69,26 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
 
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as pool:
         list(pool.map(first, hosts))
-        if sharing:  # second round: who can read whose token; then remove our tokens
-
+        if sharing:
+            # Second round: who can read whose token. Only when every host has read, a third
+            # round removes the tokens (removing them while reading raced with slower peers).
             def second(h: str) -> None:
                 if "error" not in results[h]:
                     try:
-                        r = _probe(transports(h), request(h, write=False, cleanup=True))
-                        results[h]["shared"] = r["shared"]
+                        req = request(h, write=False, cleanup=False, full=False)
+                        results[h]["shared"] = _probe(transports(h), req)["shared"]
                     except KvpdError:
                         pass
 
+            def third(h: str) -> None:
+                if "error" not in results[h]:
+                    try:
+                        _probe(transports(h), request(h, write=False, cleanup=True, full=False))
+                    except KvpdError:
+                        pass  # a token left behind is a small hidden file; not worth failing
+
             list(pool.map(second, hosts))
+            list(pool.map(third, hosts))
 
     versions: dict[str, dict[str, str | None]] = {}
     for h in hosts:

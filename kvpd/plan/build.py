@@ -245,7 +245,9 @@ def build_plan(
         rehearsal=rehearse,
         fresh_dirs=tuple(profile.runtime.fresh_dirs),
         sizing=_sizing(profile),
-        requirements=build_requirements(profile, procs, dram, rehearse),
+        requirements=build_requirements(
+            profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
+        ),
     )
 
 

@@ -274,7 +274,9 @@ def proxy_proc(
     dec = [p for p in engines if p.role in ("decode", "mixed")]
     a = addr(profile, px.host)
     bind = px.bind or a
-    flow = "prefill-first" if rehearse else proxy_flow(profile)
+    flow = proxy_flow(profile)
+    if rehearse and flow == "layerwise":
+        flow = "prefill-first"  # ExampleConnector stands in for SfaRemoteD2H: no metaserver
 
     def hp(procs: list[Proc]) -> tuple[list[str], list[str]]:
         return [addr(profile, p.host) for p in procs], [str(p.ports[0][0]) for p in procs]
@@ -296,7 +298,8 @@ def proxy_proc(
         )
         argv = [px.python, script, "--port", str(px.port), "--host", bind]
         health = f"http://{a}:{px.port}/healthcheck"
-    argv += ["--prefiller-hosts", *ph, "--prefiller-ports", *pp]
+    if ph:
+        argv += ["--prefiller-hosts", *ph, "--prefiller-ports", *pp]
     argv += ["--decoder-hosts", *dh, "--decoder-ports", *dp]
     if px.impl == "kvpd" or rehearse:
         argv += ["--flow", flow]
@@ -317,6 +320,8 @@ def proxy_flow(profile: Profile) -> str:
     if px is not None and px.flow != "auto":
         return px.flow
     d = profile.decode
+    if profile.prefill is None and profile.mixed is not None:
+        return "mixed"
     return "layerwise" if d is not None and "sfa_d2h" in d.kv_connectors else "prefill-first"
 
 

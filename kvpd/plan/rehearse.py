@@ -39,9 +39,10 @@ CPU_ENV = (
     ("VLLM_CACHE_ROOT", "cache/vllm"),
     ("TORCHINDUCTOR_CACHE_DIR", "cache/inductor"),
     ("XDG_CACHE_HOME", "cache/xdg"),
-    ("VLLM_RPC_BASE_PATH", "rpc"),
-    ("TMPDIR", "tmp"),
 )
+# No VLLM_RPC_BASE_PATH/TMPDIR under the run dir: a seed profile has no `runtime.dirs` to create
+# them, and ZMQ cannot bind an IPC socket in a missing folder. The host's /tmp serves (socket
+# names are UUIDs); the caches above are created on demand.
 ROLE = {"prefill": "kv_producer", "decode": "kv_consumer", "mixed": "kv_both"}
 
 

@@ -22,7 +22,11 @@ def _python_of(command: str, fallback: str) -> str:
 
 
 def build_requirements(
-    profile: Profile, procs: list[Proc], dram_per_rank: str | None, rehearse: bool
+    profile: Profile,
+    procs: list[Proc],
+    dram_per_rank: str | None,
+    rehearse: bool,
+    run_dirs: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     req: dict[str, dict[str, Any]] = {}
 
@@ -95,6 +99,13 @@ def build_requirements(
             py = rh.python if rehearse else profile.kv.memcache.python
             pkg(h, py, "memcache-hybrid")
             pkg(h, py, "memfabric-hybrid")
+    # Folders kvpd itself creates in a host's run dir before start are not preconditions.
+    managed = list(profile.runtime.fresh_dirs) + list(profile.runtime.dirs)
+    for name, h in req.items():
+        base = (run_dirs or {}).get(name)
+        if base:
+            own = {posixpath.normpath(posixpath.join(base, d)) for d in managed}
+            h["shared_dirs"] = [d for d in h["shared_dirs"] if posixpath.normpath(d) not in own]
     for d in created_on_use:
         users = [h for h in req.values() if d in h["shared_dirs"]]
         if len(users) == 1:  # one host: nothing to share, and vLLM creates the folder

@@ -626,6 +626,9 @@ def rule_proxy(c: Checker) -> None:
             "reach (they call <proxy>/v1/metaserver); 0.0.0.0 is not one. Leave `bind` unset "
             "to use the proxy host's address.",
         )
+    if px.impl == "vllm-ascend" and proxy_flow(c.p) == "mixed":
+        c.err(("proxy", "impl"), "vLLM-Ascend's example proxies need prefill and decode groups; "
+              "for `mixed:` engines use impl: kvpd (it balances over them).")
     if px.impl == "vllm-ascend" and px.script is None:
         c.warn(
             ("proxy", "script"),

@@ -85,7 +85,7 @@ class ProxyApp:
 
     # --- small endpoints ---------------------------------------------------------------------
     def health_endpoint(self, client: ClientConnection, req: Request) -> None:
-        p_ok = self.prefillers.any_healthy()
+        p_ok = self.cfg.flow == "mixed" or self.prefillers.any_healthy()
         d_ok = self.decoders.any_healthy()
         if p_ok and d_ok:
             client.send_json(200, b'{"status":"ok"}')
@@ -97,7 +97,9 @@ class ProxyApp:
         )
 
     def healthcheck(self, client: ClientConnection, req: Request) -> None:
-        ready = self.prefillers.any_healthy() and self.decoders.any_healthy()
+        ready = (
+            self.cfg.flow == "mixed" or self.prefillers.any_healthy()
+        ) and self.decoders.any_healthy()
         body = {
             "status": "ok" if ready else "unavailable",
             "flow": self.cfg.flow,

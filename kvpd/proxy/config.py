@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 from kvpd.errors import KvpdError
 
-FLOWS = ("prefill-first", "layerwise")
+# mixed: no prefillers; requests are balanced over engines that prefill and decode themselves
+FLOWS = ("prefill-first", "layerwise", "mixed")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "0:0:0:0:0:0:0:0", "")
 
 
@@ -44,7 +45,9 @@ class ProxyConfig:
         problems = []
         if self.flow not in FLOWS:
             problems.append(f"--flow must be one of {', '.join(FLOWS)}, not {self.flow!r}")
-        if not self.prefillers:
+        if self.flow == "mixed":
+            self.prefillers = []  # a mixed deployment has only decoders (its engines)
+        elif not self.prefillers:
             problems.append(
                 "at least one prefiller is needed (--prefiller-hosts/--prefiller-ports)"
             )
@@ -109,13 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Prefill/decode-disaggregated OpenAI proxy. prefill-first: prefill on a prefiller "
             "with max_tokens=1, then decode with its kv_transfer_params. layerwise: decode "
-            "first; the decoder calls /v1/metaserver, which starts the prefill."
+            "first; the decoder calls /v1/metaserver, which starts the prefill. mixed: "
+            "balance over engines that do both (no prefillers)."
         ),
     )
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
-    p.add_argument("--prefiller-hosts", nargs="+", default=["127.0.0.1"], metavar="HOST")
-    p.add_argument("--prefiller-ports", nargs="+", type=int, default=[8001], metavar="PORT")
+    p.add_argument("--prefiller-hosts", nargs="*", default=["127.0.0.1"], metavar="HOST")
+    p.add_argument("--prefiller-ports", nargs="*", type=int, default=[8001], metavar="PORT")
     p.add_argument("--decoder-hosts", nargs="+", default=["127.0.0.1"], metavar="HOST")
     p.add_argument("--decoder-ports", nargs="+", type=int, default=[8002], metavar="PORT")
     p.add_argument("--flow", choices=FLOWS, default="prefill-first")

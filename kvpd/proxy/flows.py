@@ -64,6 +64,9 @@ class Flows:
             extra = self._headers(req, request_id)
             if self.cfg.flow == "layerwise":
                 await self.layerwise.handle(client, req, body, route, request_id, extra)
+            elif self.cfg.flow == "mixed":
+                tokens = decode_tokens(body, estimate_prompt_tokens(body))
+                await self.decode(client, req, req.body, tokens, extra, request_id, None)
             else:
                 await self._prefill_first(client, req, body, request_id, extra)
         except Failure as f:

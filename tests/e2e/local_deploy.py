@@ -74,6 +74,7 @@ def local_sets(name: str, base_port: int) -> list[str]:
         f"prefill.port={base_port + 100}",
         f"decode.port={base_port + 200}",
         f"kv.example_path=.kvpd/{name}/run/kv",
+        f"kv.kvpd_store.path=.kvpd/{name}/run/kv",
         f"runtime.run_dir=.kvpd/{name}/run",
     ]
 

@@ -13,7 +13,7 @@ from tests.e2e.local_deploy import REPO, engine_missing, kvpd, local_sets, set_a
 
 pytestmark = pytest.mark.e2e
 
-NAME, PORT = "e2e-bench", 18700  # own deployment: never collides with test_local.py's
+NAME, PORT = "e2e-bench", 18620  # own deployment and ports (bases differ by 10: no overlap)
 
 
 @pytest.fixture(scope="module")

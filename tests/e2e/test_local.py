@@ -108,7 +108,7 @@ def test_down_after_killed_up_leaves_nothing(tmp_path) -> None:
     if reason:
         pytest.skip(reason)
     name = "e2e-killed"
-    sets = local_sets(name, 18900)
+    sets = local_sets(name, 18610)
     kvpd("down", "--deployment", name, check=False)
     cmd = [sys.executable, "-m", "kvpd.cli.main", "up", "local", "--yes", *set_args(sets)]
     up = subprocess.Popen(cmd, cwd=REPO, env=kvpd_env(), stdout=subprocess.DEVNULL,

@@ -623,3 +623,26 @@ def test_long_pipeline_of_small_requests() -> None:
         writer.close()
 
     run_cluster(t)
+
+
+# --- mixed -----------------------------------------------------------------------------------
+def test_mixed_flow_balances_over_engines_without_prefill() -> None:
+    async def t(c: Cluster) -> None:
+        for _ in range(4):
+            r = await c.call("POST", "/v1/completions", COMPLETION)
+            assert r.status == 200 and r.complete
+        assert [len(b.requests) for b in c.d] == [2, 2]
+        ((_, _, body), *_) = c.d[0].requests
+        assert "kv_transfer_params" not in body and body["max_tokens"] == 8  # untouched
+        assert (await c.call("GET", "/health")).status == 200
+
+    run_cluster(t, n_prefill=0, n_decode=2, flow="mixed")
+
+
+def test_mixed_flow_cli_needs_no_prefillers() -> None:
+    from kvpd.proxy.config import parse_args
+
+    cfg = parse_args(["--flow", "mixed", "--prefiller-hosts", "--prefiller-ports",
+                      "--decoder-hosts", "127.0.0.1", "127.0.0.1",
+                      "--decoder-ports", "9000", "9001"])
+    assert cfg.prefillers == [] and len(cfg.decoders) == 2

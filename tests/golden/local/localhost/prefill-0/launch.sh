@@ -31,5 +31,5 @@ exec vllm serve /srv/kvpd/.kvpd/models/tiny \
     --enforce-eager \
     --block-size 32 \
     --no-enable-chunked-prefill \
-    --kv-transfer-config '{"kv_connector": "ExampleConnector", "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": "/srv/kvpd/.kvpd/local/run/kv"}}' \
+    --kv-transfer-config '{"kv_connector": "KvpdStoreConnector", "kv_connector_module_path": "kvpd.connectors.store", "kv_role": "kv_producer", "kv_connector_extra_config": {"store_path": "/srv/kvpd/.kvpd/local/run/kv", "dram_cache_gb": 0.25, "capacity_gb": 1.0, "io_threads": 2}}' \
     --enable-prompt-tokens-details
