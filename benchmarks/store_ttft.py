@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -139,10 +140,18 @@ def throughput(folder: Path, block_bytes: int, blocks: int, io_threads: int) -> 
     store.put_many(zip(keys, payloads, strict=True))
     w_store = time.perf_counter() - t
     reader = BlockStore(store_dir, "bench", io_threads=io_threads)
+    # Read like the connector does: a request's blocks at a time, straight into the rows of one
+    # staging buffer (which the connector then scatters into the paged KV cache).
+    batch = 16
+    staging = bytearray(batch * block_bytes)
+    rows = [memoryview(staging)[i * block_bytes : (i + 1) * block_bytes] for i in range(batch)]
     t = time.perf_counter()
-    got = reader.get_many(keys)
+    found = 0
+    for i in range(0, blocks, batch):
+        ks = keys[i : i + batch]
+        found += sum(reader.get_many_into(ks, rows[: len(ks)]))
     r_store = time.perf_counter() - t
-    assert all(g is not None for g in got)
+    assert found == blocks
     plain = folder / "plain.bin"
     t = time.perf_counter()
     with open(plain, "wb") as f:
@@ -182,15 +191,24 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=19700)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--throughput-only", action="store_true")
+    ap.add_argument("--throughput-runs", type=int, default=5)
     ap.add_argument("--work", default=str(REPO / ".kvpd" / "store-bench-work"))
     args = ap.parse_args()
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
 
-    with tempfile.TemporaryDirectory(dir=work) as tmp:
-        tp = throughput(Path(tmp), block_bytes=1 << 20, blocks=256, io_threads=4)
-    print("store throughput (1 MiB blocks, 256 MiB):", json.dumps(tp))
+    # Page-cache writes are throttled by earlier dirty data and other processes: flush first and
+    # take the median of several interleaved runs.
+    runs = []
+    for _ in range(args.throughput_runs):
+        os.sync()
+        with tempfile.TemporaryDirectory(dir=work) as tmp:
+            runs.append(throughput(Path(tmp), block_bytes=1 << 20, blocks=256, io_threads=4))
+    tp = {k: (statistics.median(r[k] for r in runs) if isinstance(runs[0][k], float) else
+              runs[0][k]) for k in runs[0]}  # fmt: skip
+    tp["runs"] = len(runs)
+    print("store throughput (1 MiB blocks, 256 MiB, median):", json.dumps(tp))
     if args.throughput_only:
         return
 

@@ -24,7 +24,8 @@ MAGIC = b"KVPDBLK\x00"
 _FIXED = struct.Struct("<8sHHQI")
 DATA_DIR = "kvpd-blocks-v1"
 SUFFIX = ".kvb"
-SHARD_CHARS = 3  # 4096 shard folders, created on first use
+SHARD_CHARS = 3  # 4096 shard folders, all created when a store folder is first opened
+SHARDS_MARK = ".shards-ready"
 GC_LOW_WATERMARK = 0.9  # evict down to 90% of the budget so GC does not run on every write
 STALE_TMP_S = 600.0  # a temp file this old belongs to a writer that died
 
@@ -157,6 +158,7 @@ class BlockStore:
         self.root = check_store_folder(root)
         self.data = self.root / DATA_DIR
         self.data.mkdir(exist_ok=True)
+        self._make_shards()
         self.layout = layout.encode()
         if len(self.layout) > 0xFFFF:
             raise StoreConfigError("KV layout descriptor longer than 65535 bytes")
@@ -169,6 +171,16 @@ class BlockStore:
         self._used_lock = threading.Lock()
         self._used: int | None = None  # estimated bytes on disk; None until first scan
         self._tmp_tag = f"{socket.gethostname()}.{os.getpid()}"
+
+    def _make_shards(self) -> None:
+        """Create every shard folder once (a marker says it was done), so a block write is one
+        open+write+rename instead of a failed open, a mkdir and a second open."""
+        mark = self.data / SHARDS_MARK
+        if mark.exists():
+            return
+        for i in range(16**SHARD_CHARS):
+            (self.data / f"{i:0{SHARD_CHARS}x}").mkdir(exist_ok=True)
+        mark.touch()
 
     # -- paths and headers ------------------------------------------------------------------
 
@@ -263,6 +275,68 @@ class BlockStore:
             return None
         self._touch(path, st)
         return payload
+
+    def get_into(self, key: bytes, out: memoryview) -> bool:
+        """Read one verified block straight into `out` (e.g. a row of the KV staging tensor).
+
+        No buffer is allocated per block: fresh 1 MiB allocations are page-faulted in again on
+        every read (glibc gives them back to the kernel), which cost more than the read itself.
+        False when the block is absent, has another size, or is corrupt (then removed).
+        """
+        if self.dram is not None:
+            value = self.dram.get(key)
+            if value is not None and len(value) == out.nbytes:
+                out[:] = value
+                self.counters.add(hits=1, dram_hits=1)
+                return True
+        t0 = time.perf_counter()
+        ok = self._read_file_into(key, out)
+        dt = time.perf_counter() - t0
+        if not ok:
+            self.counters.add(misses=1, read_s=dt)
+            return False
+        self.counters.add(hits=1, bytes_read=out.nbytes, read_s=dt)
+        if self.dram is not None:
+            self.dram.put(key, bytes(out))
+        return True
+
+    def get_many_into(self, keys: Sequence[bytes], outs: Sequence[memoryview]) -> list[bool]:
+        """`get_into` for several blocks, each worker thread reading a contiguous share."""
+        n = len(keys)
+        workers = min(n, self._pool._max_workers)  # noqa: SLF001 - our own pool
+        if workers <= 1:
+            return [self.get_into(k, o) for k, o in zip(keys, outs, strict=True)]
+        step = -(-n // workers)
+
+        def chunk(start: int) -> list[bool]:
+            return [self.get_into(keys[i], outs[i]) for i in range(start, min(n, start + step))]
+
+        return [ok for part in self._pool.map(chunk, range(0, n, step)) for ok in part]
+
+    def _read_file_into(self, key: bytes, out: memoryview) -> bool:
+        path = self.path_of(key)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return False
+        ok, st = False, None
+        try:
+            st = os.fstat(fd)
+            parsed = self._parse_header(os.read(fd, self.header_len))
+            if parsed is not None and parsed[0] != out.nbytes:
+                return False  # a whole block of another size: not what the caller wants
+            if parsed is not None and st.st_size == self.header_len + parsed[0]:
+                ok = _read_exact_into(fd, out) and zlib.crc32(out) == parsed[1]
+        except OSError:
+            ok = False
+        finally:
+            os.close(fd)
+        if not ok:
+            self.counters.add(corrupt=1)
+            self._remove_if_same(path, st)
+            return False
+        self._touch(path, st)
+        return True
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | bytearray | None]:
         """`get` for several blocks at once, spread over the io threads."""
@@ -420,6 +494,18 @@ def _read_exact(fd: int, size: int) -> bytearray | None:
             return None
         got += n
     return buf
+
+
+def _read_exact_into(fd: int, out: memoryview) -> bool:
+    """Fill `out` from the current offset; False if the file ends early."""
+    view = out.cast("B") if out.format != "B" or out.ndim != 1 else out
+    got, size = 0, view.nbytes
+    while got < size:
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            return False
+        got += n
+    return True
 
 
 def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:

@@ -291,21 +291,25 @@ class KvpdStoreConnector(KVConnectorBase_V1):
         assert isinstance(meta, StoreMetadata)
         for tr in meta.loads:
             t0 = time.perf_counter()
-            payloads = self.store.get_many(tr.keys[self._tp_rank])
-            ok = [i for i, p in enumerate(payloads) if p is not None]
-            failed = [tr.block_ids[i] for i, p in enumerate(payloads) if p is None]
+            keys = tr.keys[self._tp_rank]
+            # Blocks are read straight into the rows of one staging tensor (no per-block
+            # buffers), then scattered into the paged KV cache.
+            buf = torch.empty((len(keys), self._block_bytes), dtype=torch.uint8)
+            rows = buf.numpy()
+            found = self.store.get_many_into(keys, [memoryview(rows[i]) for i in range(len(keys))])
+            ok = [i for i, hit in enumerate(found) if hit]
+            failed = [tr.block_ids[i] for i, hit in enumerate(found) if not hit]
             if failed:
                 self._failed_blocks.update(failed)
                 logger.warning(
                     "kvpd store: request %s: %d of %d blocks failed to load; vLLM recomputes them",
                     tr.req_id,
                     len(failed),
-                    len(payloads),
+                    len(keys),
                 )
             if ok:
-                buf = torch.empty((len(ok), self._block_bytes), dtype=torch.uint8)
-                for row, i in enumerate(ok):
-                    buf[row] = torch.frombuffer(payloads[i], dtype=torch.uint8)
+                if len(ok) < len(keys):
+                    buf = buf[torch.tensor(ok, dtype=torch.long)]
                 idx = torch.tensor([tr.block_ids[i] for i in ok], dtype=torch.long)
                 self._scatter(buf, idx)
             self._stats.add(

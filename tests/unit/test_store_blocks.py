@@ -315,3 +315,29 @@ def test_settings_defaults_and_unknown_keys() -> None:
         parse_settings({"store_path": "/kv", "capacity_gb": 0})
     with pytest.raises(StoreConfigError, match="dram_cache_gb must be a number"):
         parse_settings({"store_path": "/kv", "dram_cache_gb": "1"})
+
+
+def test_get_into_reads_verified_blocks_into_caller_rows(tmp_path) -> None:  # noqa: ANN001
+    import os as _os
+
+    from kvpd.connectors.blockstore import BlockStore
+
+    store = BlockStore(tmp_path, "layout-x", io_threads=2)
+    blocks = {bytes([i]) * 32: _os.urandom(4096) for i in range(6)}
+    store.put_many(blocks.items())
+    staging = bytearray(6 * 4096)
+    rows = [memoryview(staging)[i * 4096 : (i + 1) * 4096] for i in range(6)]
+    keys = list(blocks)
+    missing = b"\xff" * 32
+    found = store.get_many_into([*keys[:5], missing], rows)
+    assert found == [True] * 5 + [False]
+    for i in range(5):
+        assert bytes(rows[i]) == blocks[keys[i]]
+    victim = store.path_of(keys[0])  # a flipped byte: not served, and removed
+    raw = bytearray(victim.read_bytes())
+    raw[-1] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+    assert store.get_into(keys[0], rows[0]) is False and not victim.exists()
+    assert store.get_into(keys[1], memoryview(bytearray(100))) is False  # other size: a miss,
+    assert store.path_of(keys[1]).exists()  # but the block itself is fine and stays
+    store.close()
