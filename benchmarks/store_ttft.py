@@ -1,12 +1,12 @@
 """TTFT with kvpd's store connector vs recompute, vLLM prefix caching and ExampleConnector, plus
 the store's raw read/write throughput against plain sequential file I/O on the same disk.
 
-Protocol (the UCM guide's): per scenario, deploy two PD-mixed CPU instances, seed with `vllm
-bench serve` at 0.8 x the input length (output 1) sent to instance A, then measure at the full
-input length on instance B, which never saw the seed: the case where a balancer sends the
-request to the other instance. (kvpd's proxy has no PD-mixed flow yet, so the instances are
-addressed directly.) Same --seed for both runs, so each measured prompt starts with its seed
-prompt.
+Protocol (the UCM guide's): per scenario, deploy two PD-mixed CPU instances behind kvpd's proxy
+(mixed flow), seed with `vllm bench serve` at 0.8 x the input length (output 1), then measure at
+the full input length, both through the proxy. At concurrency 1 the proxy alternates between the
+instances; the phases are offset by one request so that every measured prompt lands on the
+instance that did not see its seed: the case where a balancer sends the request elsewhere. Same
+--seed for both runs, so each measured prompt starts with its seed prompt.
 
     .venv/bin/python benchmarks/store_ttft.py --input-lens 1024 --num-prompts 8
     .venv/bin/python benchmarks/store_ttft.py --throughput-only
@@ -90,7 +90,8 @@ def scenario(name: str, input_len: int, args: argparse.Namespace, work: Path) ->
     kv = work / name / "kv"
     kv.mkdir(parents=True, exist_ok=True)
     sets = [
-        f"name={dep}", f"runtime.run_dir=.kvpd/{dep}/run", "proxy=null",
+        f"name={dep}", f"runtime.run_dir=.kvpd/{dep}/run",
+        f"proxy={{host: localhost, port: {port}}}",  # kvpd proxy, mixed flow over A and B
         "prefill=null", "decode=null",
         f"mixed={{hosts: [localhost], instances: 2, port: {port + 100}, kv_connectors: {comps}}}",
         f"model.path={MODEL.relative_to(REPO)}", "model.layers=16", "model.kv_heads=16",
@@ -104,14 +105,21 @@ def scenario(name: str, input_len: int, args: argparse.Namespace, work: Path) ->
     kvpd("up", "local", "--yes", *[x for s in sets for x in ("--set", s)])
     up_s = time.monotonic() - t0
     a, b = f"http://127.0.0.1:{port + 100}", f"http://127.0.0.1:{port + 101}"
+    proxy = f"http://127.0.0.1:{port}"
     try:
         seed_len = int(input_len * 0.8)
-        bench_serve(a, seed_len, 1, args.num_prompts, args.seed, work / name / "seed.json")
+        # Both phases go through the proxy, which alternates between A and B at concurrency 1.
+        # One extra request between the phases shifts that alternation, so every measured
+        # request lands on the instance that did NOT see its prefix: the DP situation of the
+        # guide, where only a shared store can still hit.
+        bench_serve(proxy, seed_len, 1, args.num_prompts, args.seed, work / name / "seed.json")
+        if args.num_prompts % 2 == 0:
+            bench_serve(proxy, 64, 1, 1, args.seed + 1, work / name / "shift.json")
         ext0 = sum(metric(u, "vllm:prompt_tokens_by_source_total",
                           source="external_kv_transfer") for u in (a, b))  # fmt: skip
         hit0 = sum(metric(u, "vllm:prompt_tokens_by_source_total", source="local_cache_hit")
                    for u in (a, b))  # fmt: skip
-        res = bench_serve(b, input_len, args.output_len, args.num_prompts, args.seed,
+        res = bench_serve(proxy, input_len, args.output_len, args.num_prompts, args.seed,
                           work / name / "measure.json")  # fmt: skip
         ext = sum(metric(u, "vllm:prompt_tokens_by_source_total",
                          source="external_kv_transfer") for u in (a, b)) - ext0  # fmt: skip
