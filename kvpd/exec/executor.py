@@ -266,6 +266,7 @@ class Executor:
         specs = {p.name: p for p in stage}
         pending = list(started)
         while pending:
+            round_start = self.clock()
             checks = list(pool.map(lambda rt: self._check(specs[rt[0].name], rt[0]), pending))
             now, still = self.clock(), []
             for (rec, t0), (alive, pr) in zip(pending, checks, strict=True):
@@ -294,7 +295,10 @@ class Executor:
                 still.append((rec, t0))
             pending = still
             if pending:
-                self.sleep(min(specs[r.name].health.interval_s for r, _ in pending))  # type: ignore[union-attr]
+                # The interval is the polling period: a round's own SSH and HTTP time (often
+                # 0.1 s over many hosts) must not add up into every stage's bring-up time.
+                every = min(specs[r.name].health.interval_s for r, _ in pending)  # type: ignore[union-attr]
+                self.sleep(max(0.0, every - (self.clock() - round_start)))
 
     def _check(self, spec: ProcessSpec, rec: ProcessRecord) -> tuple[bool, ProbeResult | None]:
         pr = probe(spec.health, timeout_s=self.probe_timeout_s) if spec.health else None

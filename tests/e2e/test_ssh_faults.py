@@ -1,0 +1,230 @@
+"""Faults during a multi-host `kvpd up` on the SSH test bed: a host that dies half way, a
+service that never becomes healthy, an unknown host key, and `down` from the state file after
+the `kvpd up` process itself was killed.
+
+The engines here are a fake (a script that prints a line and sleeps, never serving /health) so
+the tests are fast; everything else (plan, SSH transport, executor, rollback) is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import TESTBED_HOSTS, TESTBED_SH, Testbed
+from tests.e2e.test_ssh_rehearsal import (
+    SHARED,
+    UCM4_HOSTS,
+    kvpd,
+    kvpd_cmd,
+    kvpd_env,
+    not_root,
+    processes_on,
+    write_inventory,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
+
+PROFILE = "ucm-centralized-2p2d"
+SPREAD = ["--set", "prefill.hosts=[p1,p2]", "--set", "decode.hosts=[d1,d2]"]
+FAKE_ENGINE = """#!{python}
+# Fake vLLM for kvpd's fault tests: never serves /health, so `up` waits on it.
+import sys, time
+print("fake engine: loading weights for", " ".join(sys.argv[1:4]), flush=True)
+print("fake engine: still loading (this fake never becomes healthy)", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+@pytest.fixture(scope="module")
+def bed(request: pytest.FixtureRequest) -> Testbed:
+    why = not_root()
+    if why:
+        pytest.skip(why)
+    return request.getfixturevalue("testbed")
+
+
+@pytest.fixture(scope="module")
+def fake_engine() -> Iterator[Path]:
+    """The fake engine script, in the shared repo tree so every bed host runs the same file."""
+    d = SHARED / "faults"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "fake-vllm-never-healthy"
+    path.write_text(FAKE_ENGINE.format(python=sys.executable))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def inventory(
+    tmp: Path,
+    bed: Testbed,
+    fake: Path,
+    hosts: dict[str, str],
+    *,
+    health_timeout_s: float = 300,
+    known_hosts: str | None = None,
+) -> Path:
+    return write_inventory(
+        tmp / "inventory.yaml",
+        bed,
+        hosts,
+        SHARED / "faults" / "kv",
+        known_hosts=known_hosts,
+        devices=4,
+        rehearsal={"vllm": str(fake), "health_timeout_s": health_timeout_s},
+    )
+
+
+def up_args(inv: Path) -> list[str]:
+    # Callers add --skip-preflight unless they test it: the fake is no vLLM installation.
+    return ["up", PROFILE, "--rehearse", "--inventory", str(inv), *SPREAD, "--yes"]
+
+
+def start_up(state_dir: Path, inv: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        kvpd_cmd(*up_args(inv), "--skip-preflight", "--grace", "5"),
+        cwd=state_dir.parent,
+        env=kvpd_env(state_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_records(
+    state_dir: Path, n: int, proc: subprocess.Popen[str], within_s: float = 120
+) -> dict:
+    """The saved state once it records `n` started processes."""
+    path = state_dir / PROFILE / "state.json"
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            raise AssertionError(f"kvpd up exited early ({proc.returncode}):\n{out}\n{err}")
+        try:
+            state = json.loads(path.read_text())
+            if len(state["processes"]) >= n:
+                return state
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{n} processes were not recorded within {within_s}s")
+
+
+def busy(bed: Testbed, hosts: list[str]) -> dict[str, list[str]]:
+    return {h: ps for h, ps in processes_on(bed, hosts).items() if ps}
+
+
+def test_service_never_healthy_fails_with_its_log_tail(
+    bed: Testbed, fake_engine: Path, tmp_path: Path
+) -> None:
+    hosts = {"p1": "h1", "d1": "h2", "p2": "h3", "d2": "h4"}
+    inv = inventory(tmp_path, bed, fake_engine, hosts, health_timeout_s=3)
+    state_dir = tmp_path / "state"
+    r = kvpd(state_dir, *up_args(inv), "--skip-preflight", "--grace", "5", check=False)
+    out = r.stdout + r.stderr
+    print(r.stderr)  # the message a user sees (pytest -s)
+    assert r.returncode != 0, out
+    assert "did not become healthy within 3s" in out, out
+    assert "on host " in out and "Last " in out, out
+    assert "| fake engine: still loading (this fake never becomes healthy)" in out, out
+    assert "is stopped" in out, out  # the rollback's verdict
+    assert busy(bed, list(hosts.values())) == {}
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint(
+    bed: Testbed, fake_engine: Path, tmp_path: Path
+) -> None:
+    addr = bed.addresses["h2"]
+    partial = tmp_path / "known_hosts"
+    lines = Path(bed.known_hosts).read_text().splitlines()
+    partial.write_text("".join(ln + "\n" for ln in lines if not ln.startswith(addr + " ")))
+    hosts = {"p1": "h1", "d1": "h2", "p2": "h3", "d2": "h4"}
+    inv = inventory(tmp_path, bed, fake_engine, hosts, known_hosts=str(partial))
+    fp = subprocess.run(
+        ["ssh-keygen", "-l", "-E", "sha256", "-f", bed.host_key_pub("h2")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[1]
+
+    # Through the executor: nothing is started anywhere.
+    r = kvpd(tmp_path / "state", *up_args(inv), "--skip-preflight", check=False)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert "unknown host key" in out and fp in out and "host d1" in out, out
+    assert "--accept-new-host-keys" in out, out
+    assert busy(bed, list(hosts.values())) == {}
+    # Through the preflight (the default): the failed check carries the same fingerprint.
+    r = kvpd(tmp_path / "state", *up_args(inv), "--json", check=False)
+    assert r.returncode != 0
+    checks = json.loads(r.stdout)["checks"]
+    d1 = [c for c in checks if c["host"] == "d1" and not c["ok"]]
+    assert d1 and fp in d1[0]["detail"], checks
+    assert Path(partial).read_text().count(addr) == 0  # nothing was accepted silently
+
+
+def test_host_killed_during_up_rolls_back_and_names_it(
+    bed: Testbed, fake_engine: Path, tmp_path: Path
+) -> None:
+    inv = inventory(tmp_path, bed, fake_engine, UCM4_HOSTS)
+    state_dir = tmp_path / "state"
+    proc = start_up(state_dir, inv)
+    victim = UCM4_HOSTS["p2"]  # bed host h3
+    try:
+        wait_for_records(state_dir, 4, proc)  # every engine started; `up` waits on health
+        assert busy(bed, [victim])  # the fake engine runs there
+        sshd = int((bed.dir / victim / "sshd.pid").read_text())
+        assert "sshd" in Path(f"/proc/{sshd}/cmdline").read_text()
+        os.kill(sshd, signal.SIGKILL)  # PID 1 of the host: the kernel takes the host down
+        out, err = proc.communicate(timeout=180)
+        text = out + err
+        print(err)
+        assert proc.returncode != 0, text
+        assert "host p2" in text, text
+        others = [h for n, h in UCM4_HOSTS.items() if n != "p2"]
+        assert busy(bed, others) == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        r = subprocess.run(
+            ["bash", str(TESTBED_SH), "up", str(TESTBED_HOSTS)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHON": sys.executable},
+            timeout=300,
+        )
+        assert r.returncode == 0, f"repairing the bed failed:\n{r.stdout}\n{r.stderr}"
+
+
+def test_down_from_the_state_file_after_kvpd_was_killed(
+    bed: Testbed, fake_engine: Path, tmp_path: Path
+) -> None:
+    inv = inventory(tmp_path, bed, fake_engine, UCM4_HOSTS)
+    state_dir = tmp_path / "state"
+    proc = start_up(state_dir, inv)
+    try:
+        state = wait_for_records(state_dir, 4, proc)
+    finally:
+        proc.kill()  # SIGKILL: no rollback, no goodbye; only the state file remains
+        proc.communicate()
+    assert state["status"] == "starting"
+    hosts = list(UCM4_HOSTS.values())
+    assert set(busy(bed, hosts)) == set(hosts)  # one fake engine per host, orphaned
+    r = kvpd(state_dir, "down", PROFILE, "--json", "--grace", "5")  # a fresh kvpd process
+    result = json.loads(r.stdout)
+    assert {p["result"] for p in result["processes"]} == {"stopped"}, result
+    assert busy(bed, hosts) == {}

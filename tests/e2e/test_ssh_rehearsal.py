@@ -1,0 +1,411 @@
+"""Seed profiles rehearsed across the SSH test bed: `kvpd up --rehearse` with CPU vLLM engines,
+the real memcache MetaService and Mooncake master, a request through the proxy, `status` and
+`logs` reaching remote hosts, and `down` leaving no process on any host.
+
+Each rehearsal is brought up once (module fixture) and every check runs against it; the last
+test of each group runs `kvpd down`. Every kvpd call is a fresh process, so `down`, `status` and
+`logs` work from the state file alone.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import Testbed
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM = REPO / ".venv-engine" / "bin" / "vllm"
+KVPD = REPO / ".venv" / "bin" / "kvpd"
+SERVICES_PY = REPO / ".venv-services" / "bin" / "python"
+MOONCAKE = REPO / ".venv-services" / "bin" / "mooncake_master"
+MODEL = REPO / ".kvpd" / "models" / "tiny"
+# Below the repo, which every bed host shares: the KV hand-over folder of the rehearsals.
+SHARED = REPO / ".kvpd" / "e2e-ssh"
+# A prompt of several whole 32-token blocks, so ExampleConnector hands KV over.
+PROMPT = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 10)
+
+
+def not_root() -> str | None:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "the SSH test bed needs root (network namespaces, mounts)"
+    return None
+
+
+def engine_or_services_missing() -> str | None:
+    for path, fix in (
+        (VLLM, "make engine"),
+        (MODEL / "config.json", "make model"),
+        (KVPD, "pip install -e . into .venv"),
+        (SERVICES_PY, "make services"),
+        (MOONCAKE, "make services"),
+    ):
+        if not path.exists():
+            return f"{path} is missing (run `{fix}`)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def bed(request: pytest.FixtureRequest) -> Testbed:
+    """The session's test bed, once the rehearsal prerequisites are known to be there."""
+    why = not_root() or engine_or_services_missing()
+    if why:
+        pytest.skip(why)
+    return request.getfixturevalue("testbed")
+
+
+# -- helpers shared with test_ssh_faults.py ------------------------------------------------------
+
+
+def write_inventory(
+    path: Path,
+    bed: Testbed,
+    hosts: dict[str, str],
+    storage: Path,
+    *,
+    known_hosts: str | None = None,
+    devices: int | None = None,
+    rehearsal: dict[str, Any] | None = None,
+) -> Path:
+    """An inventory placing profile host NAME on bed host hN (`hosts` = {NAME: hN})."""
+
+    def host(h: str) -> dict[str, Any]:
+        entry: dict[str, Any] = {"address": bed.addresses[h]}
+        if devices is not None:
+            entry["devices"] = devices
+        return entry
+
+    data = {
+        "hosts": {name: host(h) for name, h in hosts.items()},
+        "ssh": {"user": "root", "key": bed.key, "known_hosts": known_hosts or bed.known_hosts},
+        "rehearsal": {
+            "model": str(MODEL),
+            "vllm": str(VLLM),
+            "kvpd": str(KVPD),
+            "python": str(SERVICES_PY),
+            "mooncake_master": str(MOONCAKE),
+            "storage": str(storage),
+            **(rehearsal or {}),
+        },
+    }
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def kvpd_env(state_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    env["KVPD_STATE_DIR"] = str(state_dir)
+    return env
+
+
+def kvpd_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvpd.cli.main", *args]
+
+
+def kvpd(
+    state_dir: Path, *args: str, check: bool = True, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """Run the kvpd CLI in a fresh process with its own state directory."""
+    r = subprocess.run(
+        kvpd_cmd(*args),
+        cwd=state_dir.parent,
+        env=kvpd_env(state_dir),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and r.returncode != 0:
+        raise AssertionError(
+            f"kvpd {' '.join(args)} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+        )
+    return r
+
+
+def processes_on(bed: Testbed, hosts: list[str]) -> dict[str, list[str]]:
+    """What runs on each bed host besides sshd (PID 1 and sessions), over SSH: `pid args`."""
+    from kvpd.exec.ssh import SSHTransport
+
+    out: dict[str, list[str]] = {}
+    for h in hosts:
+        t = SSHTransport(bed.spec(h))
+        try:
+            r = t.run(["ps", "-eo", "pid=,args="], timeout_s=30)
+        finally:
+            t.close()
+        assert r.ok, r.stderr
+        rows = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
+        # `ps` replaced the login shell (exec), so it is the only non-sshd part of our session.
+        out[h] = [ln for ln in rows if not ln.split(None, 1)[-1].startswith(("sshd", "ps -eo"))]
+    return out
+
+
+def fetch(url: str, body: dict[str, Any] | None = None, timeout: float = 120) -> tuple[int, Any]:
+    """GET (or POST `body` as JSON) with http.client: urllib's `Connection: close` makes the
+    MetaService's HTTP server drop the body."""
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data else {}
+        conn.request("POST" if data else "GET", u.path or "/", body=data, headers=headers)
+        resp = conn.getresponse()
+        raw, status = resp.read(), resp.status
+    finally:
+        conn.close()
+    try:
+        return status, json.loads(raw or b"{}")
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def metric(base: str, name: str, **labels: str) -> float:
+    status, text = fetch(base + "/metrics", timeout=30)
+    assert status == 200 and isinstance(text, str), text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            head, _, value = line.rpartition(" ")
+            if all(f'{k}="{v}"' in head for k, v in labels.items()):
+                total += float(value)
+    return total
+
+
+# -- a rehearsal brought up once per group -------------------------------------------------------
+
+
+@dataclass
+class Rehearsal:
+    name: str  # deployment (= profile) name
+    state_dir: Path
+    hosts: dict[str, str]  # profile host -> bed host
+    bed: Testbed
+    up: dict[str, Any]  # `kvpd up --json`
+    plan: dict[str, Any]
+
+    def kvpd(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return kvpd(self.state_dir, *args, **kw)
+
+    def url(self, process: str) -> str:
+        """http://address:port of a process of the plan (its first port)."""
+        p = next(p for p in self.plan["processes"] if p["name"] == process)
+        addr = next(h["address"] for h in self.plan["hosts"] if h["name"] == p["host"])
+        return f"http://{addr}:{p['ports'][0]}"
+
+    def health(self, process: str) -> str:
+        return next(p for p in self.plan["processes"] if p["name"] == process)["health"]["url"]
+
+    @property
+    def model(self) -> str:
+        return self.plan["served_model"]
+
+    def leftovers(self) -> dict[str, list[str]]:
+        return {h: ps for h, ps in processes_on(self.bed, list(self.hosts.values())).items() if ps}
+
+
+def rehearse(
+    tmp: Path,
+    bed: Testbed,
+    profile: str,
+    hosts: dict[str, str],
+    sets: list[str],
+    *,
+    devices: int | None = None,
+) -> Iterator[Rehearsal]:
+    state_dir = tmp / "state"
+    storage = SHARED / profile / "kv"
+    shutil.rmtree(storage, ignore_errors=True)
+    storage.mkdir(parents=True)
+    inv = write_inventory(tmp / "inventory.yaml", bed, hosts, storage, devices=devices)
+    set_args = [a for s in sets for a in ("--set", s)]
+    r = kvpd(
+        state_dir,
+        "up",
+        profile,
+        "--rehearse",
+        "--inventory",
+        str(inv),
+        *set_args,
+        "--yes",
+        "--json",
+        check=False,
+    )
+    try:
+        assert r.returncode == 0, f"kvpd up --rehearse {profile} failed:\n{r.stdout}\n{r.stderr}"
+        up = json.loads(r.stdout)
+        plan = json.loads((state_dir / profile / "state.json").read_text())["plan"]
+        yield Rehearsal(profile, state_dir, hosts, bed, up, plan)
+    finally:
+        kvpd(state_dir, "down", profile, check=False, timeout=300)
+        shutil.rmtree(SHARED / profile, ignore_errors=True)
+
+
+def assert_down_leaves_nothing(rh: Rehearsal) -> None:
+    r = rh.kvpd("down", rh.name, "--json", check=False, timeout=300)
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    result = json.loads(r.stdout)
+    assert result["clean"], result
+    assert {p["result"] for p in result["processes"]} <= {"stopped", "killed"}, result
+    assert rh.leftovers() == {}
+    st = rh.kvpd("status", rh.name, "--json")
+    assert not any(p["alive"] for p in json.loads(st.stdout)["processes"])
+
+
+def complete(rh: Rehearsal, prompt: str = PROMPT, max_tokens: int = 6) -> dict[str, Any]:
+    status, body = fetch(
+        rh.url("proxy") + "/v1/completions",
+        {"model": rh.model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True},
+    )
+    assert status == 200, body
+    assert body["usage"]["completion_tokens"] == max_tokens
+    return body
+
+
+# -- UCM centralized 2P2D across 4 hosts ------------------------------------------------------
+
+UCM4_HOSTS = {"p1": "h1", "d1": "h2", "p2": "h3", "d2": "h4"}
+
+
+@pytest.fixture(scope="module")
+def ucm4(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+    yield from rehearse(
+        tmp_path_factory.mktemp("ucm4"),
+        bed,
+        "ucm-centralized-2p2d",
+        UCM4_HOSTS,
+        ["prefill.hosts=[p1,p2]", "decode.hosts=[d1,d2]"],
+        devices=4,
+    )
+
+
+def test_ucm4_each_instance_on_its_own_host(ucm4: Rehearsal) -> None:
+    where = {p["name"]: p["host"] for p in ucm4.up["processes"]}
+    assert where == {
+        "prefill-0": "p1",
+        "prefill-1": "p2",
+        "decode-0": "d1",
+        "decode-1": "d2",
+        "proxy": "p1",
+    }
+    assert all(p["status"] == "healthy" for p in ucm4.up["processes"])
+
+
+def test_ucm4_request_through_proxy_hands_kv_over(ucm4: Rehearsal) -> None:
+    decodes = [ucm4.url("decode-0"), ucm4.url("decode-1")]
+    src = "vllm:prompt_tokens_by_source_total"
+
+    def transferred() -> float:
+        return sum(metric(d, src, source="external_kv_transfer") for d in decodes)
+
+    before = transferred()
+    for i in range(2):  # the proxy spreads requests: two reach both pairs or one twice
+        complete(ucm4, f"{PROMPT} request {i}")
+    assert transferred() - before >= 32  # at least one whole block came through the storage
+
+
+def test_ucm4_status_reaches_remote_processes(ucm4: Rehearsal) -> None:
+    rows = json.loads(ucm4.kvpd("status", ucm4.name, "--json").stdout)["processes"]
+    assert {r["host"] for r in rows} == set(UCM4_HOSTS)
+    bad = [r for r in rows if not (r["alive"] and r["healthy"])]
+    assert not bad, bad
+    assert all(r["listening"] == r["ports"] for r in rows), rows
+
+
+def test_ucm4_logs_reads_a_remote_log(ucm4: Rehearsal) -> None:
+    r = ucm4.kvpd("logs", "decode-1", "-n", "100000")
+    assert "=== kvpd: ucm-centralized-2p2d/decode-1 started" in r.stdout
+    assert "ExampleConnector" in r.stdout or "kv_consumer" in r.stdout
+    log = next(p["log"] for p in ucm4.up["processes"] if p["name"] == "decode-1")
+    assert log.startswith("/root/")  # in d2's private /root: only reachable over SSH
+
+
+def test_ucm4_down_leaves_no_process_on_any_host(ucm4: Rehearsal) -> None:
+    assert_down_leaves_nothing(ucm4)
+
+
+# -- layerwise/sparse 1P1D across 2 hosts (real MetaService) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def layerwise(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+    yield from rehearse(
+        tmp_path_factory.mktemp("layerwise"),
+        bed,
+        "layerwise-sparse-1p1d",
+        {"p1": "h1", "d1": "h2"},
+        [],
+    )
+
+
+def test_layerwise_metaservice_runs_for_real(layerwise: Rehearsal) -> None:
+    status, body = fetch(layerwise.health("metaservice"))
+    assert status == 200 and body.get("status") == "ok", body
+    r = layerwise.kvpd("logs", "metaservice", "-n", "400")
+    assert "memcache" in r.stdout.lower() or "mmc" in r.stdout.lower()
+    # MetaService's flock lives in /tmp, private per host: present on p1 only.
+    from kvpd.exec.ssh import SSHTransport
+
+    for h, expect in (("h1", True), ("h2", False)):
+        t = SSHTransport(layerwise.bed.spec(h))
+        try:
+            assert t.run(["test", "-e", "/tmp/mmc_meta_service.lock"]).ok is expect, h
+        finally:
+            t.close()
+
+
+def test_layerwise_engines_up_and_request_through_proxy(layerwise: Rehearsal) -> None:
+    stages = {p["name"]: p["stage"] for p in layerwise.up["processes"]}
+    assert stages["metaservice"] < stages["prefill-0"] < stages["decode-0"] < stages["proxy"]
+    before = metric(
+        layerwise.url("decode-0"),
+        "vllm:prompt_tokens_by_source_total",
+        source="external_kv_transfer",
+    )
+    complete(layerwise)
+    after = metric(
+        layerwise.url("decode-0"),
+        "vllm:prompt_tokens_by_source_total",
+        source="external_kv_transfer",
+    )
+    assert after - before >= 32
+
+
+def test_layerwise_down_stops_everything(layerwise: Rehearsal) -> None:
+    assert_down_leaves_nothing(layerwise)
+
+
+# -- UCM + Mooncake P2P, shrunk to 1P1D across 2 hosts (real Mooncake master) -----------------
+
+
+@pytest.fixture(scope="module")
+def mooncake(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+    yield from rehearse(
+        tmp_path_factory.mktemp("mooncake"),
+        bed,
+        "ucm-mooncake-2p2d",
+        {"p1": "h3", "d1": "h4"},
+        ["prefill.instances=1", "decode.instances=1"],
+    )
+
+
+def test_mooncake_master_healthy_and_request_through_proxy(mooncake: Rehearsal) -> None:
+    status, body = fetch(mooncake.health("mooncake-master"))
+    assert status == 200 and body.get("status") == "ok", body
+    complete(mooncake)
+
+
+def test_mooncake_down_stops_everything(mooncake: Rehearsal) -> None:
+    assert_down_leaves_nothing(mooncake)
