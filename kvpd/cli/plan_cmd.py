@@ -113,13 +113,18 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
         check: bool = typer.Option(False, "--check", help="also run preflight checks on hosts"),
         rehearse: bool = typer.Option(False, "--rehearse", help="plan the CPU rehearsal"),
+        inventory: str | None = typer.Option(
+            None, "--inventory", help="YAML merged over the profile (real host addresses, ssh)"
+        ),
         accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys"),
         sets: list[str] = typer.Option([], "--set", help="override a field: path.to.field=value"),
     ) -> None:
         """Validate PROFILE, derive every value, render every file, and show the plan."""
         from kvpd.plan.build import load_plan
 
-        plan = load_plan(profile, rehearse=rehearse, base_dir=os.getcwd(), sets=sets)
+        plan = load_plan(
+            profile, rehearse=rehearse, base_dir=os.getcwd(), sets=sets, inventory=inventory
+        )
         if as_json:
             print(plan.to_json())
         else:

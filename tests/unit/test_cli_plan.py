@@ -82,3 +82,16 @@ def test_plan_shows_sparse_offload_sizing() -> None:
     r = kvpd("plan", "layerwise-sparse-1p1d")
     assert "sparse offload sizing" in r.stdout and "<- profile" in r.stdout
     assert "recommended:" in r.stdout
+
+
+def test_plan_with_inventory_overlay(tmp_path: Path) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  p1: {address: 10.9.9.1}\n  d1: {address: 10.9.9.2}\n"
+                   "ssh: {user: deploy, port: 2222}\n")
+    r = kvpd("plan", "ucm-centralized-2p2d", "--inventory", str(inv), "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    hosts = {h["name"]: h for h in plan["hosts"]}
+    assert hosts["p1"]["address"] == "10.9.9.1" and hosts["d1"]["user"] == "deploy"
+    assert hosts["d1"]["port"] == 2222
+    assert plan["proxy_url"] == "http://10.9.9.1:7805"

@@ -316,3 +316,37 @@ def test_state_file_is_plain_json(env) -> None:
     assert read_stat(r["pid"]).start_ticks == r["start_ticks"]  # type: ignore[union-attr]
     assert Plan.from_dict(raw["plan"]) == plan
     down(state, transports, store=store, grace_s=5)
+
+
+def test_missing_executable_is_a_clear_failure_of_that_process(env) -> None:
+    import dataclasses
+
+    from kvpd.errors import DeployError
+
+    tmp, store, transports, _ = env
+    plan = make_plan(tmp / "run", [("svc-a", 0, "ok")])
+    # the launch script names a command that does not exist on the host
+    files = tuple(
+        dataclasses.replace(f, content="exec /no/such/engine --serve\n")
+        if f.path == "svc-a.sh" else f
+        for f in plan.files
+    )
+    plan = dataclasses.replace(plan, files=files)
+    with pytest.raises(DeployError) as e:
+        up(plan, transports, store=store)
+    msg = str(e.value)
+    assert "svc-a" in msg and "/no/such/engine" in msg
+    assert_nothing_running(store, "t", transports[HOST])
+
+
+def test_serial_up_starts_one_process_at_a_time(env) -> None:
+    from kvpd.exec.executor import Executor
+
+    tmp, store, transports, _ = env
+    plan = make_plan(tmp / "run", [("svc-a", 0, "ok"), ("svc-b", 0, "ok"), ("proxy", 1, "ok")])
+    state = Executor(transports, store=store, serial=True).up(plan)
+    assert state.status == "up"
+    order = [ln.split()[0] for ln in (tmp / "run" / "order.txt").read_text().splitlines()]
+    assert order[-1] == "proxy"
+    down(store.load("t"), transports, store=store, grace_s=5)
+    assert_nothing_running(store, "t", transports[HOST])

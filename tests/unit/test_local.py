@@ -148,3 +148,16 @@ def test_import_kvpd_exec_stays_light() -> None:
         "bad = {'typer', 'rich', 'paramiko', 'fabric'} & set(sys.modules); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bad_env_names_are_refused_like_over_ssh(tmp_path: Path) -> None:
+    from kvpd.errors import PlanError
+
+    t = LocalTransport()
+    for name in ("A B", "1X", "A=B", "X;rm"):
+        with pytest.raises(PlanError):
+            t.run(["true"], env={name: "x"})
+        with pytest.raises(PlanError):
+            t.start_detached(["true"], log=str(tmp_path / "l.log"), cwd=str(tmp_path),
+                             env={name: "x"})
+    assert not (tmp_path / "l.log").exists()  # refused before anything was created
