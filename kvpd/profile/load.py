@@ -107,7 +107,11 @@ def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
 def _model_at(path: Path_) -> type[BaseModel] | None:
     """The pydantic model that validates the mapping at `path` (for "did you mean")."""
     model: Any = Profile
-    for part in path:
+    parts = list(path)
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        i += 1
         if isinstance(part, int):
             continue
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
@@ -116,34 +120,11 @@ def _model_at(path: Path_) -> type[BaseModel] | None:
         if field is None:
             return None
         model = _unwrap(field.annotation)
-        if model is dict or get_origin(model) is dict:
+        if get_origin(model) is dict:  # e.g. hosts: the next element is a key (a host name)
             args = get_args(model)
             model = _unwrap(args[1]) if len(args) == 2 else None
-            # the next path element is the dict key (e.g. a host name): skip it
-            return _model_at_dict(path, part)
+            i += 1
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def _model_at_dict(path: Path_, dict_field: str | int) -> type[BaseModel] | None:
-    idx = path.index(dict_field)
-    head, rest = path[: idx + 1], path[idx + 2 :]
-    model: Any = _model_at(head[:-1]) if head[:-1] else Profile
-    field = model.model_fields[str(dict_field)] if model else None
-    if field is None:
-        return None
-    args = get_args(_unwrap(field.annotation))
-    value_model = _unwrap(args[1]) if len(args) == 2 else None
-    for part in rest:
-        if isinstance(part, int):
-            continue
-        if not (isinstance(value_model, type) and issubclass(value_model, BaseModel)):
-            return None
-        f = value_model.model_fields.get(str(part))
-        if f is None:
-            return None
-        value_model = _unwrap(f.annotation)
-    ok = isinstance(value_model, type) and issubclass(value_model, BaseModel)
-    return value_model if ok else None
 
 
 def _unwrap(tp: Any) -> Any:
