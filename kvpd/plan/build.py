@@ -187,6 +187,7 @@ def build_plan(
 
     processes: list[ProcessSpec] = []
     ports: list[PortUse] = []
+    secrets = sorted({v for p in procs for k, v in p.env if v and mask(k, v) != v})
     for p in procs:
         script = f"{p.name}/launch.sh"
         log = f"logs/{p.name}.log"
@@ -245,6 +246,7 @@ def build_plan(
         rehearsal=rehearse,
         fresh_dirs=tuple(profile.runtime.fresh_dirs),
         sizing=_sizing(profile),
+        secret_values=tuple(secrets),
         requirements=build_requirements(
             profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
         ),

@@ -37,7 +37,7 @@ class FileSpec:
 
     host: str
     path: str
-    content: str
+    content: str = field(repr=False)  # may hold secrets (launch scripts): never in a repr
     mode: int = 0o644
     template: str = ""  # which template rendered it (for display)
 
@@ -102,6 +102,10 @@ class Plan:
     fresh_dirs: tuple[str, ...] = ()  # relative to each host's run dir; emptied by every `up`
     # Inputs of the sizing `kvpd plan` shows (e.g. "sparse": the sparse-offload hot buffer)
     sizing: dict[str, Any] = field(default_factory=dict)
+    # Values of secret env vars (API keys, tokens). Only the in-memory plan has them, for the
+    # launch scripts `up` writes; every serialised form (plan.json, --json, state.json) masks
+    # them, and they are never compared or shown.
+    secret_values: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def stages(self) -> list[list[ProcessSpec]]:
@@ -124,7 +128,12 @@ class Plan:
         raise KeyError(name)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        secrets = d.pop("secret_values")
+        for f in d["files"]:
+            for s in secrets:
+                f["content"] = f["content"].replace(s, "****")
+        return d
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), indent=kw.pop("indent", 2), sort_keys=False, **kw)

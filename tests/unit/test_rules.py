@@ -401,3 +401,13 @@ def test_nixl_side_channel_clash_is_reported() -> None:
     msg = error("local", "prefill.kv_connectors=[nixl]", "decode.kv_connectors=[nixl]",
                 "decode.kv_port=5600")  # the prefill's default
     assert "port 5600 on host 'localhost' is used twice" in msg
+
+
+def test_secrets_are_in_the_launch_script_but_never_serialised() -> None:
+    p = plan("local", "env.OPENAI_API_KEY=sk-very-secret", "proxy.port=18001")
+    script = file(p, "localhost", "proxy/launch.sh")
+    assert "sk-very-secret" in script  # the process needs it
+    assert next(f.mode for f in p.files if f.path == "proxy/launch.sh") == 0o700
+    assert "sk-very-secret" not in p.to_json()  # plan.json, --json and state.json
+    assert dict(p.process("proxy").env)["OPENAI_API_KEY"] == "****"
+    assert "sk-very-secret" not in repr(p)
