@@ -8,15 +8,15 @@ from typing import Any
 
 from kvpd.errors import ProfileError
 from kvpd.plan import kvconfig
-from kvpd.plan.layout import build_layout, merged
+from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
 from kvpd.plan.processes import Proc, all_procs
 from kvpd.plan.rehearse import rehearsal_notes
 from kvpd.plan.render import launch_script, mooncake_json, render
 from kvpd.plan.requirements import build_requirements
-from kvpd.plan.rules import Checker, check, memcache_ranks
+from kvpd.plan.rules import check, memcache_ranks
 from kvpd.plan.shell import mask
-from kvpd.plan.sizing import GiB, MiB, kv_bytes, parse_size, round_up
+from kvpd.plan.sizing import GiB, MiB, kv_bytes, kv_bytes_per_token, parse_size, round_up
 from kvpd.profile.load import Source, dotted, load_profile
 from kvpd.profile.schema import Profile
 
@@ -44,18 +44,12 @@ def host_specs(profile: Profile, base_dir: str | None) -> list[HostSpec]:
                 known_hosts=ssh["known_hosts"],
                 jump=ssh["jump"],
                 hardware=h.hardware or profile.hardware,
-                devices=h.devices if h.devices is not None else _default_devices(profile, h),
+                devices=host_devices(profile, h),
                 nic=h.nic,
                 run_dir=run_dir,
             )
         )
     return out
-
-
-def _default_devices(profile: Profile, h: Any) -> int:
-    from kvpd.plan.layout import host_devices
-
-    return host_devices(profile, h)
 
 
 def memcache_dram(profile: Profile, ranks: int) -> tuple[str | None, list[tuple[tuple, str, bool]]]:
@@ -115,7 +109,7 @@ def build_plan(
     procs = all_procs(profile, layout, rehearse=rehearse)
     notes = rehearsal_notes(profile, procs) if rehearse else {}
     findings = check(profile, layout, procs, rehearse=rehearse)
-    ranks = memcache_ranks(Checker(profile, layout, procs, rehearse))
+    ranks = memcache_ranks(profile, layout)
     dram, extra = memcache_dram(profile, ranks)
     errors: list[str] = []
     warnings: list[str] = []
@@ -254,8 +248,6 @@ def build_plan(
 
 
 def _sizing(profile: Profile) -> dict[str, Any]:
-    from kvpd.plan.sizing import kv_bytes_per_token
-
     out: dict[str, Any] = {}
     per_token = kv_bytes_per_token(profile.model)
     if per_token:

@@ -12,6 +12,7 @@ from kvpd.plan.kvconfig import (
     MOONCAKE_CONFIG,
     additional_config,
     kv_transfer_config,
+    ucm_config_path,
 )
 from kvpd.plan.layout import EngineProc, Layout, hardware_of, merged
 from kvpd.profile.schema import ASCEND, Group, Profile, ServeOptions
@@ -136,8 +137,6 @@ def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> P
         env["MOONCAKE_CONFIG_PATH"] = MOONCAKE_CONFIG
         files.append(MOONCAKE_CONFIG)
     if "ucm" in comps:
-        from kvpd.plan.kvconfig import ucm_config_path
-
         files.append(ucm_config_path(profile))
     env.update(profile.env)
     env.update(opts.env or {})
@@ -339,7 +338,7 @@ def all_procs(profile: Profile, layout: Layout, rehearse: bool = False) -> list[
         if ep.role == "decode" and decode_after_prefill:
             stage += 1
         if rehearse:
-            from kvpd.plan.rehearse import rehearsal_engine
+            from kvpd.plan.rehearse import rehearsal_engine  # (rehearse imports this module)
 
             engines.append(rehearsal_engine(profile, group, ep, stage, len(engines)))
         else:

@@ -66,7 +66,8 @@ def build_requirements(
             pkg(h, py, "vllm")
             add(h["paths"], rh.model if rehearse else profile.model.path)
             if rehearse:
-                add(h["shared_dirs"], rh.storage) if g.kv_connectors else None
+                if g.kv_connectors:
+                    add(h["shared_dirs"], rh.storage)
                 continue
             if hw in ASCEND:
                 pkg(h, py, "vllm-ascend")

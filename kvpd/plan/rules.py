@@ -9,8 +9,9 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from kvpd.plan.layout import Layout, hardware_of, host_devices, merged
-from kvpd.plan.processes import Proc
+from kvpd.plan.kvconfig import memfabric_protocol
+from kvpd.plan.layout import Layout, dp_size_local, hardware_of, host_devices, merged
+from kvpd.plan.processes import Proc, proxy_flow
 from kvpd.plan.sizing import GiB, kv_bytes, parse_size
 from kvpd.profile.schema import ASCEND, Group, Profile
 
@@ -130,8 +131,6 @@ def rule_parallelism(c: Checker) -> None:
     for role, g in c.groups():
         if any(h not in c.p.hosts for h in g.hosts):
             continue
-        from kvpd.plan.layout import dp_size_local
-
         local = dp_size_local(c.p, g)
         for h in g.hosts:
             devs = host_devices(c.p, c.p.hosts[h])
@@ -404,8 +403,6 @@ def rule_memfabric(c: Checker) -> None:
     for role, g in c.groups():
         if "sfa_d2h" not in g.kv_connectors:
             continue
-        from kvpd.plan.kvconfig import memfabric_protocol
-
         proto = memfabric_protocol(c.p, g) or "sdma"
         protos[role] = proto
         if c.rehearse:
@@ -437,13 +434,15 @@ def rule_memfabric(c: Checker) -> None:
 # --- KV services -------------------------------------------------------------------------------
 
 
-def memcache_ranks(c: Checker) -> int:
+def memcache_ranks(profile: Profile, layout: Layout) -> int:
+    """LocalService ranks that join memcache: every TP x PP rank of every memcache user."""
     n = 0
-    for role, g in c.groups():
-        if "ascend_store" in g.kv_connectors and (
-            g.layerwise is None or g.layerwise.backend == "memcache"
-        ):
-            n += sum(len(ep.dp_ranks) * g.tp * g.pp for ep in c.layout.procs if ep.role == role)
+    for role in ("prefill", "decode", "mixed"):
+        g = getattr(profile, role)
+        if g is None or "ascend_store" not in g.kv_connectors:
+            continue
+        if g.layerwise is None or g.layerwise.backend == "memcache":
+            n += sum(len(ep.dp_ranks) * g.tp * g.pp for ep in layout.procs if ep.role == role)
     return n
 
 
@@ -459,7 +458,7 @@ def rule_memcache(c: Checker) -> None:
     }
     if len(set(ports.values())) < 3:
         c.err(path, f"meta rpc, config store and metrics ports must differ: {ports}.")
-    ranks = memcache_ranks(c)
+    ranks = memcache_ranks(c.p, c.layout)
     if ranks > mc.world_size:
         c.err(
             (*path, "world_size"),
@@ -616,8 +615,6 @@ def rule_proxy(c: Checker) -> None:
     px = c.p.proxy
     if px is None:
         return
-    from kvpd.plan.processes import proxy_flow
-
     bind = px.bind
     if proxy_flow(c.p) == "layerwise" and bind in ("0.0.0.0", "::", "0:0:0:0:0:0:0:0"):
         c.err(
@@ -627,8 +624,11 @@ def rule_proxy(c: Checker) -> None:
             "to use the proxy host's address.",
         )
     if px.impl == "vllm-ascend" and proxy_flow(c.p) == "mixed":
-        c.err(("proxy", "impl"), "vLLM-Ascend's example proxies need prefill and decode groups; "
-              "for `mixed:` engines use impl: kvpd (it balances over them).")
+        c.err(
+            ("proxy", "impl"),
+            "vLLM-Ascend's example proxies need prefill and decode groups; "
+            "for `mixed:` engines use impl: kvpd (it balances over them).",
+        )
     if px.impl == "vllm-ascend" and px.script is None:
         c.warn(
             ("proxy", "script"),
