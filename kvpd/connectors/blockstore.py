@@ -251,30 +251,40 @@ class BlockStore:
         return value
 
     def _read_file(self, key: bytes) -> bytearray | None:
+        block = self._read_block(key, None)
+        return None if block is None else block.obj  # type: ignore[return-value]
+
+    def _read_block(self, key: bytes, out: memoryview | None) -> memoryview | None:
+        """Read and verify one block file into `out`, or into a new buffer when `out` is None.
+
+        A block of another size than `out` is simply not what the caller wants (None, kept);
+        a bad header, a wrong length or a failed checksum is corruption: counted and removed.
+        """
         path = self.path_of(key)
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError:
             return None
+        ok, st, dest = False, None, out
         try:
             st = os.fstat(fd)
             parsed = self._parse_header(os.read(fd, self.header_len))
-            payload: bytearray | None = None
+            if parsed is not None and out is not None and parsed[0] != out.nbytes:
+                return None
             if parsed is not None and st.st_size == self.header_len + parsed[0]:
-                payload = _read_exact(fd, parsed[0])
-                if payload is not None and zlib.crc32(payload) != parsed[1]:
-                    payload = None
+                if dest is None:
+                    dest = memoryview(bytearray(parsed[0]))
+                ok = _read_exact_into(fd, dest) and zlib.crc32(dest) == parsed[1]
         except OSError:
-            payload = None
-            st = None
+            ok = False
         finally:
             os.close(fd)
-        if payload is None:
+        if not ok:
             self.counters.add(corrupt=1)
-            self._remove_if_same(path, st)
+            self._remove_if_same(path, st)  # the inode check keeps a good copy renamed over it
             return None
         self._touch(path, st)
-        return payload
+        return dest
 
     def get_into(self, key: bytes, out: memoryview) -> bool:
         """Read one verified block straight into `out` (e.g. a row of the KV staging tensor).
@@ -290,7 +300,7 @@ class BlockStore:
                 self.counters.add(hits=1, dram_hits=1)
                 return True
         t0 = time.perf_counter()
-        ok = self._read_file_into(key, out)
+        ok = self._read_block(key, out) is not None
         dt = time.perf_counter() - t0
         if not ok:
             self.counters.add(misses=1, read_s=dt)
@@ -312,31 +322,6 @@ class BlockStore:
             return [self.get_into(keys[i], outs[i]) for i in range(start, min(n, start + step))]
 
         return [ok for part in self._pool.map(chunk, range(0, n, step)) for ok in part]
-
-    def _read_file_into(self, key: bytes, out: memoryview) -> bool:
-        path = self.path_of(key)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            return False
-        ok, st = False, None
-        try:
-            st = os.fstat(fd)
-            parsed = self._parse_header(os.read(fd, self.header_len))
-            if parsed is not None and parsed[0] != out.nbytes:
-                return False  # a whole block of another size: not what the caller wants
-            if parsed is not None and st.st_size == self.header_len + parsed[0]:
-                ok = _read_exact_into(fd, out) and zlib.crc32(out) == parsed[1]
-        except OSError:
-            ok = False
-        finally:
-            os.close(fd)
-        if not ok:
-            self.counters.add(corrupt=1)
-            self._remove_if_same(path, st)
-            return False
-        self._touch(path, st)
-        return True
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | bytearray | None]:
         """`get` for several blocks at once, spread over the io threads."""
@@ -481,19 +466,6 @@ class BlockStore:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-
-
-def _read_exact(fd: int, size: int) -> bytearray | None:
-    """Exactly `size` bytes from the current offset, or None if the file ends early."""
-    buf = bytearray(size)
-    view = memoryview(buf)
-    got = 0
-    while got < size:
-        n = os.readv(fd, [view[got:]])
-        if n == 0:
-            return None
-        got += n
-    return buf
 
 
 def _read_exact_into(fd: int, out: memoryview) -> bool:
