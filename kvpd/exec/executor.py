@@ -314,15 +314,7 @@ class Executor:
             rec = state.record(err.spec.name)
             if rec is not None:
                 rec.status = "failed"
-        stopper = Stopper(
-            self.transports,
-            self.reporter,
-            pool,
-            grace_s=self.grace_s,
-            clock=self.clock,
-            sleep=self.sleep,
-        )
-        result = stopper.stop([r for r in state.processes])
+        result = self._stopper(pool).stop(list(state.processes))
         for o in result.outcomes:
             rec = state.record(o.name)
             if rec is not None and o.gone and rec.status != "failed":
@@ -372,6 +364,17 @@ class Executor:
 
     # -- down / status -------------------------------------------------------------------
 
+    def _stopper(self, pool: ThreadPoolExecutor) -> Stopper:
+        """The one way this executor stops processes: rollback and `down` alike."""
+        return Stopper(
+            self.transports,
+            self.reporter,
+            pool,
+            grace_s=self.grace_s,
+            clock=self.clock,
+            sleep=self.sleep,
+        )
+
     def down(self, state: DeploymentState) -> DownResult:
         """Stop every recorded process (reverse stage order), verify they and their ports are
         gone, and record the outcome. Idempotent; works on the state of a killed `up`."""
@@ -379,15 +382,7 @@ class Executor:
         state.status = "stopping"
         self._save(state)
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-            stopper = Stopper(
-                self.transports,
-                self.reporter,
-                pool,
-                grace_s=self.grace_s,
-                clock=self.clock,
-                sleep=self.sleep,
-            )
-            result = stopper.stop(list(state.processes))
+            result = self._stopper(pool).stop(list(state.processes))
         for o in result.outcomes:
             rec = state.record(o.name)
             if rec is not None and o.gone:
