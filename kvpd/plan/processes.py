@@ -162,7 +162,6 @@ def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> P
     ports += kv_ports(profile, group, ep)
     if ep.per_rank and group.dp > 1 and ep.dp_ranks[0] == 0:
         ports.append((group.dp_rpc_port, "data-parallel rpc"))
-    health_host = ep.host
     return Proc(
         name=ep.name,
         host=ep.host,
@@ -172,7 +171,7 @@ def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> P
         env=tuple(env.items()),
         source=tuple(source),
         ports=tuple(ports),
-        health_url=f"http://{addr(profile, health_host)}:{ep.port}/health",
+        health_url=f"http://{addr(profile, ep.host)}:{ep.port}/health",
         devices=ep.devices,
         files=tuple(files),
     )

@@ -9,6 +9,8 @@ and the Mooncake master run for real. `kvpd plan --rehearse` shows every substit
 
 from __future__ import annotations
 
+import json
+
 from kvpd.plan.layout import EngineProc
 from kvpd.plan.processes import Proc, addr
 from kvpd.profile.schema import Group, Profile
@@ -49,8 +51,6 @@ ROLE = {"prefill": "kv_producer", "decode": "kv_consumer", "mixed": "kv_both"}
 def rehearsal_engine(
     profile: Profile, group: Group, ep: EngineProc, stage: int, index: int
 ) -> Proc:
-    import json
-
     rh = profile.rehearsal
     a = addr(profile, ep.host)
     kv = None
