@@ -167,10 +167,13 @@ def build_argv(
     return argv
 
 
-def client_env(tokenizer: str, base_url: str) -> dict[str, str]:
+def client_env(tokenizer: str, base_url: str, scratch: Path | None = None) -> dict[str, str]:
     """The client's environment: offline when the tokenizer is a local folder, no telemetry,
-    and the target host exempt from any HTTP proxy."""
+    the target host exempt from any HTTP proxy, and torch's caches in `scratch` (importing torch
+    otherwise leaves /tmp/torchinductor_<user> behind)."""
     env = dict(os.environ)
+    if scratch is not None:
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(scratch / "torchinductor"))
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     if tokenizer and Path(tokenizer).is_dir():

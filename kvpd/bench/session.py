@@ -276,7 +276,7 @@ class Session:
         t0 = time.monotonic()
         out = self.run_client(
             argv,
-            env=runner.client_env(target.tokenizer, target.base_url),
+            env=runner.client_env(target.tokenizer, target.base_url, result_dir / ".cache"),
             log=result_dir / f"{stem}.log",
             timeout_s=self.phase_timeout_s,
         )
