@@ -8,13 +8,14 @@ from typing import Any
 
 from kvpd.errors import ProfileError
 from kvpd.plan import kvconfig
+from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
 from kvpd.plan.processes import Proc, all_procs
 from kvpd.plan.rehearse import rehearsal_notes
 from kvpd.plan.render import launch_script, mooncake_json, render
 from kvpd.plan.requirements import build_requirements
-from kvpd.plan.rules import check, memcache_ranks
+from kvpd.plan.rules import check
 from kvpd.plan.shell import mask
 from kvpd.plan.sizing import GiB, MiB, kv_bytes, kv_bytes_per_token, parse_size, round_up
 from kvpd.profile.load import Source, dotted, load_profile
@@ -108,9 +109,9 @@ def build_plan(
     layout = build_layout(profile)
     procs = all_procs(profile, layout, rehearse=rehearse)
     notes = rehearsal_notes(profile, procs) if rehearse else {}
-    findings = check(profile, layout, procs, rehearse=rehearse)
-    ranks = memcache_ranks(profile, layout)
-    dram, extra = memcache_dram(profile, ranks)
+    facts = derive_facts(profile, layout, procs, rehearse=rehearse)
+    findings = check(facts)
+    dram, extra = memcache_dram(profile, facts.memcache_ranks)
     errors: list[str] = []
     warnings: list[str] = []
     for f in findings:

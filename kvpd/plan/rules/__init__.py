@@ -1,0 +1,47 @@
+"""Cross-field rules from the guides and the vLLM-Ascend / KV-store code (pure).
+
+Each rule appends `Finding`s: errors stop the plan, warnings are shown with it. A finding names
+the profile field it is about; the plan builder turns that into `file:line: field: message`.
+Rules are grouped by domain (one module each) and all read one precomputed `Facts` value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvpd.plan.facts import Facts
+from kvpd.plan.rules import connectors, kvservices, offload, ports, topology
+from kvpd.plan.rules.base import Checker, Finding
+
+Rule = Callable[[Checker], None]
+
+RULES: tuple[Rule, ...] = (
+    topology.rule_bench,
+    topology.rule_host_refs,
+    topology.rule_groups_present,
+    topology.rule_parallelism,
+    connectors.rule_roles,
+    offload.rule_layerwise,
+    offload.rule_sparse,
+    offload.rule_memfabric,
+    kvservices.rule_memcache,
+    kvservices.rule_mooncake,
+    kvservices.rule_ucm,
+    connectors.rule_consistency,
+    ports.rule_proxy,
+    ports.rule_ports,
+    topology.rule_model,
+)
+
+
+def check(facts: Facts) -> list[Finding]:
+    """Every finding for one profile, in rule order, then the layout's own problems."""
+    c = Checker(facts)
+    for rule in RULES:
+        rule(c)
+    for path, msg in facts.layout.problems:
+        c.err(path, msg)
+    return c.findings
+
+
+__all__ = ["Finding", "check"]

@@ -1,0 +1,209 @@
+"""Layerwise prefill offload (AscendStore), sparse decode offload, MemFabric."""
+
+from __future__ import annotations
+
+from kvpd.plan.kvconfig import memfabric_protocol
+from kvpd.plan.layout import hardware_of, merged
+from kvpd.plan.rules.base import Checker
+from kvpd.plan.sizing import GiB, kv_bytes
+
+MEMFABRIC_PROTOCOLS = {"a3": ("sdma", "device_rdma"), "950": ("device_urma",)}
+
+
+def rule_layerwise(c: Checker) -> None:
+    for role, g in c.groups():
+        lw = g.layerwise
+        if lw is None:
+            continue
+        path = (role, "layerwise")
+        if "ascend_store" not in g.kv_connectors:
+            c.err(
+                path,
+                "layerwise settings belong to AscendStoreConnector: add ascend_store to "
+                "`kv_connectors`.",
+            )
+            continue
+        if role == "decode":
+            c.warn(
+                path,
+                "layerwise AscendStore on decode is not what the guide validates "
+                "(use_layerwise is documented as prefill-only).",
+            )
+        if lw.backend != "memcache" or not lw.use_layerwise:
+            c.err(
+                path,
+                "layerwise prefill offload needs backend memcache and use_layerwise: true "
+                "(otherwise the GVA layerwise path is off).",
+            )
+        elif c.p.kv.memcache is None:
+            c.err(
+                ("kv", "memcache"),
+                "layerwise prefill offload needs the memcache MetaService: "
+                "add `kv.memcache: {host: <host>}`.",
+            )
+        opts = merged(c.p, g)
+        if opts.enforce_eager is False:
+            c.err(
+                (role, "enforce_eager"),
+                "layerwise prefill offload requires eager mode; remove `enforce_eager: false`.",
+            )
+        if c.p.model.attention not in ("mla", "sfa", "dsa"):
+            c.err(
+                ("model", "attention"),
+                f"layerwise prefill offload needs an MLA, SFA or DSA "
+                f"attention model, not {c.p.model.attention}.",
+            )
+        if g.cp > 1:
+            c.warn((role, "cp"), "context parallelism is not validated with layerwise offload.")
+        layers = c.p.model.layers
+        il = lw.independent_layers
+        if il == "all":
+            c.warn((*path, "independent_layers"), "independent_layers: all disables buffer reuse.")
+        elif layers is not None:
+            bad = [i for i in il if not -layers <= i < layers]
+            if bad:
+                c.err(
+                    (*path, "independent_layers"),
+                    f"layer index {bad[0]} is out of range for "
+                    f"a model with {layers} layers (use 0..{layers - 1}, negatives count from "
+                    'the end, or "all").',
+                )
+            reusable = layers - len(set(i % layers for i in il))
+            if lw.num_shared_buffers is not None and lw.num_shared_buffers >= reusable:
+                c.warn(
+                    (*path, "num_shared_buffers"),
+                    f"{lw.num_shared_buffers} shared buffers for "
+                    f"{reusable} reusable layers: no reuse happens (needs fewer buffers than "
+                    "layers).",
+                )
+        if lw.num_shared_buffers is None:
+            c.warn(
+                (*path, "num_shared_buffers"), "unset: every layer gets its own buffer, no reuse."
+            )
+        if "mooncake_layerwise" in g.kv_connectors and il != "all":
+            c.err(
+                (role, "kv_connectors"),
+                "MooncakeLayerwiseConnector cannot be combined with "
+                "layerwise buffer reuse (no per-buffer transfer completion gating yet). Set "
+                "layerwise.independent_layers: all or drop mooncake_layerwise.",
+            )
+
+
+def rule_sparse(c: Checker) -> None:
+    m = c.p.model
+    for role, g in c.groups():
+        so = g.sparse_offload
+        uses_sfa = "sfa_d2h" in g.kv_connectors
+        if so is None or not so.enabled:
+            if role == "decode" and uses_sfa:
+                c.err(
+                    (role, "sparse_offload"),
+                    "SfaRemoteD2HConnector on decode runs with sparse "
+                    "KV offload enabled: add `sparse_offload: {topk_buffer_size: ...}`.",
+                )
+            continue
+        path = (role, "sparse_offload")
+        if role != "decode":
+            c.err(path, "sparse KV offload runs only on decode. Do not set it on prefill.")
+            continue
+        if not so.keep_device_kv_cache and (g.kv_role or "kv_consumer") != "kv_consumer":
+            c.err((role, "kv_role"), "sparse KV offload needs decode with kv_role kv_consumer.")
+        if m.compressed:
+            c.err(
+                ("model", "compressed"),
+                "sparse KV offload does not support compressed (compress_ratios) models.",
+            )
+        if m.index_topk is None:
+            c.err(
+                ("model", "index_topk"),
+                "sparse KV offload works only for sparse-attention "
+                "models: set model.index_topk (from config.json) if the model has one.",
+            )
+        if g.cp > 1:
+            c.err((role, "cp"), "sparse KV offload does not support context parallel.")
+        if g.pp > 1:
+            c.err((role, "pp"), "sparse KV offload does not support pipeline parallel.")
+        if g.model_runner_v2:
+            c.err((role, "model_runner_v2"), "sparse KV offload needs Model Runner V1.")
+        if g.sfa_c8:
+            c.err((role, "sfa_c8"), "sparse KV offload cannot be combined with sparse SFA C8.")
+        if not uses_sfa:
+            c.err(
+                (role, "kv_connectors"),
+                "sparse KV offload on decode goes with "
+                "SfaRemoteD2HConnector: add sfa_d2h to kv_connectors.",
+            )
+        tb = so.topk_buffer_size
+        block = merged(c.p, g).block_size or m.block_size
+        if tb <= 0:
+            c.err((*path, "topk_buffer_size"), "must be positive.")
+        elif m.index_topk is not None and tb < m.index_topk:
+            c.err(
+                (*path, "topk_buffer_size"),
+                f"{tb} is smaller than index_topk {m.index_topk}; "
+                f"use at least {m.index_topk} (2 x index_topk = {2 * m.index_topk} is a good "
+                "start).",
+            )
+        if tb > 0 and tb % block:
+            up = -(-tb // block) * block
+            c.err(
+                (*path, "topk_buffer_size"),
+                f"{tb} is not divisible by block_size {block}; use {up}.",
+            )
+        max_len = merged(c.p, g).max_model_len or m.max_model_len
+        seqs = merged(c.p, g).max_num_seqs
+        if max_len and seqs:
+            need = kv_bytes(m, max_len * seqs)
+            if need is not None and need > so.dram_size_per_dp_gb * GiB:
+                gb = -(-need // GiB)
+                c.err(
+                    (*path, "dram_size_per_dp_gb"),
+                    f"{so.dram_size_per_dp_gb} GB cannot hold "
+                    f"the full KV cache of one DP rank ({max_len} tokens x {seqs} seqs = "
+                    f"{need / GiB:.1f} GiB). Use at least {gb}.",
+                )
+        local_ranks: dict[str, int] = {}
+        for ep in c.layout.procs:
+            if ep.role == role:
+                local_ranks[ep.host] = local_ranks.get(ep.host, 0) + len(ep.dp_ranks)
+        for h, n in local_ranks.items():
+            mem = c.p.hosts[h].memory_gb
+            if mem is not None and so.dram_size_per_dp_gb * n > mem:
+                c.err(
+                    (*path, "dram_size_per_dp_gb"),
+                    f"{n} DP ranks x {so.dram_size_per_dp_gb} "
+                    f"GB on '{h}' exceed its memory_gb {mem:g}.",
+                )
+
+
+def rule_memfabric(c: Checker) -> None:
+    protos: dict[str, str] = {}
+    for role, g in c.groups():
+        if "sfa_d2h" not in g.kv_connectors:
+            continue
+        proto = memfabric_protocol(c.p, g) or "sdma"
+        protos[role] = proto
+        if c.rehearse:
+            continue
+        for h in g.hosts:
+            hw = hardware_of(c.p, h)
+            ok = MEMFABRIC_PROTOCOLS.get(hw)
+            if ok is None:
+                c.err(
+                    (role, "hosts"),
+                    f"layerwise/sparse offload (SfaRemoteD2H over MemFabric) is "
+                    f"supported on A3 and 950 only; host '{h}' is {hw}.",
+                )
+                break
+            if proto not in ok:
+                c.err(
+                    (role, "memfabric_protocol"),
+                    f"memfabric protocol {proto} is not valid on {hw} (use {' or '.join(ok)}).",
+                )
+                break
+    if len(set(protos.values())) > 1:
+        c.err(
+            ("decode", "memfabric_protocol"),
+            f"prefill uses memfabric protocol "
+            f"{protos['prefill']} but decode uses {protos['decode']}; they must be identical.",
+        )

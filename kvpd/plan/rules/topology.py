@@ -1,0 +1,150 @@
+"""Hosts, groups and parallelism: what runs where, and whether it fits."""
+
+from __future__ import annotations
+
+import difflib
+
+from kvpd.plan.layout import dp_size_local, host_devices, merged
+from kvpd.plan.rules.base import Checker, Path_
+
+
+def _host_ref(c: Checker, path: Path_, name: str) -> None:
+    if name not in c.p.hosts:
+        close = difflib.get_close_matches(name, list(c.p.hosts), n=1, cutoff=0.5)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        c.err(path, f"unknown host '{name}'.{hint} Declared hosts: {', '.join(c.p.hosts)}.")
+
+
+def rule_host_refs(c: Checker) -> None:
+    for role, g in c.groups():
+        for i, h in enumerate(g.hosts):
+            _host_ref(c, (role, "hosts", i), h)
+        if g.dp_address:
+            _host_ref(c, (role, "dp_address"), g.dp_address)
+    kv = c.p.kv
+    if kv.memcache:
+        _host_ref(c, ("kv", "memcache", "host"), kv.memcache.host)
+    if kv.mooncake:
+        _host_ref(c, ("kv", "mooncake", "host"), kv.mooncake.host)
+    if c.p.proxy:
+        _host_ref(c, ("proxy", "host"), c.p.proxy.host)
+    addrs: dict[str, str] = {}
+    for name, h in c.p.hosts.items():
+        if h.address in addrs:
+            c.err(
+                ("hosts", name, "address"),
+                f"address {h.address} is also host '{addrs[h.address]}'. Each host needs its "
+                "own address (list it once and give its engines different ports).",
+            )
+        addrs[h.address] = name
+
+
+def rule_groups_present(c: Checker) -> None:
+    p = c.p
+    if not (p.prefill or p.decode or p.mixed):
+        c.err(("prefill",), "no engines: add `prefill:` and `decode:` groups (P/D) or `mixed:`.")
+        return
+    if bool(p.prefill) != bool(p.decode):
+        have, miss = ("prefill", "decode") if p.prefill else ("decode", "prefill")
+        c.err(
+            (have,),
+            f"`{have}:` without `{miss}:`. P/D needs both groups; a single "
+            "group of engines that prefill and decode is `mixed:`.",
+        )
+    if p.prefill and p.decode:
+        for role in ("prefill", "decode"):
+            g = getattr(p, role)
+            if not g.kv_connectors:
+                c.err(
+                    (role, "kv_connectors"),
+                    f"{role} has no KV connector, so KV cannot move "
+                    "from prefill to decode. Set e.g. `kv_connectors: [mooncake]`.",
+                )
+        if p.proxy is None:
+            c.err(
+                ("proxy",),
+                "P/D needs a proxy in front of the engines. Add `proxy: {host: "
+                "<host>, port: <port>}`.",
+            )
+
+
+def rule_parallelism(c: Checker) -> None:
+    for role, g in c.groups():
+        if any(h not in c.p.hosts for h in g.hosts):
+            continue
+        local = dp_size_local(c.p, g)
+        for h in g.hosts:
+            devs = host_devices(c.p, c.p.hosts[h])
+            if g.tp * g.pp > devs:
+                c.err(
+                    (role, "tp"),
+                    f"tp {g.tp} x pp {g.pp} needs {g.tp * g.pp} devices on one "
+                    f"host but '{h}' has {devs}. Lower tp or set `hosts.{h}.devices`.",
+                )
+                return
+            if local * g.tp * g.pp > devs:
+                c.err(
+                    (role, "dp_size_local"),
+                    f"dp_size_local {local} x tp {g.tp} x pp {g.pp} "
+                    f"= {local * g.tp * g.pp} devices per host, but '{h}' has {devs}. "
+                    f"Use dp_size_local <= {devs // (g.tp * g.pp)}.",
+                )
+                return
+        if local > g.dp:
+            c.err((role, "dp_size_local"), f"dp_size_local {local} is larger than dp {g.dp}.")
+        elif g.dp % local:
+            c.err(
+                (role, "dp_size_local"),
+                f"dp {g.dp} is not a multiple of dp_size_local "
+                f"{local}: every host must hold the same number of DP ranks.",
+            )
+        if g.dp_launch == "single" and local < g.dp:
+            c.err(
+                (role, "dp_launch"),
+                f"dp_launch single runs all {g.dp} DP ranks in one "
+                f"process, but only {local} fit on a host. Use dp_launch: per_rank.",
+            )
+        covered = sorted(r for ep in c.layout.procs if ep.role == role for r in ep.dp_ranks)
+        want = sorted(list(range(g.dp)) * g.instances)
+        if not c.layout.problems and covered != want:
+            c.err(
+                (role, "dp"),
+                f"DP ranks placed {covered} do not cover 0..{g.dp - 1} exactly once per instance.",
+            )
+    p, d = c.p.prefill, c.p.decode
+    if p and d:
+        needs_ratio = {"sfa_d2h", "mooncake", "mooncake_layerwise"} & (
+            set(p.kv_connectors) | set(d.kv_connectors)
+        )
+        if needs_ratio and (p.tp < d.tp or p.tp % d.tp):
+            c.err(
+                ("prefill", "tp"),
+                f"prefill tp {p.tp} must be >= decode tp {d.tp} and "
+                f"divisible by it ({', '.join(sorted(needs_ratio))} maps each prefill rank to "
+                f"decode rank p_rank // (p_tp / d_tp)). Use e.g. prefill tp "
+                f"{d.tp * max(1, p.tp // d.tp)}.",
+            )
+        if d.pp > 1 and (set(d.kv_connectors) & {"mooncake", "mooncake_layerwise", "sfa_d2h"}):
+            c.err(("decode", "pp"), "decode pp must be 1 with this KV connector.")
+
+
+def rule_model(c: Checker) -> None:
+    m = c.p.model
+    if m.max_model_len is None and not any(merged(c.p, g).max_model_len for _, g in c.groups()):
+        c.warn(
+            ("model", "max_model_len"),
+            "not set: vLLM uses the model's maximum, and kvpd cannot "
+            "size KV pools. Set model.max_model_len.",
+        )
+
+
+def rule_bench(c: Checker) -> None:
+    b = c.p.bench
+    lens = [merged(c.p, g).max_model_len or c.p.model.max_model_len for _, g in c.groups()]
+    lens = [x for x in lens if x]
+    if lens and b.input_len + b.output_len > min(lens):
+        c.warn(
+            ("bench", "input_len"),
+            f"input {b.input_len} + output {b.output_len} tokens "
+            f"exceed max_model_len {min(lens)}; vLLM will reject these requests.",
+        )
