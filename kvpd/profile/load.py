@@ -6,20 +6,19 @@ SkyPilot-style "did you mean" is computed from the fields the schema allows at t
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from kvpd.errors import ProfileError
+from kvpd.profile.messages import Path_, dotted, schema_messages
 from kvpd.profile.schema import Profile
 
-Path_ = tuple[str | int, ...]
 # libyaml is ~10x faster at composing large profiles; same nodes, same line marks
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -50,17 +49,21 @@ class Source:
         return hashlib.sha256(self.text.encode()).hexdigest()[:16]
 
 
-def dotted(path: Path_) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
+MAX_PROFILE_BYTES = 1 << 20  # a profile is a few KB; 1 MiB leaves room for 1,024-host inventories
+MAX_VALUES = 200_000  # values after alias expansion: bounds an alias bomb to milliseconds
 
 
 def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
+    """YAML text -> plain data plus the line of every key and list item.
+
+    Aliases are expanded here, counted against MAX_VALUES (a 10-line alias bomb would otherwise
+    expand to billions of values) and refused when they refer to themselves.
+    """
+    if len(text) > MAX_PROFILE_BYTES:
+        raise ProfileError(
+            f"{name}: {len(text)} characters is larger than a profile can be "
+            f"({MAX_PROFILE_BYTES}). Check that this is the right file."
+        )
     try:
         node = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as e:
@@ -70,97 +73,67 @@ def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
         raise ProfileError(
             f"{where}: not valid YAML: {problem}. Check indentation and quoting."
         ) from None
+    except RecursionError:
+        raise ProfileError(f"{name}: nested too deeply to be a profile.") from None
     lines: dict[Path_, int] = {}
+    count = [0]
+    active: set[int] = set()
+
+    def fail(n: yaml.Node, path: Path_, what: str) -> ProfileError:
+        return ProfileError(f"{name}:{n.start_mark.line + 1}: {dotted(path)}: {what}")
 
     def walk(n: yaml.Node | None, path: Path_) -> Any:
         if n is None:
             return None
+        count[0] += 1
+        if count[0] > MAX_VALUES:
+            raise fail(
+                n,
+                path,
+                f"the profile expands to more than {MAX_VALUES} values (aliases repeated "
+                "inside aliases?). Write the values out instead of nesting aliases.",
+            )
+        if id(n) in active:
+            raise fail(n, path, "an alias refers to itself. Remove the recursive alias.")
         if isinstance(n, yaml.MappingNode):
+            active.add(id(n))
             out: dict[Any, Any] = {}
             for k, v in n.value:
+                if not isinstance(k, yaml.ScalarNode):
+                    raise fail(k, path, "a key must be plain text. Write `name: value`.")
                 key = k.value
                 sub = path + (key,)
                 if key in out:
-                    raise ProfileError(
-                        f"{name}:{k.start_mark.line + 1}: {dotted(sub)}: key appears twice. "
-                        "Keep one of them."
-                    )
+                    raise fail(k, sub, "key appears twice. Keep one of them.")
                 lines[sub] = k.start_mark.line + 1
                 out[key] = walk(v, sub)
+            active.discard(id(n))
             return out
         if isinstance(n, yaml.SequenceNode):
+            active.add(id(n))
             items = []
             for i, v in enumerate(n.value):
                 lines[path + (i,)] = v.start_mark.line + 1
                 items.append(walk(v, path + (i,)))
+            active.discard(id(n))
             return items
         loader = yaml.SafeLoader("")
         try:
-            return loader.construct_object(n, deep=True)
+            value = loader.construct_object(n, deep=True)
+        except (yaml.YAMLError, ValueError, OverflowError) as e:
+            problem = getattr(e, "problem", None) or str(e)
+            raise fail(n, path, f"cannot read this value ({problem}). Quote it as text.") from None
         finally:
             loader.dispose()
+        if isinstance(value, str) and "\x00" in value:
+            raise fail(n, path, "contains a NUL character. Remove it.")
+        return value
 
-    data = walk(node, ())
+    try:
+        data = walk(node, ())
+    except RecursionError:
+        raise ProfileError(f"{name}: nested too deeply to be a profile.") from None
     return data, lines
-
-
-def _model_at(path: Path_) -> type[BaseModel] | None:
-    """The pydantic model that validates the mapping at `path` (for "did you mean")."""
-    model: Any = Profile
-    parts = list(path)
-    i = 0
-    while i < len(parts):
-        part = parts[i]
-        i += 1
-        if isinstance(part, int):
-            continue
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return None
-        field = model.model_fields.get(str(part))
-        if field is None:
-            return None
-        model = _unwrap(field.annotation)
-        if get_origin(model) is dict:  # e.g. hosts: the next element is a key (a host name)
-            args = get_args(model)
-            model = _unwrap(args[1]) if len(args) == 2 else None
-            i += 1
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def _unwrap(tp: Any) -> Any:
-    """Strip Optional/Union-with-None and list[...] to the interesting inner type."""
-    while True:
-        origin = get_origin(tp)
-        if origin is list:
-            tp = get_args(tp)[0]
-            continue
-        if origin is not None and type(None) in get_args(tp):
-            rest = [a for a in get_args(tp) if a is not type(None)]
-            if len(rest) == 1:
-                tp = rest[0]
-                continue
-        return tp
-
-
-def _message(err: dict[str, Any]) -> tuple[Path_, str]:
-    loc: Path_ = tuple(err["loc"])
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        key = str(loc[-1])
-        model = _model_at(loc[:-1])
-        allowed = sorted(model.model_fields) if model else []
-        close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        listing = f" Allowed here: {', '.join(allowed)}." if allowed and not close else ""
-        return loc, f"unknown field '{key}'.{hint}{listing}"
-    if kind == "missing":
-        return loc, "required field is missing. Add it."
-    inp = err.get("input")
-    shown = repr(inp) if not isinstance(inp, (dict, list)) else type(inp).__name__
-    msg = err["msg"]
-    if kind == "literal_error":
-        return loc, f"{shown} is not allowed: {msg[0].lower() + msg[1:]}."
-    return loc, f"{shown}: {msg[0].lower() + msg[1:]}."
 
 
 def apply_sets(data: dict[str, Any], sets: list[str]) -> None:
@@ -222,10 +195,9 @@ def parse_profile(
     try:
         profile = Profile.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            loc, msg = _message(err)
-            problems.append(f"{source.where(loc)}: {dotted(loc)}: {msg}")
+        problems = [
+            f"{source.where(loc)}: {dotted(loc)}: {msg}" for loc, msg in schema_messages(e, data)
+        ]
         raise ProfileError(problems) from None
     return profile, source
 
@@ -235,11 +207,36 @@ def bundled_names() -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
+def read_text_file(path: Path, what: str) -> str:
+    """A profile or inventory file as text, refusing directories, huge and binary files."""
+    if path.is_dir():
+        raise ProfileError(f"{path}: is a directory, not a {what} file. Pass the YAML file in it.")
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_PROFILE_BYTES + 1)
+    except OSError as e:
+        raise ProfileError(
+            f"{path}: cannot read the {what} file ({e.strerror or e}). Check its permissions."
+        ) from None
+    if len(raw) > MAX_PROFILE_BYTES:
+        raise ProfileError(
+            f"{path}: larger than {MAX_PROFILE_BYTES} bytes, too large for a {what}. "
+            "Check that this is the right file."
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProfileError(
+            f"{path}: not a text file (byte {e.start} is not UTF-8). A {what} is a YAML "
+            "text file; check that this is the right file."
+        ) from None
+
+
 def read_profile_text(arg: str) -> tuple[str, str]:
     """Resolve PROFILE (a file path or a bundled profile name) to (text, display name)."""
     path = Path(arg)
-    if path.is_file():
-        return path.read_text(), str(path)
+    if path.exists():
+        return read_text_file(path, "profile"), str(path)
     if "/" not in arg and not arg.endswith((".yaml", ".yml")):
         res = resources.files("kvpd") / "profiles" / f"{arg}.yaml"
         if res.is_file():
@@ -254,9 +251,9 @@ def read_profile_text(arg: str) -> tuple[str, str]:
 def load_inventory(path: str) -> dict[str, Any]:
     """An inventory file: a partial profile (hosts, ssh, rehearsal, ...) merged over it."""
     p = Path(path)
-    if not p.is_file():
-        raise ProfileError(f"{path}: no such inventory file.")
-    data, _ = _compose(p.read_text(), path)
+    if not p.exists():
+        raise ProfileError(f"{path}: no such inventory file. Check the --inventory path.")
+    data, _ = _compose(read_text_file(p, "inventory"), path)
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: an inventory is a YAML mapping (hosts:, ssh:, rehearsal:).")
     return data

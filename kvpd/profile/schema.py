@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from kvpd.profile.base import _Model
+from kvpd.profile.kv_schema import KvServices
+from kvpd.profile.types import (
+    Address,
+    Env,
+    HostList,
+    HostName,
+    JsonData,
+    Jump,
+    Line,
+    NicName,
+)
 
 Hardware = Literal["a2", "a3", "950", "cuda", "cpu"]
 ASCEND = ("a2", "a3", "950")
@@ -28,38 +41,42 @@ KvComponent = Literal[
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @field_validator("hardware", mode="before", check_fields=False)
-    @classmethod
-    def _hardware_as_text(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, int) else v  # `hardware: 950` is an int in YAML
-
-
 class SSH(_Model):
     """How to log in. Set once at the top level; a host may override any field."""
 
-    user: str | None = Field(None, description="login user (default: the current user)")
+    user: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", description="login user (default: yours)"
+    )
     port: int = Field(22, ge=1, le=65535)
-    key: str | None = Field(None, description="private key file (default: agent and ~/.ssh keys)")
-    known_hosts: str | None = Field(
+    key: Line | None = Field(None, description="private key file (default: agent and ~/.ssh keys)")
+    known_hosts: Line | None = Field(
         None, description="known_hosts file used to verify host keys (default ~/.ssh/known_hosts)"
     )
-    jump: str | None = Field(None, description="bastion as user@host:port (like ProxyJump)")
+    jump: Jump | None = Field(None, description="bastion as user@host:port (like ProxyJump)")
 
 
 class Host(_Model):
-    address: str = Field(description="node IP the others reach it at (also where kvpd connects)")
+    address: Address = Field(
+        description="node IP (or host name) the others reach it at; also where kvpd connects"
+    )
+    ip: Address | None = Field(
+        None,
+        description="numeric IP for HCCL_IF_IP / VLLM_HOST_IP when `address` is a host name "
+        "(kvpd does not resolve names while planning)",
+    )
     transport: Literal["ssh", "local"] | None = Field(
         None, description="'local' runs on this machine without SSH (default: local for 127.0.0.1)"
     )
     ssh: SSH | None = None
-    nic: str | None = Field(None, description="NIC name of `address` (HCCL/GLOO/TP socket IFNAME)")
+    nic: NicName | None = Field(
+        None, description="NIC name of `address` (HCCL/GLOO/TP socket IFNAME)"
+    )
     hardware: Hardware | None = Field(None, description="default: the profile's `hardware`")
-    devices: int | None = Field(None, ge=0, description="NPUs/GPUs (cpu: cores) on this host")
+    devices: int | None = Field(
+        None, ge=0, le=1024, description="NPUs/GPUs (cpu: cores) on this host"
+    )
     memory_gb: float | None = Field(None, gt=0, description="host DRAM, for pool sizing checks")
-    run_dir: str | None = Field(None, description="where kvpd writes files and logs on the host")
+    run_dir: Line | None = Field(None, description="where kvpd writes files and logs on the host")
 
 
 class ModelSpec(_Model):
@@ -84,106 +101,6 @@ class ModelSpec(_Model):
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
     block_size: int = Field(128, ge=1)
     max_model_len: int | None = Field(None, ge=1)
-
-
-class Memcache(_Model):
-    """memcache_hybrid: one MetaService process and the LocalService config of every P rank."""
-
-    host: str = Field(description="host that runs the MetaService")
-    port: int = Field(5000, ge=1025, le=65535, description="meta RPC port")
-    config_store_port: int = Field(6000, ge=1025, le=65535)
-    metrics_port: int = Field(8000, ge=1025, le=65535)
-    lease_ttl_ms: int = Field(30000, ge=1)
-    log_level: Literal["debug", "info", "warn", "error"] = "error"
-    world_size: int = Field(256, ge=1, le=1024)
-    protocol: Literal[
-        "host_rdma",
-        "host_urma",
-        "host_tcp",
-        "device_rdma",
-        "device_urma",
-        "device_uboe",
-        "device_sdma",
-        "host_shm",
-    ] = "device_sdma"
-    dram_size: str = Field(
-        "auto", description="per-rank DRAM pool, e.g. 10GB; auto = sized from the model facts"
-    )
-    sizing_seq_len: int | None = Field(None, description="default: model.max_model_len")
-    sizing_concurrency: int | None = Field(None, description="default: bench concurrency")
-    set_env: list[str] = Field(
-        default_factory=lambda: [
-            "/usr/local/memcache_hybrid/set_env.sh",
-            "/usr/local/memfabric_hybrid/set_env.sh",
-        ],
-        description="scripts sourced before the MetaService and memcache clients",
-    )
-    meta_extra: dict[str, str] = Field(default_factory=dict, description="more mmc-meta.conf keys")
-    local_extra: dict[str, str] = Field(default_factory=dict, description="more mmc-local keys")
-    python: str = "python"
-
-
-class Memfabric(_Model):
-    extend_lib_path: str | None = Field(
-        "/usr/local/memfabric_hybrid/1.2.0/aarch64-linux/lib64",
-        description="MEMFABRIC_HYBRID_EXTEND_LIB_PATH (null to leave unset)",
-    )
-    set_env: list[str] = Field(default_factory=lambda: ["/usr/local/memfabric_hybrid/set_env.sh"])
-
-
-class Mooncake(_Model):
-    """The Mooncake master and the mooncake.json every node gets."""
-
-    host: str
-    port: int = Field(50088, ge=1, le=65535)
-    metrics_port: int = Field(9003, ge=1, le=65535)
-    http_metadata_port: int | None = Field(None, ge=1, le=65535)
-    eviction_high_watermark_ratio: float = Field(0.9, gt=0, le=1)
-    eviction_ratio: float = Field(0.1, gt=0, lt=1)
-    default_kv_lease_ttl: int = Field(11000, ge=1)
-    extra_args: list[str] = Field(default_factory=list)
-    metadata_server: str = "P2PHANDSHAKE"
-    protocol: str = "ascend"
-    device_name: str = ""
-    global_segment_size: str = "1GB"
-    ld_library_path: str | None = "/usr/local/lib"
-    binary: str = "mooncake_master"
-
-
-class UCM(_Model):
-    """UCM PipelineStore ("Cache|Posix"): a persistent prefix cache on (shared) storage."""
-
-    connector: Literal["UcmPipelineStore", "UcmNfsStore"] = "UcmPipelineStore"
-    pipeline: str = "Cache|Posix"
-    storage: str = Field(description="storage_backends: a directory every instance can reach")
-    shared: bool | None = Field(
-        None, description="the storage is one filesystem mounted on all hosts (NFS/3FS)"
-    )
-    cache_buffer_capacity_gb: int = Field(64, ge=1)
-    enable_event_sync: bool = True
-    use_layerwise: bool = False
-    config: dict[str, Any] = Field(default_factory=dict, description="more ucm_connector_config")
-    config_file: str | None = Field(
-        None, description="where the UCM yaml is written on each host (default: in the run dir)"
-    )
-
-
-class KvpdStore(_Model):
-    """kvpd's own tiered store connector (`kvpd.connectors.store`)."""
-
-    path: str
-    dram_cache_gb: float = Field(0.5, ge=0)
-    capacity_gb: float | None = Field(None, gt=0)
-    io_threads: int = Field(4, ge=1)
-
-
-class KvServices(_Model):
-    memcache: Memcache | None = None
-    memfabric: Memfabric = Field(default_factory=Memfabric)
-    mooncake: Mooncake | None = None
-    ucm: UCM | None = None
-    example_path: str | None = Field(None, description="ExampleConnector shared_storage_path")
-    kvpd_store: KvpdStore | None = None
 
 
 class Layerwise(_Model):
@@ -213,7 +130,7 @@ class SparseOffload(_Model):
 class ServeOptions(_Model):
     """`vllm serve` options. Set under `engine:` for all groups; a group overrides."""
 
-    host: str | None = Field(None, description="bind address (default 0.0.0.0)")
+    host: Address | None = Field(None, description="bind address (default 0.0.0.0)")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     seed: int | None = None
     max_model_len: int | None = Field(None, ge=1)
@@ -226,27 +143,27 @@ class ServeOptions(_Model):
     block_size: int | None = Field(None, ge=1, description="--block-size (default: vLLM's)")
     enable_prefix_caching: bool | None = None
     enable_chunked_prefill: bool | None = None
-    compilation_config: dict[str, Any] | None = None
-    additional_config: dict[str, Any] | None = None
+    compilation_config: JsonData | None = None
+    additional_config: JsonData | None = None
     kv_cache_memory_bytes: str | None = None
     args: list[str] | None = Field(None, description="extra `vllm serve` arguments, verbatim")
-    env: dict[str, str] | None = None
+    env: Env | None = None
 
 
 class Group(ServeOptions):
     """Engines of one role: `instances` independent engines, each DP x TP."""
 
-    hosts: list[str] = Field(min_length=1)
-    instances: int = Field(1, ge=1)
-    dp: int = Field(1, ge=1)
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    cp: int = Field(1, ge=1, description="context parallel size (prefill x decode CP)")
-    dp_size_local: int | None = Field(None, ge=1, description="DP ranks per host")
+    hosts: HostList
+    instances: int = Field(1, ge=1, le=4096)
+    dp: int = Field(1, ge=1, le=65536)
+    tp: int = Field(1, ge=1, le=1024)
+    pp: int = Field(1, ge=1, le=1024)
+    cp: int = Field(1, ge=1, le=1024, description="context parallel size (prefill x decode CP)")
+    dp_size_local: int | None = Field(None, ge=1, le=1024, description="DP ranks per host")
     dp_launch: Literal["auto", "single", "per_rank"] = Field(
         "auto", description="one `vllm serve` per instance or one per DP rank (external LB)"
     )
-    dp_address: str | None = Field(None, description="DP master host (default: first host)")
+    dp_address: HostName | None = Field(None, description="DP master host (default: first host)")
     dp_rpc_port: int = Field(13395, ge=1, le=65535)
     port: int = Field(8000, ge=1, le=65535, description="HTTP port; +1 per process on a host")
     kv_port: int | None = Field(None, ge=1, le=65535)
@@ -257,7 +174,7 @@ class Group(ServeOptions):
     memfabric_protocol: Literal["sdma", "device_rdma", "device_urma"] | None = None
     model_runner_v2: bool = False
     sfa_c8: bool = False
-    log_name: str | None = Field(
+    log_name: Line | None = Field(
         None, description="tee the engine log like the guide, e.g. prefiller_dp_{dp_rank}.log"
     )
 
@@ -270,9 +187,9 @@ class Group(ServeOptions):
 
 
 class Proxy(_Model):
-    host: str = Field(description="host that runs the proxy")
+    host: HostName = Field(description="host that runs the proxy")
     port: int = Field(8000, ge=1, le=65535)
-    bind: str | None = Field(None, description="listen address (default: the host's address)")
+    bind: Address | None = Field(None, description="listen address (default: the host's address)")
     flow: Literal["auto", "prefill-first", "layerwise"] = "auto"
     impl: Literal["kvpd", "vllm-ascend"] = Field(
         "kvpd", description="kvpd's proxy or vLLM-Ascend's example proxy script"
@@ -357,9 +274,9 @@ class Profile(_Model):
     description: str = ""
     hardware: Hardware = "a3"
     ssh: SSH = Field(default_factory=SSH)
-    hosts: dict[str, Host] = Field(min_length=1)
+    hosts: dict[HostName, Host] = Field(min_length=1)
     model: ModelSpec
-    env: dict[str, str] = Field(default_factory=dict, description="env of every process")
+    env: Env = Field(default_factory=dict, description="env of every process")
     runtime: Runtime = Field(default_factory=Runtime)
     kv: KvServices = Field(default_factory=KvServices)
     engine: ServeOptions = Field(default_factory=ServeOptions)

@@ -52,7 +52,8 @@ def test_bad_value_names_field_and_line() -> None:
     text = "name: x\nhosts:\n  h: {address: 1.2.3.4}\nmodel: {path: /m}\nhardware: a9\n"
     with pytest.raises(ProfileError) as e:
         parse_profile(text, "p.yaml")
-    assert "p.yaml:5: hardware: 'a9' is not allowed" in str(e.value)
+    assert ("p.yaml:5: hardware: hardware must be one of 'a2', 'a3', '950', 'cuda' or 'cpu', "
+            "not 'a9'. Pick one of them.") in str(e.value)
 
 
 def test_yaml_syntax_error_has_line() -> None:

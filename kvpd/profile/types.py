@@ -1,0 +1,157 @@
+"""Checked string types of the profile: what may reach a shell, a path or a config file.
+
+Every value that becomes a path component, an environment variable name, an address or a key of
+a rendered config file is constrained here, in the schema, so a bad value is refused with its
+YAML line before anything is derived from it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names that become path components (host folders of `plan --out`, run dirs): no separators,
+# no leading dot or dash, bounded length.
+PATH_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
+)
+NIC = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,14}$"  # Linux IFNAMSIZ: 15 characters
+HASHSEED_MAX = 4294967295
+
+
+def is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def is_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _address(v: str) -> str:
+    if is_ip(v) or _HOSTNAME.match(v):
+        return v
+    raise ValueError(
+        f"{v!r} is not an IPv4/IPv6 address or a host name (letters, digits, '-' and '.'); "
+        "write e.g. 192.168.10.1"
+    )
+
+
+def _env_name(v: str) -> str:
+    if not ENV_NAME.match(v):
+        raise ValueError(
+            f"{v!r} is not an environment variable name; use letters, digits and '_' and "
+            "do not start with a digit (e.g. MY_VAR)"
+        )
+    return v
+
+
+def _env_value(v: Any) -> Any:
+    """YAML reads `PYTHONHASHSEED: 0` as a number: take whole numbers as their text, but never a
+    bool (`true` would silently become "True")."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    return v
+
+
+def _no_control(v: str) -> str:
+    if any(ch in v for ch in "\x00\r\n"):
+        raise ValueError("must be one line without NUL or carriage-return characters")
+    return v
+
+
+def _env(env: dict[str, str]) -> dict[str, str]:
+    seed = env.get("PYTHONHASHSEED")
+    if seed is not None and not (seed.isdigit() and seed.isascii() and int(seed) <= HASHSEED_MAX):
+        raise ValueError(
+            f"PYTHONHASHSEED {seed!r} is not an integer in [0, {HASHSEED_MAX}]; hashes only "
+            'match across processes with one fixed number, e.g. PYTHONHASHSEED: "0"'
+        )
+    return env
+
+
+def _unique(v: list[Any]) -> list[Any]:
+    seen = set()
+    for item in v:
+        if item in seen:
+            raise ValueError(f"{item!r} is listed twice; list each entry once")
+        seen.add(item)
+    return v
+
+
+def _storage(v: str) -> str:
+    if not v.strip() or any(not part.strip() for part in v.split(":")):
+        raise ValueError(
+            "is empty (or has an empty ':'-separated entry); give the shared directory, "
+            "e.g. /mnt/ucm"
+        )
+    return v
+
+
+def _relative_file(v: str) -> str:
+    parts = [p for p in v.split("/") if p]
+    if not parts or ".." in parts or v.startswith("~"):
+        raise ValueError(
+            f"{v!r} must be an absolute path or a path inside the run directory, without '..'"
+        )
+    return v
+
+
+def _jump(v: str) -> str:
+    for hop in v.split(","):
+        user, _, rest = hop.strip().rpartition("@")
+        host, _, port = rest.partition(":") if not rest.startswith("[") else (rest, "", "")
+        ok = bool(host) and (is_ip(host.strip("[]")) or bool(_HOSTNAME.match(host)))
+        ok = ok and (not port or (port.isdigit() and 1 <= int(port) <= 65535))
+        ok = ok and (not user or bool(re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", user)))
+        if not ok:
+            raise ValueError(f"{hop!r} is not user@host:port; write e.g. admin@bastion:22")
+    return v
+
+
+def _json_data(v: Any) -> Any:
+    """Values rendered with json.dumps: plain JSON data only (no dates, no NaN)."""
+
+    def ok(x: Any) -> bool:
+        if x is None or isinstance(x, (str, bool, int)):
+            return True
+        if isinstance(x, float):
+            return x == x and x not in (float("inf"), float("-inf"))
+        if isinstance(x, list):
+            return all(ok(i) for i in x)
+        if isinstance(x, dict):
+            return all(isinstance(k, str) and ok(i) for k, i in x.items())
+        return False
+
+    if not ok(v):
+        raise ValueError(
+            "holds a value JSON cannot carry (a date, NaN, infinity or binary); quote it as text"
+        )
+    return v
+
+
+Address = Annotated[str, AfterValidator(_address)]
+EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvValue = Annotated[str, BeforeValidator(_env_value), AfterValidator(_no_control)]
+Env = Annotated[dict[EnvName, EnvValue], AfterValidator(_env)]
+HostName = Annotated[str, Field(pattern=PATH_NAME)]
+HostList = Annotated[list[HostName], Field(min_length=1), AfterValidator(_unique)]
+Line = Annotated[str, AfterValidator(_no_control)]
+NicName = Annotated[str, Field(pattern=NIC)]
+Storage = Annotated[str, AfterValidator(_no_control), AfterValidator(_storage)]
+RelativeFile = Annotated[str, AfterValidator(_no_control), AfterValidator(_relative_file)]
+Jump = Annotated[str, AfterValidator(_jump)]
+JsonData = Annotated[dict[str, Any], AfterValidator(_json_data)]
