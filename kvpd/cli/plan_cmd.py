@@ -7,24 +7,37 @@ from pathlib import Path
 
 import typer
 
+from kvpd.errors import PlanError
 from kvpd.plan.model import Plan
 
 PROFILE_HELP = "profile: a YAML file or a bundled name (local, ucm-centralized-2p2d, ...)"
 
 
 def write_plan_dir(plan: Plan, out: Path) -> list[Path]:
-    """One folder per host with its rendered files, plus plan.json. Atomic per file."""
-    written = []
+    """One folder per host with its rendered files, plus plan.json. Atomic per file.
+
+    Every path is checked to resolve inside `out` before anything is written (host names and
+    file paths are validated by the schema too; this is the guard that does not trust them).
+    """
+    root = out.resolve()
+    targets: list[tuple[Path, str, int]] = []
     for f in plan.files:
         # absolute host paths land under <host>/ROOT/... so nothing is written outside `out`
         rel = f"ROOT{f.path}" if f.path.startswith("/") else f.path
         path = out / f.host / rel
-        if ".." in Path(rel).parts:
-            raise ValueError(f"refusing to write {f.path!r} outside {out}")
+        resolved = path.resolve()
+        if ".." in Path(rel).parts or root not in resolved.parents or not f.host:
+            raise PlanError(
+                f"refusing to write {f.host}:{f.path} outside {out}. Rename the host or file "
+                "so that it is a plain name."
+            )
+        targets.append((path, f.content, f.mode))
+    written = []
+    for path, content, mode in targets:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(f.content)
-        os.chmod(tmp, f.mode)
+        tmp.write_text(content)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
         written.append(path)
     pj = out / "plan.json"
@@ -130,7 +143,13 @@ def register(app: typer.Typer) -> None:
         else:
             show_plan(plan)
         if out is not None:
-            paths = write_plan_dir(plan, out)
+            try:
+                paths = write_plan_dir(plan, out)
+            except OSError as e:
+                raise PlanError(
+                    f"--out {out}: cannot write the plan there ({e.strerror or e}). Pass a "
+                    "directory you can write to."
+                ) from None
             if not as_json:
                 print(f"wrote {len(paths)} files under {out}")
         if check:

@@ -7,13 +7,13 @@ import posixpath
 from typing import Any
 
 from kvpd.errors import ProfileError
-from kvpd.plan import kvconfig
+from kvpd.plan import configfiles, kvconfig
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
 from kvpd.plan.processes import Proc, all_procs
 from kvpd.plan.rehearse import rehearsal_notes
-from kvpd.plan.render import launch_script, mooncake_json, render
+from kvpd.plan.render import launch_script
 from kvpd.plan.requirements import build_requirements
 from kvpd.plan.rules import check
 from kvpd.plan.shell import mask
@@ -132,53 +132,28 @@ def build_plan(
             host=host, path=path, content=content, mode=mode, template=template
         )
 
-    ctx = {"deployment": profile.name}
     mc = profile.kv.memcache
     for p in procs:
         for f in p.files:
-            if f == kvconfig.MMC_META:
-                put(
-                    p.host,
-                    f,
-                    render("mmc-meta.conf.j2", mc=mc, meta_address=by_host[mc.host].address, **ctx),
-                    "mmc-meta.conf.j2",
-                )
-            elif f == kvconfig.MMC_LOCAL:
-                put(
-                    p.host,
-                    f,
-                    render(
-                        "mmc-local.conf.j2",
-                        mc=mc,
-                        host=p.host,
-                        dram_size=dram,
-                        meta_address=by_host[mc.host].address,
-                        **ctx,
-                    ),
-                    "mmc-local.conf.j2",
-                )
-            elif f == kvconfig.MOONCAKE_CONFIG:
+            if f == kvconfig.MMC_META and mc is not None:
+                text = configfiles.memcache_meta(mc, by_host[mc.host].address, profile.name)
+                put(p.host, f, text, "mmc-meta.conf")
+            elif f == kvconfig.MMC_LOCAL and mc is not None:
+                meta = by_host[mc.host].address
+                text = configfiles.memcache_local(mc, meta, dram or "", profile.name, p.host)
+                put(p.host, f, text, "mmc-local.conf")
+            elif f == kvconfig.MOONCAKE_CONFIG and profile.kv.mooncake is not None:
                 mk = profile.kv.mooncake
-                put(
-                    p.host,
-                    f,
-                    mooncake_json(
-                        mk.metadata_server,
-                        mk.protocol,
-                        mk.device_name,
-                        f"{by_host[mk.host].address}:{mk.port}",
-                        mk.global_segment_size,
-                    ),
-                    "mooncake.json",
+                text = configfiles.mooncake_json(
+                    mk.metadata_server,
+                    mk.protocol,
+                    mk.device_name,
+                    f"{configfiles.url_host(by_host[mk.host].address)}:{mk.port}",
+                    mk.global_segment_size,
                 )
-            elif f == kvconfig.ucm_config_path(profile):
-                u = profile.kv.ucm
-                put(
-                    p.host,
-                    f,
-                    render("ucm.yaml.j2", ucm=u, extra=sorted(u.config.items()), **ctx),
-                    "ucm.yaml.j2",
-                )
+                put(p.host, f, text, "mooncake.json")
+            elif f == kvconfig.ucm_config_path(profile) and profile.kv.ucm is not None:
+                put(p.host, f, configfiles.ucm_yaml(profile.kv.ucm, profile.name), "ucm.yaml")
 
     processes: list[ProcessSpec] = []
     ports: list[PortUse] = []

@@ -65,6 +65,8 @@ def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> P
     if group.dp > 1:
         if ep.per_rank:
             dp_host = group.dp_address or group.hosts[0]
+            if dp_host not in profile.hosts:  # reported by the rules; derive something sane
+                dp_host = ep.host
             argv += ["--data-parallel-address", addr(profile, dp_host)]
             argv += ["--data-parallel-rpc-port", str(group.dp_rpc_port)]
             argv += ["--data-parallel-rank", str(ep.dp_ranks[0])]
@@ -141,8 +143,9 @@ def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> P
     env.update(profile.env)
     env.update(opts.env or {})
     devs = ",".join(str(d) for d in ep.devices)
+    ip = host.ip or host.address  # numeric (the rules refuse a name where one is needed)
     if host.nic and hw in ASCEND:
-        env.setdefault("HCCL_IF_IP", host.address)
+        env.setdefault("HCCL_IF_IP", ip)
         for name in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
             env.setdefault(name, host.nic)
     elif host.nic:
@@ -150,7 +153,7 @@ def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> P
         env.setdefault("NCCL_SOCKET_IFNAME", host.nic)
     if "sfa_d2h" in comps or host.nic:
         # MemFabric and the ZMQ side channels advertise get_ip(), i.e. VLLM_HOST_IP.
-        env.setdefault("VLLM_HOST_IP", host.address)
+        env.setdefault("VLLM_HOST_IP", ip)
     if hw in ASCEND:
         env.setdefault("ASCEND_RT_VISIBLE_DEVICES", devs)
     elif hw == "cuda":

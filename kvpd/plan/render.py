@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from typing import Any
 
@@ -43,16 +42,3 @@ def launch_script(proc: Proc, deployment: str, log: str, dirs: list[str] | None 
         log=log,
         command=command_lines(proc.argv),
     )
-
-
-def mooncake_json(
-    metadata_server: str, protocol: str, device_name: str, master: str, global_segment_size: str
-) -> str:
-    doc = {
-        "metadata_server": metadata_server,
-        "protocol": protocol,
-        "device_name": device_name,
-        "master_server_address": master,
-        "global_segment_size": global_segment_size,
-    }
-    return json.dumps(doc, indent=4) + "\n"
