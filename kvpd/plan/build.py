@@ -17,7 +17,14 @@ from kvpd.plan.render import launch_script
 from kvpd.plan.requirements import build_requirements
 from kvpd.plan.rules import check
 from kvpd.plan.shell import mask
-from kvpd.plan.sizing import GiB, MiB, kv_bytes, kv_bytes_per_token, parse_size, round_up
+from kvpd.plan.sizing import (
+    GiB,
+    MiB,
+    kv_bytes_per_token,
+    memcache_dram_need,
+    parse_size,
+    round_up,
+)
 from kvpd.profile.load import Source, dotted, load_profile
 from kvpd.profile.schema import Profile
 
@@ -65,11 +72,8 @@ def memcache_dram(profile: Profile, ranks: int) -> tuple[str | None, list[tuple[
     device = mc.protocol.startswith("device_")
     align = GiB if device else 2 * MiB
     if mc.dram_size == "auto":
-        m = profile.model
-        seq = mc.sizing_seq_len or m.max_model_len
-        conc = mc.sizing_concurrency or profile.bench.max_concurrency or profile.bench.num_prompts
-        total = kv_bytes(m, seq) if seq else None
-        if total is None:
+        size = memcache_dram_need(profile, ranks)
+        if size is None:
             return None, [
                 (
                     path,
@@ -79,8 +83,6 @@ def memcache_dram(profile: Profile, ranks: int) -> tuple[str | None, list[tuple[
                     True,
                 )
             ]
-        per_rank = -(-(total * conc) // max(1, ranks))
-        size = round_up(per_rank, GiB)  # the guide: round up to whole GiB
         return f"{size // GiB}GB", []
     try:
         n = parse_size(mc.dram_size)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from kvpd.profile.schema import ModelSpec
+from kvpd.profile.schema import ModelSpec, Profile
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -60,3 +60,17 @@ def kv_bytes(model: ModelSpec, tokens: int) -> int | None:
 
 def ceil_div(a: int, b: int) -> int:
     return math.ceil(a / b)
+
+
+def memcache_dram_need(profile: Profile, ranks: int) -> int | None:
+    """The guide's memcache dram.size: the KV cache of the target sequence length x concurrency,
+    divided over the LocalService ranks, rounded up to whole GiB (None without model facts)."""
+    mc = profile.kv.memcache
+    if mc is None:
+        return None
+    seq = mc.sizing_seq_len or profile.model.max_model_len
+    conc = mc.sizing_concurrency or profile.bench.max_concurrency or profile.bench.num_prompts
+    total = kv_bytes(profile.model, seq) if seq else None
+    if total is None:
+        return None
+    return round_up(-(-(total * conc) // max(1, ranks)), GiB)

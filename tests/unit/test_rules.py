@@ -131,7 +131,10 @@ def test_p_without_d() -> None:
 
 def test_decode_kv_ports_above_65535() -> None:
     msg = error(LW, "decode.kv_port=65530")
-    assert "decode-0 needs port 65536 (sfa_d2h kv_port dp0 tp6), above 65535" in msg
+    assert ("decode.kv_port: 10 ports in 65536-65545 of decode-0 lie above 65535 (ports are "
+            "decode.kv_port plus an offset per process and rank). Lower decode.kv_port by at "
+            "least 10.") in msg
+    assert "problems" not in msg  # ten ports, one problem, one message
 
 
 def test_port_clash_names_both_owners() -> None:
@@ -246,7 +249,7 @@ def test_memfabric_protocol_must_fit_hardware() -> None:
 
 
 def test_memfabric_protocol_identical_on_p_and_d() -> None:
-    assert "prefill uses memfabric protocol sdma but decode uses device_rdma" in error(
+    assert "memfabric protocols differ (prefill sdma, decode device_rdma)" in error(
         LW, "decode.memfabric_protocol=device_rdma")
 
 
@@ -338,7 +341,7 @@ def test_same_block_size() -> None:
 
 
 def test_same_hash_seed() -> None:
-    assert "PYTHONHASHSEED differs (prefill 0, decode 1)" in error(
+    assert "PYTHONHASHSEED differs between groups (prefill 0, decode 1)" in error(
         "ucm-mooncake-2p2d", "decode.env={PYTHONHASHSEED: '1'}")
 
 

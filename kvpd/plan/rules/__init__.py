@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvpd.plan.facts import Facts
-from kvpd.plan.rules import connectors, kvservices, offload, ports, topology
+from kvpd.plan.rules import connectors, env, kvservices, memcache, offload, ports, topology
 from kvpd.plan.rules.base import Checker, Finding
 
 Rule = Callable[[Checker], None]
@@ -20,12 +20,19 @@ RULES: tuple[Rule, ...] = (
     topology.rule_host_refs,
     topology.rule_groups_present,
     topology.rule_parallelism,
+    topology.rule_dp_layout,
+    connectors.rule_mixed,
     connectors.rule_roles,
+    connectors.rule_pairs,
+    env.rule_args,
+    env.rule_env,
+    env.rule_numeric_ips,
     offload.rule_layerwise,
     offload.rule_sparse,
     offload.rule_memfabric,
-    kvservices.rule_memcache,
+    memcache.rule_memcache,
     kvservices.rule_mooncake,
+    kvservices.rule_mooncake_parallel,
     kvservices.rule_ucm,
     connectors.rule_consistency,
     ports.rule_proxy,

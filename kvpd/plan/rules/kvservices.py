@@ -7,56 +7,6 @@ from kvpd.plan.rules.base import Checker
 from kvpd.plan.sizing import GiB, parse_size
 from kvpd.profile.schema import ASCEND
 
-MEMCACHE_PROTOCOLS = {
-    "a2": ("device_rdma", "host_rdma", "host_tcp"),
-    "a3": ("device_sdma", "host_rdma", "host_tcp"),
-    "950": ("device_urma", "device_uboe", "host_urma", "host_tcp"),
-    "cpu": ("host_tcp", "host_shm"),
-    "cuda": ("host_rdma", "host_tcp"),
-}
-
-
-def rule_memcache(c: Checker) -> None:
-    mc = c.p.kv.memcache
-    if mc is None:
-        return
-    path = ("kv", "memcache")
-    ports = {
-        "port": mc.port,
-        "config_store_port": mc.config_store_port,
-        "metrics_port": mc.metrics_port,
-    }
-    if len(set(ports.values())) < 3:
-        c.err(path, f"meta rpc, config store and metrics ports must differ: {ports}.")
-    ranks = c.f.memcache_ranks
-    if ranks > mc.world_size:
-        c.err(
-            (*path, "world_size"),
-            f"world_size {mc.world_size} is below the {ranks} "
-            "LocalService ranks that will join (every TP x DP rank of the memcache users). "
-            f"Use at least {ranks}.",
-        )
-    if not c.rehearse and mc.host in c.p.hosts:
-        hw = hardware_of(c.p, mc.host)
-        users = [h for r, g in c.groups() if "ascend_store" in g.kv_connectors for h in g.hosts]
-        hws = {hardware_of(c.p, h) for h in users} or {hw}
-        for hwu in hws:
-            ok = MEMCACHE_PROTOCOLS.get(hwu, ())
-            if mc.protocol not in ok:
-                c.err(
-                    (*path, "protocol"),
-                    f"protocol {mc.protocol} does not match {hwu} hardware "
-                    f"(use {' or '.join(ok)}).",
-                )
-    if mc.dram_size != "auto":
-        try:
-            parse_size(mc.dram_size)
-        except ValueError as e:
-            c.err((*path, "dram_size"), f"{e}.")
-    for key in list(mc.meta_extra) + list(mc.local_extra):
-        if not key.startswith(("ock.mmc.", "ubsio.")):
-            c.err(path, f"'{key}' is not a memcache key (they start with ock.mmc. or ubsio.).")
-
 
 def rule_mooncake(c: Checker) -> None:
     mk = c.p.kv.mooncake
@@ -72,7 +22,10 @@ def rule_mooncake(c: Checker) -> None:
         and any(hardware_of(c.p, h) in ASCEND for _, g in users for h in g.hosts)
         and mk.protocol != "ascend"
     ):
-        c.err((*path, "protocol"), f"vLLM-Ascend accepts only protocol ascend, not {mk.protocol}.")
+        c.err(
+            (*path, "protocol"),
+            f"vLLM-Ascend accepts only protocol ascend, not {mk.protocol}. Set protocol: ascend.",
+        )
     try:
         seg = parse_size(mk.global_segment_size)
         if (
@@ -93,7 +46,7 @@ def rule_mooncake(c: Checker) -> None:
             "GB, MB, KB or B (e.g. 1GB); '1G' and '1GiB' are rejected by vLLM-Ascend.",
         )
     if not 0 < mk.eviction_ratio < 1:
-        c.err((*path, "eviction_ratio"), "must be between 0 and 1.")
+        c.err((*path, "eviction_ratio"), "must be between 0 and 1 (exclusive), e.g. 0.1.")
     if not c.rehearse:
         for role, _g in users:
             for ep in c.layout.procs:
@@ -124,13 +77,31 @@ def rule_ucm(c: Checker) -> None:
             "never use it in a deployment. Remove it.",
         )
     if u.connector == "UcmNfsStore" and u.enable_event_sync:
-        c.err((*path, "enable_event_sync"), "must be false with UcmNfsStore.")
-    if int(u.config.get("data_dir_shard_bytes", 3)) > 5:
-        c.err((*path, "config"), "data_dir_shard_bytes must be <= 5.")
+        c.err(
+            (*path, "enable_event_sync"),
+            "must be false with UcmNfsStore. Set enable_event_sync: false.",
+        )
+    for key, use in UCM_MANAGED.items():
+        if key in u.config:
+            c.err(
+                (*path, "config", key),
+                f"{key} is written by kvpd; remove it from kv.ucm.config and set {use}.",
+            )
+    _ucm_int(c, "data_dir_shard_bytes", 0, 5, "3 (4096 folders)")
+    _ucm_int(c, "cache_stream_number", 1, 32, "a number from 1 to 32")
+    engine = u.config.get("posix_io_engine")
+    if engine is not None and engine not in ("psync", "aio"):
+        c.err(
+            (*path, "config", "posix_io_engine"),
+            f"{engine!r} is not a UCM posix_io_engine; use psync or aio.",
+        )
     users = [(r, g) for r, g in c.groups() if "ucm" in g.kv_connectors]
     for r, g in users:
         if g.pp > 1 and not u.use_layerwise:
-            c.err((*path, "use_layerwise"), f"{r} uses pp {g.pp}: UCM needs use_layerwise: true.")
+            c.err(
+                (*path, "use_layerwise"),
+                f"{r} uses pp {g.pp}: UCM needs use_layerwise: true. Set it in kv.ucm.",
+            )
     hosts = {h for _, g in users for h in g.hosts}
     if len(hosts) > 1:
         if u.shared is False:
@@ -147,3 +118,55 @@ def rule_ucm(c: Checker) -> None:
                 f"{', '.join(sorted(hosts))}. Set `shared: true` once it is; `kvpd plan "
                 "--check` verifies it by writing on one host and reading on the others.",
             )
+
+
+UCM_MANAGED = {
+    "ucm_connector_name": "kv.ucm.connector",
+    "store_pipeline": "kv.ucm.pipeline",
+    "storage_backends": "kv.ucm.storage",
+    "cache_buffer_capacity_gb": "kv.ucm.cache_buffer_capacity_gb",
+    "enable_event_sync": "kv.ucm.enable_event_sync",
+    "use_layerwise": "kv.ucm.use_layerwise",
+}
+
+
+def _ucm_int(c: Checker, key: str, lo: int, hi: int, example: str) -> None:
+    u = c.p.kv.ucm
+    if u is None or key not in u.config:
+        return
+    v = u.config[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        c.err(
+            ("kv", "ucm", "config", key),
+            f"{v!r} is not a whole number in [{lo}, {hi}], which UCM requires. Use {example}.",
+        )
+
+
+def rule_mooncake_parallel(c: Checker) -> None:
+    """MooncakeConnectorV1 facts that concern the groups (vllm-ascend.md §4.2)."""
+    for gf in c.gfacts():
+        if not {"mooncake", "mooncake_layerwise"} & gf.connectors:
+            continue
+        g = gf.group
+        if g.pp > 1 and g.cp > 1:
+            c.err(
+                (gf.role, "cp"),
+                f"Mooncake does not support pipeline and context parallel together ({gf.role} "
+                f"pp {g.pp}, cp {g.cp}). Set pp: 1 or cp: 1.",
+            )
+    mk = c.p.kv.mooncake
+    if mk is None:
+        return
+    ms = mk.metadata_server
+    if ms != "P2PHANDSHAKE" and not ms.startswith(("http://", "https://", "etcd://")):
+        c.err(
+            ("kv", "mooncake", "metadata_server"),
+            f"{ms!r} is neither P2PHANDSHAKE nor an http(s):// or etcd:// URL. Use "
+            "P2PHANDSHAKE (the guides' setting).",
+        )
+    if mk.protocol == "ascend" and mk.device_name:
+        c.err(
+            ("kv", "mooncake", "device_name"),
+            f"device_name must be empty with the ascend protocol, not {mk.device_name!r}. "
+            'Set device_name: "".',
+        )

@@ -54,7 +54,29 @@ def rule_layerwise(c: Checker) -> None:
                 f"attention model, not {c.p.model.attention}.",
             )
         if g.cp > 1:
-            c.warn((role, "cp"), "context parallelism is not validated with layerwise offload.")
+            c.warn(
+                (role, "cp"),
+                "context parallelism is not validated with layerwise offload (the CP "
+                "attention variants have no layerwise hooks). Prefer cp: 1.",
+            )
+        if g.pp > 1 and lw.backend == "memcache":
+            c.warn(
+                (role, "pp"),
+                "pipeline parallelism with the memcache pool is a known incompatibility "
+                "(vllm-ascend #13418). Prefer pp: 1.",
+            )
+        for other in c.gfacts():
+            if (
+                other.role != role
+                and "ascend_store" in other.connectors
+                and (other.group.tp != g.tp)
+            ):
+                c.err(
+                    (other.role, "tp"),
+                    f"{role} saves layerwise KV to the pool with tp {g.tp} but {other.role} "
+                    f"reads it with tp {other.group.tp}; AscendStore refuses a TP mismatch with "
+                    "layerwise transfer. Use the same tp on both.",
+                )
         layers = c.p.model.layers
         il = lw.independent_layers
         if il == "all":
@@ -104,14 +126,42 @@ def rule_sparse(c: Checker) -> None:
             continue
         path = (role, "sparse_offload")
         if role != "decode":
-            c.err(path, "sparse KV offload runs only on decode. Do not set it on prefill.")
+            c.err(
+                path,
+                f"sparse KV offload runs only on decode (a {role} engine with it is refused "
+                f"by vLLM-Ascend). Remove sparse_offload from {role}.",
+            )
             continue
-        if not so.keep_device_kv_cache and (g.kv_role or "kv_consumer") != "kv_consumer":
-            c.err((role, "kv_role"), "sparse KV offload needs decode with kv_role kv_consumer.")
+        if so.keep_device_kv_cache:
+            c.warn(
+                (*path, "keep_device_kv_cache"),
+                "keep_device_kv_cache is a debug-only option (it keeps the full device KV "
+                "cache and defeats the offload). Set it to false in production.",
+            )
+        elif (g.kv_role or "kv_consumer") != "kv_consumer":
+            c.err(
+                (role, "kv_role"),
+                f"sparse KV offload needs decode with kv_role kv_consumer, not {g.kv_role}. "
+                "Remove kv_role (kv_consumer is the default).",
+            )
+        if m.dtype not in ("bfloat16", "auto"):
+            c.err(
+                ("model", "dtype"),
+                f"sparse KV offload requires a BF16 main SFA cache, but the model dtype is "
+                f"{m.dtype}. Serve the model in bfloat16 or drop sparse_offload.",
+            )
+        kv_dtype = _arg_value(list(merged(c.p, g).args or []), "--kv-cache-dtype")
+        if kv_dtype not in (None, "auto", "bfloat16"):
+            c.err(
+                (role, "args"),
+                f"sparse KV offload requires a BF16 main cache; --kv-cache-dtype {kv_dtype} "
+                "is refused at cache registration. Remove it.",
+            )
         if m.compressed:
             c.err(
                 ("model", "compressed"),
-                "sparse KV offload does not support compressed (compress_ratios) models.",
+                "sparse KV offload does not support compressed (compress_ratios) models. "
+                "Drop sparse_offload for this model.",
             )
         if m.index_topk is None:
             c.err(
@@ -120,13 +170,23 @@ def rule_sparse(c: Checker) -> None:
                 "models: set model.index_topk (from config.json) if the model has one.",
             )
         if g.cp > 1:
-            c.err((role, "cp"), "sparse KV offload does not support context parallel.")
+            c.err((role, "cp"), "sparse KV offload does not support context parallel. Set cp: 1.")
         if g.pp > 1:
-            c.err((role, "pp"), "sparse KV offload does not support pipeline parallel.")
-        if g.model_runner_v2:
-            c.err((role, "model_runner_v2"), "sparse KV offload needs Model Runner V1.")
-        if g.sfa_c8:
-            c.err((role, "sfa_c8"), "sparse KV offload cannot be combined with sparse SFA C8.")
+            c.err((role, "pp"), "sparse KV offload does not support pipeline parallel. Set pp: 1.")
+        env = {**c.p.env, **(merged(c.p, g).env or {})}
+        if g.model_runner_v2 or env.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("0", ""):
+            c.err(
+                (role, "model_runner_v2"),
+                "sparse KV offload needs Model Runner V1. Set model_runner_v2: false and "
+                "VLLM_USE_V2_MODEL_RUNNER=0 (or leave both unset).",
+            )
+        add = merged(c.p, g).additional_config or {}
+        if g.sfa_c8 or add.get("enable_sparse_sfa_c8"):
+            c.err(
+                (role, "sfa_c8"),
+                "sparse KV offload cannot be combined with sparse SFA C8 (vLLM-Ascend raises "
+                "NotImplementedError). Turn off sfa_c8 / enable_sparse_sfa_c8.",
+            )
         if not uses_sfa:
             c.err(
                 (role, "kv_connectors"),
@@ -136,7 +196,11 @@ def rule_sparse(c: Checker) -> None:
         tb = so.topk_buffer_size
         block = merged(c.p, g).block_size or m.block_size
         if tb <= 0:
-            c.err((*path, "topk_buffer_size"), "must be positive.")
+            c.err(
+                (*path, "topk_buffer_size"),
+                f"{tb} must be positive; use a multiple of block_size {block} that is at least "
+                "index_topk.",
+            )
         elif m.index_topk is not None and tb < m.index_topk:
             c.err(
                 (*path, "topk_buffer_size"),
@@ -202,8 +266,27 @@ def rule_memfabric(c: Checker) -> None:
                 )
                 break
     if len(set(protos.values())) > 1:
+        on_950 = any(
+            c.f.hardware(h) == "950"
+            for role in protos
+            for h in getattr(c.p, role).hosts
+            if h in c.p.hosts
+        )
+        want = "device_urma" if on_950 else protos.get("prefill", "sdma")
+        shown = ", ".join(f"{r} {v}" for r, v in protos.items())
         c.err(
             ("decode", "memfabric_protocol"),
-            f"prefill uses memfabric protocol "
-            f"{protos['prefill']} but decode uses {protos['decode']}; they must be identical.",
+            f"memfabric protocols differ ({shown}); prefill and decode must use the same one"
+            + (" and 950 hosts require device_urma on both sides" if on_950 else "")
+            + f". Set memfabric_protocol: {want} on both groups.",
         )
+
+
+def _arg_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in extra args (`--flag v` or `--flag=v`), if given."""
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None

@@ -2,23 +2,54 @@
 
 from __future__ import annotations
 
-from kvpd.plan.processes import Proc, proxy_flow
+import ipaddress
+
+from kvpd.plan.processes import Proc
 from kvpd.plan.rules.base import Checker, Path_
+from kvpd.profile.types import is_ip
+
+WILDCARDS = ("0.0.0.0", "::", "0:0:0:0:0:0:0:0")
+# Groups whose decode side needs the decode-first (layerwise) proxy flow.
+LAYERWISE_DECODE = frozenset({"sfa_d2h", "mooncake_layerwise"})
 
 
 def rule_proxy(c: Checker) -> None:
     px = c.p.proxy
     if px is None:
         return
+    flow = c.f.proxy_flow
+    d = c.f.group("decode")
     bind = px.bind
-    if proxy_flow(c.p) == "layerwise" and bind in ("0.0.0.0", "::", "0:0:0:0:0:0:0:0"):
+    if flow == "layerwise" and bind in WILDCARDS:
         c.err(
             ("proxy", "bind"),
             "the layerwise proxy must listen on an address decoders can "
-            "reach (they call <proxy>/v1/metaserver); 0.0.0.0 is not one. Leave `bind` unset "
+            f"reach (they call <proxy>/v1/metaserver); {bind} is not one. Leave `bind` unset "
             "to use the proxy host's address.",
         )
-    if px.impl == "vllm-ascend" and proxy_flow(c.p) == "mixed":
+    elif flow == "layerwise" and bind is not None and is_ip(bind):
+        decode_hosts = set(d.group.hosts) if d is not None else set()
+        if ipaddress.ip_address(bind).is_loopback and decode_hosts - {px.host}:
+            c.err(
+                ("proxy", "bind"),
+                f"the layerwise proxy listens on {bind}, but decoders on other hosts call "
+                "<proxy>/v1/metaserver. Leave `bind` unset to use the proxy host's address.",
+            )
+    if d is not None and "sfa_d2h" in d.connectors and flow == "prefill-first":
+        c.err(
+            ("proxy", "flow"),
+            "SfaRemoteD2H deployments need the decode-first layerwise proxy (decode asks "
+            "<proxy>/v1/metaserver for the prefill); prefill-first never starts the transfer. "
+            "Set proxy.flow: layerwise (or auto).",
+        )
+    if flow == "layerwise" and d is not None and not LAYERWISE_DECODE & d.connectors:
+        c.err(
+            ("proxy", "flow"),
+            f"the layerwise (decode-first) proxy works with SfaRemoteD2H or Mooncake "
+            f"layerwise on decode; decode uses {', '.join(sorted(d.connectors)) or 'none'}. "
+            "Set proxy.flow: prefill-first (or auto).",
+        )
+    if px.impl == "vllm-ascend" and flow == "mixed":
         c.err(
             ("proxy", "impl"),
             "vLLM-Ascend's example proxies need prefill and decode groups; "
@@ -28,37 +59,87 @@ def rule_proxy(c: Checker) -> None:
         c.warn(
             ("proxy", "script"),
             "path of vLLM-Ascend's example proxy not set; assuming the "
-            "repository's examples/disaggregated_prefill_v1/ relative to the run directory.",
+            "repository's examples/disaggregated_prefill_v1/ relative to the run directory. "
+            "Set proxy.script to be explicit.",
         )
 
 
+def port_field(proc: Proc, purpose: str) -> Path_:
+    """The profile field that put `purpose`'s port into the ledger."""
+    if proc.role in ("prefill", "decode", "mixed"):
+        if purpose == "http":
+            return (proc.role, "port")
+        if purpose == "data-parallel rpc":
+            return (proc.role, "dp_rpc_port")
+        return (proc.role, "kv_port")
+    if proc.role == "metaservice":
+        if "config store" in purpose:
+            return ("kv", "memcache", "config_store_port")
+        if "metrics" in purpose:
+            return ("kv", "memcache", "metrics_port")
+        return ("kv", "memcache", "port")
+    if proc.role == "mooncake":
+        if "metrics" in purpose:
+            return ("kv", "mooncake", "metrics_port")
+        if "http metadata" in purpose:
+            return ("kv", "mooncake", "http_metadata_port")
+        return ("kv", "mooncake", "port")
+    return ("proxy", "port")
+
+
+def _field(path: Path_) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _span(ports: list[int]) -> str:
+    lo, hi = min(ports), max(ports)
+    return f"port {lo}" if lo == hi else f"{len(set(ports))} ports in {lo}-{hi}"
+
+
 def rule_ports(c: Checker) -> None:
-    seen: dict[tuple[str, int], str] = {}
+    """One message per problem: all overflowing ports of one field together, and all clashes
+    between the same two fields together (a kv_port range overlapping another counts once)."""
+    over: dict[Path_, list[tuple[Proc, int]]] = {}
+    seen: dict[tuple[str, int], tuple[Proc, str, Path_]] = {}
+    clashes: dict[tuple[Path_, Path_], list[tuple[str, int, str, str]]] = {}
     for proc in c.procs:
         for port, purpose in proc.ports:
+            field = port_field(proc, purpose)
             if port > 65535:
-                c.err(
-                    _proc_path(proc),
-                    f"{proc.name} needs port {port} ({purpose}), above 65535. "
-                    "Lower its kv_port/port.",
-                )
+                over.setdefault(field, []).append((proc, port))
                 continue
             key = (proc.host, port)
-            owner = f"{proc.name} ({purpose})"
             if key in seen:
-                c.err(
-                    _proc_path(proc),
-                    f"port {port} on host '{proc.host}' is used twice: "
-                    f"{seen[key]} and {owner}. Move one of them (group `port`/`kv_port`).",
+                first, first_purpose, first_field = seen[key]
+                clashes.setdefault((first_field, field), []).append(
+                    (proc.host, port, f"{first.name} ({first_purpose})", f"{proc.name} ({purpose})")
                 )
-            seen.setdefault(key, owner)
-
-
-def _proc_path(proc: Proc) -> Path_:
-    if proc.role in ("prefill", "decode", "mixed"):
-        return (proc.role, "port")
-    if proc.role == "metaservice":
-        return ("kv", "memcache")
-    if proc.role == "mooncake":
-        return ("kv", "mooncake")
-    return ("proxy", "port")
+            else:
+                seen[key] = (proc, purpose, field)
+    for field, items in over.items():
+        names = sorted({p.name for p, _ in items})
+        top = max(port for _, port in items)
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        c.err(
+            field,
+            f"{_span([port for _, port in items])} of {shown} lie above 65535 (ports are "
+            f"{_field(field)} plus an offset per process and rank). Lower {_field(field)} by "
+            f"at least {top - 65535}.",
+        )
+    for (first_field, field), items in clashes.items():
+        host, port, a, b = items[0]
+        hosts = sorted({h for h, _, _, _ in items})
+        where = f"host '{host}'" if len(hosts) == 1 else f"{len(hosts)} hosts ({', '.join(hosts)})"
+        more = f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+        fix = (
+            f"Move {_field(field)}"
+            if field == first_field
+            else f"Move {_field(field)} or {_field(first_field)}"
+        )
+        ports = sorted({p for _, p, _, _ in items})
+        what = (
+            f"port {port} on {where} is used twice: {a} and {b}."
+            if len(ports) == 1
+            else f"{_span(ports)} on {where} are used twice (port {port}: {a} and {b}{more})."
+        )
+        c.err(field, f"{what} {fix} so the ranges do not overlap.")

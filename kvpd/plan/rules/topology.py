@@ -148,3 +148,33 @@ def rule_bench(c: Checker) -> None:
             f"input {b.input_len} + output {b.output_len} tokens "
             f"exceed max_model_len {min(lens)}; vLLM will reject these requests.",
         )
+
+
+def rule_dp_layout(c: Checker) -> None:
+    """Where DP ranks land: every listed host used, the DP master on the group's rank 0."""
+    if c.layout.problems:
+        return
+    for role, g in c.groups():
+        if any(h not in c.p.hosts for h in g.hosts):
+            continue
+        used = {ep.host for ep in c.layout.procs if ep.role == role}
+        idle = [h for h in g.hosts if h not in used]
+        if idle:
+            c.warn(
+                (role, "hosts"),
+                f"{role} lists {', '.join(idle)} but its {g.instances} instance(s) of dp {g.dp} "
+                f"x tp {g.tp} fit on {', '.join(h for h in g.hosts if h in used)}, so "
+                f"{'it stays' if len(idle) == 1 else 'they stay'} idle. Remove "
+                f"{'it' if len(idle) == 1 else 'them'} or raise dp/instances.",
+            )
+        if g.dp_address and g.dp_address in c.p.hosts and g.dp > 1:
+            first = next(
+                (ep.host for ep in c.layout.procs if ep.role == role and 0 in ep.dp_ranks), None
+            )
+            if first is not None and first != g.dp_address:
+                c.err(
+                    (role, "dp_address"),
+                    f"dp_address '{g.dp_address}' is not where {role} DP rank 0 runs "
+                    f"('{first}'), so the other ranks would wait for a DP master that never "
+                    f"listens. Set dp_address: {first} or leave it unset.",
+                )
