@@ -78,14 +78,14 @@ def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
     lines: dict[Path_, int] = {}
     count = [0]
     active: set[int] = set()
+    done: dict[int, tuple[Any, int]] = {}  # node id -> (value, values in it): aliases reuse it
+    scalars = yaml.SafeLoader("")
 
     def fail(n: yaml.Node, path: Path_, what: str) -> ProfileError:
         return ProfileError(f"{name}:{n.start_mark.line + 1}: {dotted(path)}: {what}")
 
-    def walk(n: yaml.Node | None, path: Path_) -> Any:
-        if n is None:
-            return None
-        count[0] += 1
+    def grow(n: yaml.Node, path: Path_, by: int) -> None:
+        count[0] += by
         if count[0] > MAX_VALUES:
             raise fail(
                 n,
@@ -93,8 +93,19 @@ def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
                 f"the profile expands to more than {MAX_VALUES} values (aliases repeated "
                 "inside aliases?). Write the values out instead of nesting aliases.",
             )
+
+    def walk(n: yaml.Node | None, path: Path_) -> Any:
+        if n is None:
+            return None
+        if id(n) in done:  # an alias of a node already read: count its values again
+            value, size = done[id(n)]
+            grow(n, path, size)
+            return value
         if id(n) in active:
             raise fail(n, path, "an alias refers to itself. Remove the recursive alias.")
+        before = count[0]
+        grow(n, path, 1)
+        value: Any
         if isinstance(n, yaml.MappingNode):
             active.add(id(n))
             out: dict[Any, Any] = {}
@@ -108,31 +119,34 @@ def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
                 lines[sub] = k.start_mark.line + 1
                 out[key] = walk(v, sub)
             active.discard(id(n))
-            return out
-        if isinstance(n, yaml.SequenceNode):
+            value = out
+        elif isinstance(n, yaml.SequenceNode):
             active.add(id(n))
             items = []
             for i, v in enumerate(n.value):
                 lines[path + (i,)] = v.start_mark.line + 1
                 items.append(walk(v, path + (i,)))
             active.discard(id(n))
-            return items
-        loader = yaml.SafeLoader("")
-        try:
-            value = loader.construct_object(n, deep=True)
-        except (yaml.YAMLError, ValueError, OverflowError) as e:
-            problem = getattr(e, "problem", None) or str(e)
-            raise fail(n, path, f"cannot read this value ({problem}). Quote it as text.") from None
-        finally:
-            loader.dispose()
-        if isinstance(value, str) and "\x00" in value:
-            raise fail(n, path, "contains a NUL character. Remove it.")
+            value = items
+        else:
+            try:
+                value = scalars.construct_object(n, deep=True)
+            except (yaml.YAMLError, ValueError, OverflowError) as e:
+                problem = getattr(e, "problem", None) or str(e)
+                raise fail(
+                    n, path, f"cannot read this value ({problem}). Quote it as text."
+                ) from None
+            if isinstance(value, str) and "\x00" in value:
+                raise fail(n, path, "contains a NUL character. Remove it.")
+        done[id(n)] = (value, count[0] - before)
         return value
 
     try:
         data = walk(node, ())
     except RecursionError:
         raise ProfileError(f"{name}: nested too deeply to be a profile.") from None
+    finally:
+        scalars.dispose()
     return data, lines
 
 

@@ -13,7 +13,19 @@ _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
 def facts_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The `model:` fields a config.json determines (only those it actually has)."""
+    try:
+        return _facts(cfg)
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
+        raise ProfileError(
+            f"model.config: the config.json has a value of an unexpected type ({e}). Write the "
+            "facts (layers, kv_heads, head_dim, ...) into `model:` instead."
+        ) from None
+
+
+def _facts(cfg: dict[str, Any]) -> dict[str, Any]:
     text = cfg.get("text_config") or cfg  # multimodal configs nest the language model
+    if not isinstance(text, dict):
+        raise TypeError("text_config is not a mapping")
     out: dict[str, Any] = {}
     if "num_hidden_layers" in text:
         out["layers"] = int(text["num_hidden_layers"])
@@ -49,11 +61,22 @@ def read_config(path: str, base: Path | None = None) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     try:
-        return json.loads(p.read_text())
+        data = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ProfileError(
             f"model.config: {p} does not exist on this machine. Point it at a local copy of the "
             "model's config.json, or write the facts (layers, kv_heads, ...) into `model:`."
         ) from None
-    except json.JSONDecodeError as e:
-        raise ProfileError(f"model.config: {p} is not valid JSON ({e}).") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise ProfileError(
+            f"model.config: {p} is not valid JSON ({e}). Point it at the model's config.json."
+        ) from None
+    except OSError as e:
+        raise ProfileError(
+            f"model.config: cannot read {p} ({e.strerror or e}). Check the path and permissions."
+        ) from None
+    if not isinstance(data, dict):
+        raise ProfileError(
+            f"model.config: {p} is not a config.json mapping. Point it at the model's config.json."
+        )
+    return data
