@@ -1,0 +1,261 @@
+"""Missing and bypassable rules of issue 10: each rule gets a failing profile (a bundled profile
+changed to break it) and the message it gets, which names the field and says how to fix it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpd.errors import ProfileError
+from kvpd.plan.build import load_plan
+from kvpd.plan.model import Plan
+
+LW = "layerwise-sparse-1p1d"
+MC = "ucm-mooncake-2p2d"
+UCM = "ucm-centralized-2p2d"
+MIXED = "ucm-pd-mixed"
+
+
+def plan(name: str, *sets: str) -> Plan:
+    return load_plan(name, sets=list(sets), base_dir="/srv/kvpd")
+
+
+def error(name: str, *sets: str) -> str:
+    with pytest.raises(ProfileError) as e:
+        plan(name, *sets)
+    return str(e.value)
+
+
+def warnings(name: str, *sets: str) -> str:
+    return "\n".join(plan(name, *sets).warnings)
+
+
+# --- extra args cannot bypass what kvpd derives or checks ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "use"),
+    [
+        ("[--block-size, '64']", "set block_size (engine: or the group) instead"),
+        ("[--tensor-parallel-size, '2']", "set the group's tp instead"),
+        ("[-tp, '2']", "set the group's tp instead"),
+        ("[--model, /other]", "set model.path instead"),
+        ("[--port=9100]", "set the group's port instead"),
+        ("['--kv-transfer-config', '{}']", "set the group's kv_connectors and kv.* settings"),
+        ("[--data-parallel-rank, '1']", "set the group's dp_launch: per_rank"),
+    ],
+)
+def test_managed_flags_are_refused_in_args(args: str, use: str) -> None:
+    msg = error(LW, f"decode.args={args}")
+    assert "decode.args[0]: " in msg and "is set by kvpd from the profile" in msg and use in msg
+
+
+def test_engine_args_are_checked_too() -> None:
+    assert "engine.args[1]: --max-model-len is set by kvpd" in error(
+        LW, "engine.args=[--disable-log-stats, --max-model-len, '8']")
+
+
+def test_other_args_pass_verbatim() -> None:
+    p = plan(LW, "decode.args=[--disable-log-stats]")
+    assert "--disable-log-stats" in p.process("decode-0").command
+
+
+def test_sparse_config_in_additional_config_is_refused() -> None:
+    msg = error(LW, "decode.additional_config={sparse_kv_offload_config: {enabled: true}}")
+    assert "decode.additional_config.sparse_kv_offload_config: sparse_kv_offload_config is " \
+           "written by kvpd (and checked); remove it and set the decode group's " \
+           "sparse_offload instead." in msg
+
+
+@pytest.mark.parametrize("name", ["MMC_LOCAL_CONFIG_PATH", "ASCEND_RT_VISIBLE_DEVICES",
+                                  "MOONCAKE_CONFIG_PATH"])
+def test_managed_env_is_refused(name: str) -> None:
+    assert f"env.{name}: {name} is set by kvpd for each process" in error(
+        LW, f"env={{{name}: x}}")
+
+
+# --- memcache pass-through maps -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "key", "use"),
+    [
+        ("local_extra", "ock.mmc.meta_service_url", "kv.memcache.host and kv.memcache.port"),
+        ("local_extra", "ock.mmc.local_service.world_size", "kv.memcache.world_size"),
+        ("meta_extra", "ock.mmc.meta_service.config_store_url", "kv.memcache.config_store_port"),
+        ("local_extra", "ock.mmc.local_service.dram.size", "kv.memcache.dram_size"),
+    ],
+)
+def test_memcache_extra_cannot_repeat_managed_keys(field: str, key: str, use: str) -> None:
+    msg = error(LW, f'kv.memcache.{field}={{"{key}": "1"}}')
+    assert f"kv.memcache.{field}.{key}: {key} is written by kvpd" in msg and use in msg
+
+
+def test_unknown_memcache_key_is_refused_with_suggestion() -> None:
+    msg = error(LW, 'kv.memcache.meta_extra={"ock.mmc.evict_threshold_hig": "90"}')
+    assert "is not a memcache 1.3 key of mmc-meta.conf" in msg
+    assert "Did you mean 'ock.mmc.evict_threshold_high'?" in msg
+
+
+def test_memcache_key_in_the_wrong_file() -> None:
+    msg = error(LW, 'kv.memcache.meta_extra={"ock.mmc.client.timeout.seconds": "5"}')
+    assert "belongs in the other memcache file, not mmc-meta.conf; move it to " \
+           "kv.memcache.local_extra" in msg
+
+
+def test_known_memcache_keys_are_written() -> None:
+    p = plan(LW, 'kv.memcache.local_extra={"ock.mmc.client.timeout.seconds": "5"}')
+    text = next(f.content for f in p.files if f.path == "conf/mmc-local.conf")
+    assert "ock.mmc.client.timeout.seconds = 5\n" in text
+
+
+def test_memcache_evict_thresholds() -> None:
+    msg = error(LW, 'kv.memcache.meta_extra={"ock.mmc.evict_threshold_high": "60", '
+                    '"ock.mmc.evict_threshold_low": "70"}')
+    assert "memcache needs 1 <= low < high <= 99" in msg
+
+
+def test_memcache_lru_shards_power_of_two() -> None:
+    assert "'3' is not a power of two in [1, 1024]" in error(
+        LW, 'kv.memcache.meta_extra={"ock.mmc.meta_service.lru_shard_count": "3"}')
+
+
+def test_memcache_dram_below_sizing_formula_warns() -> None:
+    w = warnings(LW, "kv.memcache.dram_size=1GB")
+    assert "kv.memcache.dram_size: 1GB per rank is below the guide's sizing (3GB" in w
+
+
+# --- cross-role combinations the guides forbid ------------------------------------------------------
+
+
+def test_sfa_consumer_without_producer() -> None:
+    msg = error(LW, "prefill.kv_connectors=[ascend_store]")
+    assert ("prefill.kv_connectors: decode consumes KV through sfa_d2h, but prefill has no "
+            "sfa_d2h producer") in msg
+
+
+def test_prefill_first_proxy_in_sfa_deployment() -> None:
+    msg = error(LW, "proxy.flow=prefill-first")
+    assert "proxy.flow: SfaRemoteD2H deployments need the decode-first layerwise proxy" in msg
+
+
+def test_layerwise_proxy_without_a_layerwise_decode() -> None:
+    assert "the layerwise (decode-first) proxy works with SfaRemoteD2H" in error(
+        MC, "proxy.flow=layerwise", "proxy.bind=192.168.10.1")
+
+
+def test_sparse_offload_needs_bf16_main_cache() -> None:
+    msg = error(LW, "model.dtype=float16")
+    assert "model.dtype: sparse KV offload requires a BF16 main SFA cache" in msg
+    assert "--kv-cache-dtype fp8" in error(LW, "decode.args=[--kv-cache-dtype, fp8]")
+
+
+def test_950_needs_device_urma_on_both_sides() -> None:
+    msg = error(LW, "hosts.p1.hardware=950", "hosts.p1.devices=16")
+    assert "950 hosts require device_urma on both sides" in msg
+    assert "Set memfabric_protocol: device_urma on both groups" in msg
+
+
+def test_mooncake_with_pp_and_cp_together() -> None:
+    msg = error(MC, "prefill.pp=2", "prefill.cp=2", "prefill.tp=2", "prefill.instances=1")
+    assert "prefill.cp: Mooncake does not support pipeline and context parallel together" in msg
+
+
+def test_two_p2p_connectors_in_one_group() -> None:
+    assert "both return kv_transfer_params" in error(
+        MC, "prefill.kv_connectors=[mooncake, nixl]", "decode.kv_connectors=[mooncake, nixl]")
+
+
+def test_p2p_connector_on_a_mixed_group() -> None:
+    assert "mixed.kv_connectors: mooncake moves KV from a prefill to a decode instance" in error(
+        MIXED, "mixed.kv_connectors=[mooncake]", "kv.mooncake={host: n1}")
+
+
+def test_mixed_beside_prefill_and_decode_is_refused() -> None:
+    msg = error(UCM, "mixed={hosts: [p1], kv_connectors: [ucm]}")
+    assert "mixed: a mixed group cannot be combined with prefill/decode groups" in msg
+
+
+def test_mixed_group_rules_name_the_mixed_group() -> None:
+    msg = error(MIXED, "mixed.sparse_offload={topk_buffer_size: 128}")
+    assert "a mixed engine with it is refused" in msg and "from mixed" in msg
+    assert "mixed.kv_role: a mixed group both prefills and decodes" in error(
+        MIXED, "mixed.kv_role=kv_producer")
+
+
+def test_ucm_tp_must_match_between_prefill_and_decode() -> None:
+    assert "decode.tp: UCM keys blocks by TP size" in error(UCM, "decode.tp=2", "decode.dp=2")
+
+
+def test_layerwise_tp_mismatch_on_the_pool() -> None:
+    msg = error(LW, "decode.kv_connectors=[sfa_d2h, ascend_store]", "decode.tp=8")
+    assert ("decode.tp: prefill saves layerwise KV to the pool with tp 16 but decode reads it "
+            "with tp 8; AscendStore refuses a TP mismatch with layerwise transfer") in msg
+
+
+def test_model_runner_v2_from_env_counts() -> None:
+    assert "sparse KV offload needs Model Runner V1" in error(
+        LW, "decode.env={VLLM_USE_V2_MODEL_RUNNER: '1'}")
+
+
+def test_sfa_c8_through_additional_config_counts() -> None:
+    assert "cannot be combined with sparse SFA C8" in error(
+        LW, "decode.additional_config={enable_sparse_sfa_c8: true}")
+
+
+# --- values that look valid to the schema but are not ------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296", "random", "0x10", "1.5"])
+def test_pythonhashseed_range(seed: str) -> None:
+    msg = error(MC, f"env.PYTHONHASHSEED='{seed}'")
+    assert "env.PYTHONHASHSEED: " in msg and "is not an integer in [0, 4294967295]" in msg
+
+
+def test_pythonhashseed_as_yaml_number_is_accepted() -> None:
+    p = plan(MC, "env.PYTHONHASHSEED=4294967295")
+    assert ("PYTHONHASHSEED", "4294967295") in p.process("prefill-0").env
+
+
+@pytest.mark.parametrize("value", ["true", "'2'", "2.0"])
+def test_no_bool_or_text_as_int(value: str) -> None:
+    msg = error(LW, f"decode.tp={value}")
+    assert "decode.tp: tp must be a whole number" in msg
+
+
+def test_empty_ucm_storage() -> None:
+    assert "kv.ucm.storage: is empty" in error(UCM, "kv.ucm.storage=''")
+
+
+def test_duplicate_hosts_in_a_group() -> None:
+    assert "decode.hosts: 'd1' is listed twice; list each entry once." in error(
+        LW, "decode.hosts=[d1, d1]")
+
+
+def test_idle_host_warns() -> None:
+    w = warnings(LW, "hosts.d2={address: 192.168.20.3}", "decode.hosts=[d1, d2]")
+    assert "decode.hosts: decode lists d2 but its 1 instance(s) of dp 1 x tp 16 fit on d1" in w
+
+
+def test_debug_only_keep_device_kv_cache_warns() -> None:
+    assert "keep_device_kv_cache is a debug-only option" in warnings(
+        LW, "decode.sparse_offload.keep_device_kv_cache=true")
+
+
+def test_hashing_connector_without_seed_warns() -> None:
+    p = load_plan(MC, sets=["env={}"], base_dir="/srv/kvpd")
+    assert any("PYTHONHASHSEED is not set, but prefill uses mooncake" in w for w in p.warnings)
+
+
+def test_ucm_config_cannot_repeat_managed_keys() -> None:
+    assert "kv.ucm.config.storage_backends: storage_backends is written by kvpd" in error(
+        UCM, "kv.ucm.config={storage_backends: /x}")
+
+
+def test_ucm_config_shard_bytes_must_be_a_number() -> None:
+    assert "kv.ucm.config.data_dir_shard_bytes: 'x' is not a whole number in [0, 5]" in error(
+        UCM, "kv.ucm.config={data_dir_shard_bytes: x}")
+
+
+def test_mooncake_device_name_empty_for_ascend() -> None:
+    assert "device_name must be empty with the ascend protocol" in error(
+        MC, "kv.mooncake.device_name=eth0")
