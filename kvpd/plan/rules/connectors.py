@@ -54,9 +54,15 @@ def rule_roles(c: Checker) -> None:
                 "every instance can reach.",
             )
         if "kvpd_store" in comps and c.p.kv.kvpd_store is None:
-            c.err(("kv", "kvpd_store"), "kvpd_store needs `kv.kvpd_store: {path: <folder>}`.")
+            c.err(
+                ("kv", "kvpd_store"),
+                "kvpd_store needs its folder: add `kv.kvpd_store: {path: <folder>}`.",
+            )
         if "ucm" in comps and c.p.kv.ucm is None:
-            c.err(("kv", "ucm"), "the ucm connector needs `kv.ucm: {storage: <shared dir>}`.")
+            c.err(
+                ("kv", "ucm"),
+                "the ucm connector needs its storage: add `kv.ucm: {storage: <shared dir>}`.",
+            )
         if set(comps) & {"mooncake", "mooncake_layerwise"} and c.p.kv.mooncake is None:
             c.err(
                 ("kv", "mooncake"),

@@ -33,7 +33,7 @@ def rule_layerwise(c: Checker) -> None:
             c.err(
                 path,
                 "layerwise prefill offload needs backend memcache and use_layerwise: true "
-                "(otherwise the GVA layerwise path is off).",
+                "(otherwise the GVA layerwise path is off). Set both.",
             )
         elif c.p.kv.memcache is None:
             c.err(
@@ -51,7 +51,8 @@ def rule_layerwise(c: Checker) -> None:
             c.err(
                 ("model", "attention"),
                 f"layerwise prefill offload needs an MLA, SFA or DSA "
-                f"attention model, not {c.p.model.attention}.",
+                f"attention model, not {c.p.model.attention}. Drop `layerwise:` for this model "
+                "(or fix model.attention).",
             )
         if g.cp > 1:
             c.warn(
@@ -236,7 +237,8 @@ def rule_sparse(c: Checker) -> None:
                 c.err(
                     (*path, "dram_size_per_dp_gb"),
                     f"{n} DP ranks x {so.dram_size_per_dp_gb} "
-                    f"GB on '{h}' exceed its memory_gb {mem:g}.",
+                    f"GB on '{h}' exceed its memory_gb {mem:g}. Lower dram_size_per_dp_gb to "
+                    f"{int(mem // n)} or less.",
                 )
 
 
@@ -256,7 +258,8 @@ def rule_memfabric(c: Checker) -> None:
                 c.err(
                     (role, "hosts"),
                     f"layerwise/sparse offload (SfaRemoteD2H over MemFabric) is "
-                    f"supported on A3 and 950 only; host '{h}' is {hw}.",
+                    f"supported on A3 and 950 only; host '{h}' is {hw}. Run this group on A3 "
+                    "or 950 hosts, or use another connector.",
                 )
                 break
             if proto not in ok:

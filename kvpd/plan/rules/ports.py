@@ -111,7 +111,8 @@ def rule_ports(c: Checker) -> None:
             key = (proc.host, port)
             if key in seen:
                 first, first_purpose, first_field = seen[key]
-                clashes.setdefault((first_field, field), []).append(
+                pair = (first_field, field) if first_field <= field else (field, first_field)
+                clashes.setdefault(pair, []).append(
                     (proc.host, port, f"{first.name} ({first_purpose})", f"{proc.name} ({purpose})")
                 )
             else:
@@ -126,7 +127,7 @@ def rule_ports(c: Checker) -> None:
             f"{_field(field)} plus an offset per process and rank). Lower {_field(field)} by "
             f"at least {top - 65535}.",
         )
-    for (first_field, field), items in clashes.items():
+    for (first_field, field), items in clashes.items():  # noqa: B007 - sorted pair
         host, port, a, b = items[0]
         hosts = sorted({h for h, _, _, _ in items})
         where = f"host '{host}'" if len(hosts) == 1 else f"{len(hosts)} hosts ({', '.join(hosts)})"

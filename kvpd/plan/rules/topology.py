@@ -12,7 +12,11 @@ def _host_ref(c: Checker, path: Path_, name: str) -> None:
     if name not in c.p.hosts:
         close = difflib.get_close_matches(name, list(c.p.hosts), n=1, cutoff=0.5)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        c.err(path, f"unknown host '{name}'.{hint} Declared hosts: {', '.join(c.p.hosts)}.")
+        c.err(
+            path,
+            f"unknown host '{name}'.{hint} Declared hosts: {', '.join(c.p.hosts)}. Use one of "
+            "them or add it under `hosts:`.",
+        )
 
 
 def rule_host_refs(c: Checker) -> None:
@@ -48,8 +52,8 @@ def rule_groups_present(c: Checker) -> None:
         have, miss = ("prefill", "decode") if p.prefill else ("decode", "prefill")
         c.err(
             (have,),
-            f"`{have}:` without `{miss}:`. P/D needs both groups; a single "
-            "group of engines that prefill and decode is `mixed:`.",
+            f"`{have}:` without `{miss}:`. P/D needs both groups: add `{miss}:`, or rename "
+            f"`{have}:` to `mixed:` for a single group of engines that prefill and decode.",
         )
     if p.prefill and p.decode:
         for role in ("prefill", "decode"):
@@ -91,12 +95,16 @@ def rule_parallelism(c: Checker) -> None:
                 )
                 return
         if local > g.dp:
-            c.err((role, "dp_size_local"), f"dp_size_local {local} is larger than dp {g.dp}.")
+            c.err(
+                (role, "dp_size_local"),
+                f"dp_size_local {local} is larger than dp {g.dp}. Set dp_size_local <= {g.dp}.",
+            )
         elif g.dp % local:
             c.err(
                 (role, "dp_size_local"),
                 f"dp {g.dp} is not a multiple of dp_size_local "
-                f"{local}: every host must hold the same number of DP ranks.",
+                f"{local}: every host must hold the same number of DP ranks. Use a dp that is a "
+                f"multiple of {local} (e.g. {g.dp + (-g.dp) % local}) or change dp_size_local.",
             )
         if g.dp_launch == "single" and local < g.dp:
             c.err(
@@ -109,7 +117,8 @@ def rule_parallelism(c: Checker) -> None:
         if not c.layout.problems and covered != want:
             c.err(
                 (role, "dp"),
-                f"DP ranks placed {covered} do not cover 0..{g.dp - 1} exactly once per instance.",
+                f"DP ranks placed {covered} do not cover 0..{g.dp - 1} exactly once per "
+                "instance. Check dp, dp_size_local and the hosts' devices.",
             )
     p, d = c.p.prefill, c.p.decode
     if p and d:
@@ -125,7 +134,11 @@ def rule_parallelism(c: Checker) -> None:
                 f"{d.tp * max(1, p.tp // d.tp)}.",
             )
         if d.pp > 1 and (set(d.kv_connectors) & {"mooncake", "mooncake_layerwise", "sfa_d2h"}):
-            c.err(("decode", "pp"), "decode pp must be 1 with this KV connector.")
+            c.err(
+                ("decode", "pp"),
+                f"decode pp must be 1 with {', '.join(sorted(set(d.kv_connectors)))} (the "
+                "connector refuses decode pp > 1). Set decode.pp: 1.",
+            )
 
 
 def rule_model(c: Checker) -> None:
