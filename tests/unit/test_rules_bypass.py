@@ -29,7 +29,7 @@ def warnings(name: str, *sets: str) -> str:
     return "\n".join(plan(name, *sets).warnings)
 
 
-# --- extra args cannot bypass what kvpd derives or checks ----------------------------------------
+# --- extra args cannot bypass what kvpd derives or checks ---
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_managed_env_is_refused(name: str) -> None:
         LW, f"env={{{name}: x}}")
 
 
-# --- memcache pass-through maps -------------------------------------------------------------------
+# --- memcache pass-through maps ---
 
 
 @pytest.mark.parametrize(
@@ -124,7 +124,7 @@ def test_memcache_dram_below_sizing_formula_warns() -> None:
     assert "kv.memcache.dram_size: 1GB per rank is below the guide's sizing (3GB" in w
 
 
-# --- cross-role combinations the guides forbid ------------------------------------------------------
+# --- cross-role combinations the guides forbid ---
 
 
 def test_sfa_consumer_without_producer() -> None:
@@ -202,7 +202,7 @@ def test_sfa_c8_through_additional_config_counts() -> None:
         LW, "decode.additional_config={enable_sparse_sfa_c8: true}")
 
 
-# --- values that look valid to the schema but are not ------------------------------------------------
+# --- values that look valid to the schema but are not ---
 
 
 @pytest.mark.parametrize("seed", ["-1", "4294967296", "random", "0x10", "1.5"])
