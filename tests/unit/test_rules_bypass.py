@@ -259,3 +259,16 @@ def test_ucm_config_shard_bytes_must_be_a_number() -> None:
 def test_mooncake_device_name_empty_for_ascend() -> None:
     assert "device_name must be empty with the ascend protocol" in error(
         MC, "kv.mooncake.device_name=eth0")
+
+
+def test_mooncake_lease_must_outlive_transfer_timeout() -> None:
+    assert "default_kv_lease_ttl 11000 ms is not above ASCEND_TRANSFER_TIMEOUT 20000 ms" in error(
+        MC, "env={PYTHONHASHSEED: '0', ASCEND_TRANSFER_TIMEOUT: '20000'}")
+
+
+def test_memcache_on_loopback_with_remote_clients() -> None:
+    msg = error(LW, "hosts.p1.address=127.0.0.1", "kv.memcache.host=p1",
+                "hosts.p1.transport=ssh", "prefill.hosts=[d1]", "decode.hosts=[p1]")
+    assert "kv.memcache.host: the MetaService host 'p1' has the loopback address 127.0.0.1, " \
+           "but memcache clients on other hosts must reach it" in msg
+

@@ -33,6 +33,7 @@ RULES: tuple[Rule, ...] = (
     memcache.rule_memcache,
     kvservices.rule_mooncake,
     kvservices.rule_mooncake_parallel,
+    kvservices.rule_mooncake_timeouts,
     kvservices.rule_ucm,
     connectors.rule_consistency,
     ports.rule_proxy,

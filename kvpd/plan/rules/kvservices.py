@@ -170,3 +170,24 @@ def rule_mooncake_parallel(c: Checker) -> None:
             f"device_name must be empty with the ascend protocol, not {mk.device_name!r}. "
             'Set device_name: "".',
         )
+
+
+def rule_mooncake_timeouts(c: Checker) -> None:
+    """The master's KV lease must outlive the transfer timeouts (kv-stores.md §5.3.4)."""
+    mk = c.p.kv.mooncake
+    if mk is None:
+        return
+    for gf in c.gfacts():
+        if not {"mooncake", "mooncake_layerwise"} & gf.connectors:
+            continue
+        for name in ("ASCEND_CONNECT_TIMEOUT", "ASCEND_TRANSFER_TIMEOUT"):
+            v = gf.env.get(name, "")
+            if v.isdigit() and int(v) >= mk.default_kv_lease_ttl:
+                c.err(
+                    ("kv", "mooncake", "default_kv_lease_ttl"),
+                    f"default_kv_lease_ttl {mk.default_kv_lease_ttl} ms is not above "
+                    f"{name} {v} ms of {gf.role}: leases would expire mid-transfer. Raise "
+                    f"default_kv_lease_ttl above {v}.",
+                )
+                return
+

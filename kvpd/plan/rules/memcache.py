@@ -7,6 +7,7 @@ memcache refuses unknown and repeated keys at start, so the pass-through maps `m
 from __future__ import annotations
 
 import difflib
+import ipaddress
 
 from kvpd.plan.layout import hardware_of
 from kvpd.plan.rules.base import Checker
@@ -255,6 +256,22 @@ def rule_memcache(c: Checker) -> None:
                     f"{max(1, ranks)} memcache ranks); prefixes will be evicted early. Use "
                     f"{need // GiB}GB or `auto`.",
                 )
+    meta_host = c.p.hosts.get(mc.host)
+    users = {h for gf in c.gfacts() if "ascend_store" in gf.connectors for h in gf.group.hosts}
+    if meta_host is not None and _loopback(meta_host.address) and users - {mc.host}:
+        c.err(
+            (*path, "host"),
+            f"the MetaService host '{mc.host}' has the loopback address {meta_host.address}, "
+            "but memcache clients on other hosts must reach it. Give the host its network "
+            "address.",
+        )
     _extra_keys(c, "meta_extra", dict(mc.meta_extra), META_KEYS, LOCAL_KEYS)
     _extra_keys(c, "local_extra", dict(mc.local_extra), LOCAL_KEYS, META_KEYS)
     _extra_values(c)
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
