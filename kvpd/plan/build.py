@@ -25,7 +25,8 @@ from kvpd.plan.sizing import (
     parse_size,
     round_up,
 )
-from kvpd.profile.load import Source, dotted, load_profile
+from kvpd.profile.load import Source, load_profile
+from kvpd.profile.messages import dotted
 from kvpd.profile.schema import Profile
 
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
@@ -60,7 +61,9 @@ def host_specs(profile: Profile, base_dir: str | None) -> list[HostSpec]:
     return out
 
 
-def memcache_dram(profile: Profile, ranks: int) -> tuple[str | None, list[tuple[tuple, str, bool]]]:
+def memcache_dram(
+    profile: Profile, ranks: int
+) -> tuple[str | None, list[tuple[tuple[str, ...], str, bool]]]:
     """dram.size for mmc-local.conf: explicit (aligned as memcache does) or sized from the model.
 
     Returns (value, findings) where findings are (path, message, is_error).
@@ -136,15 +139,15 @@ def build_plan(
 
     mc = profile.kv.memcache
     for p in procs:
-        for f in p.files:
-            if f == kvconfig.MMC_META and mc is not None:
+        for fpath in p.files:
+            if fpath == kvconfig.MMC_META and mc is not None:
                 text = configfiles.memcache_meta(mc, by_host[mc.host].address, profile.name)
-                put(p.host, f, text, "mmc-meta.conf")
-            elif f == kvconfig.MMC_LOCAL and mc is not None:
+                put(p.host, fpath, text, "mmc-meta.conf")
+            elif fpath == kvconfig.MMC_LOCAL and mc is not None:
                 meta = by_host[mc.host].address
                 text = configfiles.memcache_local(mc, meta, dram or "", profile.name, p.host)
-                put(p.host, f, text, "mmc-local.conf")
-            elif f == kvconfig.MOONCAKE_CONFIG and profile.kv.mooncake is not None:
+                put(p.host, fpath, text, "mmc-local.conf")
+            elif fpath == kvconfig.MOONCAKE_CONFIG and profile.kv.mooncake is not None:
                 mk = profile.kv.mooncake
                 text = configfiles.mooncake_json(
                     mk.metadata_server,
@@ -153,9 +156,9 @@ def build_plan(
                     f"{configfiles.url_host(by_host[mk.host].address)}:{mk.port}",
                     mk.global_segment_size,
                 )
-                put(p.host, f, text, "mooncake.json")
-            elif f == kvconfig.ucm_config_path(profile) and profile.kv.ucm is not None:
-                put(p.host, f, configfiles.ucm_yaml(profile.kv.ucm, profile.name), "ucm.yaml")
+                put(p.host, fpath, text, "mooncake.json")
+            elif fpath == kvconfig.ucm_config_path(profile) and profile.kv.ucm is not None:
+                put(p.host, fpath, configfiles.ucm_yaml(profile.kv.ucm, profile.name), "ucm.yaml")
 
     processes: list[ProcessSpec] = []
     ports: list[PortUse] = []

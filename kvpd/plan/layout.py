@@ -38,7 +38,7 @@ class EngineProc:
 @dataclass
 class Layout:
     procs: list[EngineProc] = field(default_factory=list)
-    problems: list[tuple[tuple, str]] = field(default_factory=list)
+    problems: list[tuple[tuple[str | int, ...], str]] = field(default_factory=list)
 
 
 def host_devices(profile: Profile, host: Host) -> int:

@@ -97,7 +97,8 @@ def build_requirements(
                 dp_ranks = max(1, len(p.devices) // max(1, g.tp * g.pp))
                 h["memory_gb"] += so.dram_size_per_dp_gb * dp_ranks
         elif p.role == "metaservice":
-            py = rh.python if rehearse else profile.kv.memcache.python
+            mc = profile.kv.memcache
+            py = rh.python if rehearse or mc is None else mc.python
             pkg(h, py, "memcache-hybrid")
             pkg(h, py, "memfabric-hybrid")
     # Folders kvpd itself creates in a host's run dir before start are not preconditions.

@@ -107,7 +107,7 @@ class KvpdStore(_Model):
 
 class KvServices(_Model):
     memcache: Memcache | None = None
-    memfabric: Memfabric = Field(default_factory=Memfabric)
+    memfabric: Memfabric = Field(default_factory=lambda: Memfabric.model_validate({}))
     mooncake: Mooncake | None = None
     ucm: UCM | None = None
     example_path: str | None = Field(None, description="ExampleConnector shared_storage_path")

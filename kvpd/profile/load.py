@@ -98,9 +98,9 @@ def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
         if n is None:
             return None
         if id(n) in done:  # an alias of a node already read: count its values again
-            value, size = done[id(n)]
+            seen, size = done[id(n)]
             grow(n, path, size)
-            return value
+            return seen
         if id(n) in active:
             raise fail(n, path, "an alias refers to itself. Remove the recursive alias.")
         before = count[0]
@@ -204,7 +204,7 @@ def parse_profile(
         for key, value in facts_from_config(config_reader(str(model["config"]))).items():
             if model.get(key) is None:
                 model[key] = value
-        text = text + "".join(f"\n# --set {s}" for s in sets)  # part of the digest
+        text = text + "".join(f"\n# --set {s}" for s in sets or [])  # part of the digest
     source = Source(name=name, text=text, lines=lines)
     try:
         profile = Profile.model_validate(data)

@@ -273,16 +273,16 @@ class Profile(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
     hardware: Hardware = "a3"
-    ssh: SSH = Field(default_factory=SSH)
+    ssh: SSH = Field(default_factory=lambda: SSH.model_validate({}))
     hosts: dict[HostName, Host] = Field(min_length=1)
     model: ModelSpec
     env: Env = Field(default_factory=dict, description="env of every process")
-    runtime: Runtime = Field(default_factory=Runtime)
-    kv: KvServices = Field(default_factory=KvServices)
-    engine: ServeOptions = Field(default_factory=ServeOptions)
+    runtime: Runtime = Field(default_factory=lambda: Runtime.model_validate({}))
+    kv: KvServices = Field(default_factory=lambda: KvServices.model_validate({}))
+    engine: ServeOptions = Field(default_factory=lambda: ServeOptions.model_validate({}))
     prefill: Group | None = None
     decode: Group | None = None
     mixed: Group | None = None
     proxy: Proxy | None = None
-    bench: Bench = Field(default_factory=Bench)
-    rehearsal: Rehearsal = Field(default_factory=Rehearsal)
+    bench: Bench = Field(default_factory=lambda: Bench.model_validate({}))
+    rehearsal: Rehearsal = Field(default_factory=lambda: Rehearsal.model_validate({}))

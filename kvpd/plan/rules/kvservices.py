@@ -190,4 +190,3 @@ def rule_mooncake_timeouts(c: Checker) -> None:
                     f"default_kv_lease_ttl above {v}.",
                 )
                 return
-

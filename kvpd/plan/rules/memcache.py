@@ -106,7 +106,9 @@ MANAGED = {
 }
 
 
-def _extra_keys(c: Checker, field: str, extra: dict[str, str], own: set[str], other: set[str]):
+def _extra_keys(
+    c: Checker, field: str, extra: dict[str, str], own: set[str], other: set[str]
+) -> None:
     path = ("kv", "memcache", field)
     file = "mmc-meta.conf" if field == "meta_extra" else "mmc-local.conf"
     for key in extra:
@@ -257,8 +259,8 @@ def rule_memcache(c: Checker) -> None:
                     f"{need // GiB}GB or `auto`.",
                 )
     meta_host = c.p.hosts.get(mc.host)
-    users = {h for gf in c.gfacts() if "ascend_store" in gf.connectors for h in gf.group.hosts}
-    if meta_host is not None and _loopback(meta_host.address) and users - {mc.host}:
+    clients = {h for gf in c.gfacts() if "ascend_store" in gf.connectors for h in gf.group.hosts}
+    if meta_host is not None and _loopback(meta_host.address) and clients - {mc.host}:
         c.err(
             (*path, "host"),
             f"the MetaService host '{mc.host}' has the loopback address {meta_host.address}, "

@@ -127,17 +127,17 @@ def rule_ports(c: Checker) -> None:
             f"{_field(field)} plus an offset per process and rank). Lower {_field(field)} by "
             f"at least {top - 65535}.",
         )
-    for (first_field, field), items in clashes.items():  # noqa: B007 - sorted pair
-        host, port, a, b = items[0]
-        hosts = sorted({h for h, _, _, _ in items})
+    for (first_field, field), pairs in clashes.items():
+        host, port, a, b = pairs[0]
+        hosts = sorted({h for h, _, _, _ in pairs})
         where = f"host '{host}'" if len(hosts) == 1 else f"{len(hosts)} hosts ({', '.join(hosts)})"
-        more = f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+        more = f" (and {len(pairs) - 1} more)" if len(pairs) > 1 else ""
         fix = (
             f"Move {_field(field)}"
             if field == first_field
             else f"Move {_field(field)} or {_field(first_field)}"
         )
-        ports = sorted({p for _, p, _, _ in items})
+        ports = sorted({p for _, p, _, _ in pairs})
         what = (
             f"port {port} on {where} is used twice: {a} and {b}."
             if len(ports) == 1

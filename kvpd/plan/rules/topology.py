@@ -33,14 +33,14 @@ def rule_host_refs(c: Checker) -> None:
     if c.p.proxy:
         _host_ref(c, ("proxy", "host"), c.p.proxy.host)
     addrs: dict[str, str] = {}
-    for name, h in c.p.hosts.items():
-        if h.address in addrs:
+    for name, host in c.p.hosts.items():
+        if host.address in addrs:
             c.err(
                 ("hosts", name, "address"),
-                f"address {h.address} is also host '{addrs[h.address]}'. Each host needs its "
-                "own address (list it once and give its engines different ports).",
+                f"address {host.address} is also host '{addrs[host.address]}'. Each host needs "
+                "its own address (list it once and give its engines different ports).",
             )
-        addrs[h.address] = name
+        addrs[host.address] = name
 
 
 def rule_groups_present(c: Checker) -> None:
@@ -153,13 +153,13 @@ def rule_model(c: Checker) -> None:
 
 def rule_bench(c: Checker) -> None:
     b = c.p.bench
-    lens = [merged(c.p, g).max_model_len or c.p.model.max_model_len for _, g in c.groups()]
-    lens = [x for x in lens if x]
+    lens = [g.max_model_len for g in c.gfacts() if g.max_model_len]
     if lens and b.input_len + b.output_len > min(lens):
         c.warn(
             ("bench", "input_len"),
             f"input {b.input_len} + output {b.output_len} tokens "
-            f"exceed max_model_len {min(lens)}; vLLM will reject these requests.",
+            f"exceed max_model_len {min(lens)}; vLLM will reject these requests. Lower "
+            "bench.input_len/output_len or raise max_model_len.",
         )
 
 
