@@ -49,10 +49,11 @@ def write_plan_dir(plan: Plan, out: Path) -> list[Path]:
 
 def show_plan(plan: Plan) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console(width=None if Console().is_terminal else 150)
-    title = f"kvpd plan: {plan.deployment}" + (
+    title = f"kvpd plan: {escape(plan.deployment)}" + (
         " (rehearsal on CPU hosts)" if plan.rehearsal else ""
     )
     hosts = Table(title=title, show_lines=False)
@@ -64,43 +65,47 @@ def show_plan(plan: Plan) -> None:
     for h in plan.hosts:
         procs = by_host.get(h.name, [])
         if not procs:
-            hosts.add_row(h.name, h.address, h.hardware, "-", "", "", "", "")
+            hosts.add_row(escape(h.name), escape(h.address), h.hardware, "-", "", "", "", "")
         for i, p in enumerate(procs):
             devs = _ranges(p.devices)
             ports = ", ".join(str(x) for x in _ports_short(p.ports))
             name = p.name + (" *" if p.substituted else "")
             hosts.add_row(
-                h.name if i == 0 else "",
-                h.address if i == 0 else "",
+                escape(h.name) if i == 0 else "",
+                escape(h.address) if i == 0 else "",
                 h.hardware if i == 0 else "",
-                name,
+                escape(name),
                 p.role,
                 str(p.stage),
                 devs,
                 ports,
             )
     con.print(hosts)
-    order = " -> ".join("{" + ", ".join(p.name for p in stage) + "}" for stage in plan.stages)
+    order = " -> ".join(
+        "{" + ", ".join(escape(p.name) for p in stage) + "}" for stage in plan.stages
+    )
     con.print(f"[bold]start order[/bold] (each stage healthy before the next): {order}")
     files = {}
     for f in plan.files:
         files.setdefault(f.host, []).append(f.path)
     for host, paths in files.items():
-        con.print(f"[bold]{host}[/bold] files: {', '.join(paths)}")
+        con.print(f"[bold]{escape(host)}[/bold] files: {escape(', '.join(paths))}")
     subs = [p for p in plan.processes if p.substituted]
     if subs:
         con.print("[bold]rehearsal substitutions[/bold] (* above):")
         for p in subs:
-            con.print(f"  {p.name}: substituted: {p.substituted}")
+            con.print(f"  {escape(p.name)}: substituted: {escape(p.substituted)}")
     if plan.proxy_url:
-        con.print(f"[bold]endpoint[/bold]: {plan.proxy_url}  (model {plan.served_model})")
+        con.print(
+            f"[bold]endpoint[/bold]: {escape(plan.proxy_url)}  (model {escape(plan.served_model)})"
+        )
     if "sparse" in plan.sizing:
         from kvpd.cli.sizing_view import sparse_sizing_lines
 
         for line in sparse_sizing_lines(plan.sizing["sparse"]):
             con.print(line, highlight=False)
     for w in plan.warnings:
-        con.print(f"[yellow]warning[/yellow]: {w}")
+        con.print(f"[yellow]warning[/yellow]: {escape(w)}")
     con.print(f"plan digest {plan.profile_digest}; `kvpd plan ... --out DIR` writes every file.")
 
 

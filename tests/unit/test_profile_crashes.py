@@ -109,3 +109,10 @@ def test_unwritable_out_directory_is_an_error_not_a_crash(tmp_path: Path) -> Non
     r = kvpd("plan", LW, "--out", str(blocker / "sub"))
     assert r.returncode == 2 and "cannot write the plan there" in r.stderr
     assert "internal error" not in r.stderr
+
+
+def test_rich_markup_in_profile_text_is_shown_literally(tmp_path: Path) -> None:
+    r = kvpd("plan", "ucm-centralized-2p2d", "--set", "kv.ucm.storage=/mnt/[/x]",
+             "--set", "kv.ucm.shared=null", "--set", 'model.served_name="[/y]"', cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "/mnt/[/x] must be one shared filesystem" in r.stdout and "(model [/y])" in r.stdout
