@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from kvpd.profile.base import _Model
-from kvpd.profile.types import HostName, JsonData, Line, RelativeFile, Storage
+from kvpd.profile.types import Command, HostName, JsonData, Line, RelativeFile, Storage
 
 
 class Memcache(_Model):
@@ -48,7 +48,7 @@ class Memcache(_Model):
     local_extra: dict[str, Line] = Field(
         default_factory=dict, description="more mmc-local.conf keys (not the ones kvpd writes)"
     )
-    python: str = "python"
+    python: Command = "python"
 
 
 class Memfabric(_Model):
@@ -75,7 +75,7 @@ class Mooncake(_Model):
     device_name: str = Field("", pattern=r"^[A-Za-z0-9_.:,@-]*$")
     global_segment_size: Line = "1GB"
     ld_library_path: str | None = "/usr/local/lib"
-    binary: str = "mooncake_master"
+    binary: Command = "mooncake_master"
 
 
 class UCM(_Model):

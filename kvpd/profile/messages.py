@@ -34,7 +34,10 @@ def dotted(path: Path_) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            text = str(part)
+            if not text.isprintable():
+                text = repr(text)
+            out += ("." if out else "") + text
     return out or "(top level)"
 
 
@@ -162,7 +165,7 @@ def _expect(err: dict[str, Any]) -> str:
     if kind == "literal_error":
         return f"one of {ctx.get('expected')}"
     if kind == "too_short":
-        return f"a list of at least {ctx.get('min_length')} entry"
+        return f"given with at least {ctx.get('min_length')} entry"
     if kind == "too_long":
         return f"a list of at most {ctx.get('max_length')} entries"
     if kind == "string_pattern_mismatch":
@@ -193,6 +196,10 @@ def _one(loc: Path_, err: dict[str, Any]) -> str:
 def _fix(errs: list[dict[str, Any]], expects: list[str]) -> str:
     if all(e["type"] == "literal_error" for e in errs):
         return "Pick one of them."
+    if all(e["type"] == "string_pattern_mismatch" for e in errs):
+        return "Rename it accordingly."
+    if all(e["type"] == "too_short" for e in errs):
+        return "Add an entry."
     quotes = " (without quotes)" if _quoted_number(errs[0]) else ""
     return f"Set it to {expects[0]}{quotes}."
 

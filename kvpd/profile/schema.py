@@ -15,6 +15,7 @@ from kvpd.profile.base import _Model
 from kvpd.profile.kv_schema import KvServices
 from kvpd.profile.types import (
     Address,
+    Command,
     Env,
     HostList,
     HostName,
@@ -82,7 +83,7 @@ class Host(_Model):
 class ModelSpec(_Model):
     """The served model and the facts sizing needs (overridable; normally from config.json)."""
 
-    path: str
+    path: Command
     config: str | None = Field(
         None,
         description="config.json (or model dir) to read the facts below from; "
@@ -195,7 +196,7 @@ class Proxy(_Model):
         "kvpd", description="kvpd's proxy or vLLM-Ascend's example proxy script"
     )
     script: str | None = Field(None, description="path of the vLLM-Ascend example proxy")
-    python: str = "python"
+    python: Command = "python"
 
 
 class BenchSweep(_Model):
@@ -225,6 +226,19 @@ class Bench(_Model):
         "deployment with them. Names starting with external/ucm must show external cache hits.",
     )
 
+    @field_validator("scenarios")
+    @classmethod
+    def _overrides(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, sets in v.items():
+            for item in sets:
+                key, eq, _ = item.partition("=")
+                if not eq or not key.strip():
+                    raise ValueError(
+                        f"scenario {name!r}: {item!r} is not FIELD.PATH=VALUE; write e.g. "
+                        "kv.ucm.use_layerwise=false"
+                    )
+        return v
+
 
 class Rehearsal(_Model):
     """How `--rehearse` runs this topology on CPU hosts (usually given in an inventory file).
@@ -234,20 +248,22 @@ class Rehearsal(_Model):
     for real from a Python environment that has memcache-hybrid / mooncake installed.
     """
 
-    model: str = Field(".kvpd/models/tiny", description="tiny model dir, same path on all hosts")
-    vllm: str = Field("vllm", description="CPU vLLM command on the hosts")
-    kvpd: str = Field("kvpd", description="kvpd command on the proxy host")
-    python: str = Field("python3", description="python with memcache-hybrid installed")
-    mooncake_master: str = Field("mooncake_master", description="mooncake_master command")
-    storage: str = Field(".kvpd/rehearsal/kv", description="shared folder for KV hand-over")
+    model: Command = Field(
+        ".kvpd/models/tiny", description="tiny model dir, same path on all hosts"
+    )
+    vllm: Command = Field("vllm", description="CPU vLLM command on the hosts")
+    kvpd: Command = Field("kvpd", description="kvpd command on the proxy host")
+    python: Command = Field("python3", description="python with memcache-hybrid installed")
+    mooncake_master: Command = Field("mooncake_master", description="mooncake_master command")
+    storage: Command = Field(".kvpd/rehearsal/kv", description="shared folder for KV hand-over")
     cores: int = Field(2, ge=1, description="CPU cores to spread the engines over")
     health_timeout_s: float = Field(600, gt=0)
 
 
 class Runtime(_Model):
-    vllm: str = Field("vllm", description="the vLLM command on the hosts")
-    python: str = Field("python3", description="python on the hosts (proxy, services)")
-    kvpd: str = Field("kvpd", description="the kvpd command on the proxy host")
+    vllm: Command = Field("vllm", description="the vLLM command on the hosts")
+    python: Command = Field("python3", description="python on the hosts (proxy, services)")
+    kvpd: Command = Field("kvpd", description="the kvpd command on the proxy host")
     run_dir: str | None = Field(None, description="default run dir on every host")
     dirs: list[str] = Field(
         default_factory=list, description="directories created in the run dir before launch"

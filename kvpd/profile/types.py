@@ -42,7 +42,7 @@ def is_ipv4(text: str) -> bool:
 
 
 def _address(v: str) -> str:
-    if is_ip(v) or _HOSTNAME.match(v):
+    if is_ip(v) or _HOSTNAME.fullmatch(v):
         return v
     raise ValueError(
         f"{v!r} is not an IPv4/IPv6 address or a host name (letters, digits, '-' and '.'); "
@@ -51,7 +51,7 @@ def _address(v: str) -> str:
 
 
 def _env_name(v: str) -> str:
-    if not ENV_NAME.match(v):
+    if not ENV_NAME.fullmatch(v):
         raise ValueError(
             f"{v!r} is not an environment variable name; use letters, digits and '_' and "
             "do not start with a digit (e.g. MY_VAR)"
@@ -104,9 +104,9 @@ def _jump(v: str) -> str:
     for hop in v.split(","):
         user, _, rest = hop.strip().rpartition("@")
         host, _, port = rest.partition(":") if not rest.startswith("[") else (rest, "", "")
-        ok = bool(host) and (is_ip(host.strip("[]")) or bool(_HOSTNAME.match(host)))
+        ok = bool(host) and (is_ip(host.strip("[]")) or bool(_HOSTNAME.fullmatch(host)))
         ok = ok and (not port or (port.isdigit() and 1 <= int(port) <= 65535))
-        ok = ok and (not user or bool(re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", user)))
+        ok = ok and (not user or bool(re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", user)))
         if not ok:
             raise ValueError(f"{hop!r} is not user@host:port; write e.g. admin@bastion:22")
     return v
@@ -133,7 +133,14 @@ def _json_data(v: Any) -> Any:
     return v
 
 
+def _command(v: str) -> str:
+    if not v.strip():
+        raise ValueError("is empty; give the command or path")
+    return v
+
+
 Address = Annotated[str, AfterValidator(_address)]
+Command = Annotated[str, AfterValidator(_no_control), AfterValidator(_command)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 EnvValue = Annotated[str, BeforeValidator(_env_value), AfterValidator(_no_control)]
 Env = dict[EnvName, EnvValue]  # PYTHONHASHSEED's range is a rule (kvpd.plan.rules.env)

@@ -121,3 +121,17 @@ def test_cli_out_with_hostile_host_name_exits_2(tmp_path: Path) -> None:
                         str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert not (tmp_path / "evil").exists()
+
+
+def test_env_name_with_trailing_newline_is_refused() -> None:
+    from kvpd.profile.load import parse_profile
+
+    text = 'name: x\nhosts: {h: {address: 1.2.3.4}}\nmodel: {path: /m}\nenv: {"A\\n": x}\n'
+    with pytest.raises(ProfileError) as e:
+        parse_profile(text, "p.yaml")
+    assert "env.'A\\n': 'A\\n' is not an environment variable name" in str(e.value)
+
+
+@pytest.mark.parametrize("field", ["model.path", "runtime.vllm", "rehearsal.python"])
+def test_commands_and_paths_are_not_empty(field: str) -> None:
+    assert f"{field}: is empty; give the command or path" in error(LW, f"{field}=' '")
