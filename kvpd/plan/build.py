@@ -145,7 +145,9 @@ def build_plan(
                 put(p.host, fpath, text, "mmc-meta.conf")
             elif fpath == kvconfig.MMC_LOCAL and mc is not None:
                 meta = by_host[mc.host].address
-                text = configfiles.memcache_local(mc, meta, dram or "", profile.name, p.host)
+                h = profile.hosts[p.host]
+                local = h.ip or h.address
+                text = configfiles.memcache_local(mc, meta, dram or "", profile.name, p.host, local)
                 put(p.host, fpath, text, "mmc-local.conf")
             elif fpath == kvconfig.MOONCAKE_CONFIG and profile.kv.mooncake is not None:
                 mk = profile.kv.mooncake

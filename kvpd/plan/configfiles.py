@@ -15,6 +15,8 @@ import yaml
 
 from kvpd.profile.kv_schema import UCM, Memcache
 
+HCOM_PROTOCOLS = ("host_rdma", "host_urma", "host_tcp")  # libhcom transports (not host_shm)
+
 
 def ini_text(comments: Iterable[str], items: Iterable[tuple[str, str]]) -> str:
     """`key = value` lines as memcache reads them. Raises ValueError on what they cannot hold
@@ -47,7 +49,12 @@ def memcache_meta(mc: Memcache, meta_address: str, deployment: str) -> str:
 
 
 def memcache_local(
-    mc: Memcache, meta_address: str, dram_size: str, deployment: str, host_name: str
+    mc: Memcache,
+    meta_address: str,
+    dram_size: str,
+    deployment: str,
+    host_name: str,
+    local_address: str,
 ) -> str:
     host = url_host(meta_address)
     items = [
@@ -57,8 +64,12 @@ def memcache_local(
         ("ock.mmc.local_service.world_size", str(mc.world_size)),
         ("ock.mmc.local_service.protocol", mc.protocol),
         ("ock.mmc.local_service.dram.size", dram_size),
-        *mc.local_extra.items(),
     ]
+    if mc.protocol in HCOM_PROTOCOLS and "ock.mmc.local_service.hcom_url" not in mc.local_extra:
+        # host_* transports listen on the node's own NIC (default 127.0.0.1 would not be
+        # reachable from the other nodes): this host's address, memcache's default port.
+        items.append(("ock.mmc.local_service.hcom_url", f"tcp://{url_host(local_address)}:7000"))
+    items += mc.local_extra.items()
     comments = [
         f"memcache LocalService configuration for deployment {deployment} (host {host_name}).",
         "Rendered by kvpd; both URLs are the MetaService's, as in mmc-meta.conf.",

@@ -17,7 +17,7 @@ class Memcache(_Model):
     port: int = Field(5000, ge=1025, le=65535, description="meta RPC port")
     config_store_port: int = Field(6000, ge=1025, le=65535)
     metrics_port: int = Field(8000, ge=1025, le=65535)
-    lease_ttl_ms: int = Field(30000, ge=1)
+    lease_ttl_ms: int = Field(30000, ge=1, le=2**31 - 1)
     log_level: Literal["debug", "info", "warn", "error"] = "error"
     world_size: int = Field(256, ge=1, le=1024)
     protocol: Literal[

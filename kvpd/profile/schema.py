@@ -159,7 +159,7 @@ class Group(ServeOptions):
     dp: int = Field(1, ge=1, le=65536)
     tp: int = Field(1, ge=1, le=1024)
     pp: int = Field(1, ge=1, le=1024)
-    cp: int = Field(1, ge=1, le=1024, description="context parallel size (prefill x decode CP)")
+    cp: int = Field(1, ge=1, le=64, description="context parallel size (prefill x decode CP)")
     dp_size_local: int | None = Field(None, ge=1, le=1024, description="DP ranks per host")
     dp_launch: Literal["auto", "single", "per_rank"] = Field(
         "auto", description="one `vllm serve` per instance or one per DP rank (external LB)"

@@ -272,3 +272,15 @@ def test_memcache_on_loopback_with_remote_clients() -> None:
     assert "kv.memcache.host: the MetaService host 'p1' has the loopback address 127.0.0.1, " \
            "but memcache clients on other hosts must reach it" in msg
 
+
+
+def test_sparse_offload_needs_a_latent_kv_model() -> None:
+    assert "model.attention: sparse KV offload supports only SFA/MLA-style models" in error(
+        LW, "model.attention=gqa", "prefill.layerwise=null", "prefill.kv_connectors=[sfa_d2h]",
+        "kv.memcache=null")
+
+
+def test_host_protocols_get_this_hosts_hcom_url() -> None:
+    p = plan(LW, "kv.memcache.protocol=host_rdma")
+    text = next(f.content for f in p.files if f.path == "conf/mmc-local.conf")
+    assert "ock.mmc.local_service.hcom_url = tcp://192.168.20.1:7000\n" in text

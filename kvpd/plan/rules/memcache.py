@@ -249,6 +249,12 @@ def rule_memcache(c: Checker) -> None:
         except ValueError as e:
             c.err((*path, "dram_size"), f"{e}.")
         else:
+            if size > 1 << 40:
+                c.warn(
+                    (*path, "dram_size"),
+                    f"{mc.dram_size} per rank is above memcache's documented maximum of 1TB. "
+                    "Use at most 1TB.",
+                )
             need = memcache_dram_need(c.p, ranks)
             if need is not None and size < need:
                 c.warn(

@@ -164,6 +164,12 @@ def rule_sparse(c: Checker) -> None:
                 "sparse KV offload does not support compressed (compress_ratios) models. "
                 "Drop sparse_offload for this model.",
             )
+        if m.attention not in ("mla", "sfa", "dsa"):
+            c.err(
+                ("model", "attention"),
+                f"sparse KV offload supports only SFA/MLA-style models (one latent KV head); "
+                f"{m.attention} is not one. Drop sparse_offload for this model.",
+            )
         if m.index_topk is None:
             c.err(
                 ("model", "index_topk"),
