@@ -164,7 +164,10 @@ def apply_sets(data: dict[str, Any], sets: list[str]) -> None:
                 nxt = {}
                 node[part] = nxt
             if not isinstance(nxt, dict):
-                raise ProfileError(f"--set {item!r}: {part} is not a mapping in this profile.")
+                raise ProfileError(
+                    f"--set {item!r}: {part} is not a mapping in this profile. Set {part} "
+                    "itself, or check the field path (`kvpd schema`)."
+                )
             node = nxt
         try:
             node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
@@ -224,7 +227,9 @@ def bundled_names() -> list[str]:
 def read_text_file(path: Path, what: str) -> str:
     """A profile or inventory file as text, refusing directories, huge and binary files."""
     if path.is_dir():
-        raise ProfileError(f"{path}: is a directory, not a {what} file. Pass the YAML file in it.")
+        raise ProfileError(
+            f"{path}: is a directory, not the {what} file. Pass the YAML file in it."
+        )
     try:
         with path.open("rb") as f:
             raw = f.read(MAX_PROFILE_BYTES + 1)

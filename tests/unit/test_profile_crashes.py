@@ -72,7 +72,7 @@ def test_recursive_alias_is_refused() -> None:
 
 def test_directory_is_named_as_a_directory(tmp_path: Path) -> None:
     r = kvpd("plan", str(tmp_path))
-    assert r.returncode == 2 and "is a directory, not a profile file" in r.stderr
+    assert r.returncode == 2 and "is a directory, not the profile file" in r.stderr
 
 
 def test_huge_file_is_refused(tmp_path: Path) -> None:
