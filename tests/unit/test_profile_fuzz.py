@@ -138,6 +138,43 @@ def test_mutated_profiles_plan_or_are_refused_never_crash(case: tuple[str, str])
             _check_scripts(out)
 
 
+SHELL_HOSTILE = st.one_of(
+    st.sampled_from(HOSTILE),
+    st.text(alphabet=st.sampled_from("$`'\"\\;|&<>(){}[]*?!#~ \n\tab-=:/.é\u202e"), max_size=16),
+)
+
+
+@st.composite
+def hostile_strings(draw: st.DrawFn) -> tuple[str, str]:
+    """A hostile string in place of string values that reach launch scripts (commands, paths,
+    env values, extra args): most of these profiles still plan, so their scripts are run."""
+    name = draw(st.sampled_from(sorted(PROFILES)))
+    data = json.loads(json.dumps(PROFILES[name]))
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        where = draw(st.sampled_from(["model.path", "model.served_name", "env.X_FUZZ",
+                                      "engine.args", "runtime.vllm", "runtime.kvpd"]))
+        value = draw(SHELL_HOSTILE)
+        head, _, leaf = where.partition(".")
+        node = data.setdefault(head, {})
+        if leaf == "args":
+            node[leaf] = ["--disable-log-stats", value] if value.startswith("-") else [value]
+        else:
+            node[leaf] = value
+    return name, yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
+
+
+@settings(
+    max_examples=60,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(hostile_strings())
+def test_hostile_strings_never_escape_their_quotes(case: tuple[str, str]) -> None:
+    test_mutated_profiles_plan_or_are_refused_never_crash.hypothesis.inner_test(case)  # type: ignore[attr-defined]
+
+
 def test_the_harness_catches_an_injected_command(tmp_path: Path) -> None:
     script = tmp_path / "launch.sh"
     script.write_text("set -e\nexport A=$(touch pwned)\n/bin/true\nrm -rf x\nexec vllm serve\n")
