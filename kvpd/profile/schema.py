@@ -265,10 +265,10 @@ class Runtime(_Model):
     python: Command = Field("python3", description="python on the hosts (proxy, services)")
     kvpd: Command = Field("kvpd", description="the kvpd command on the proxy host")
     run_dir: str | None = Field(None, description="default run dir on every host")
-    dirs: list[str] = Field(
+    dirs: list[Line] = Field(
         default_factory=list, description="directories created in the run dir before launch"
     )
-    fresh_dirs: list[str] = Field(
+    fresh_dirs: list[Line] = Field(
         default_factory=list,
         description="scratch directories in the run dir, emptied by every `kvpd up` "
         "(e.g. a local KV hand-over folder)",

@@ -68,8 +68,8 @@ def _env_value(v: Any) -> Any:
 
 
 def _no_control(v: str) -> str:
-    if any(ch in v for ch in "\x00\r\n"):
-        raise ValueError("must be one line without NUL or carriage-return characters")
+    if any((ch < " " and ch != "\t") or ch == "\x7f" for ch in v):
+        raise ValueError("must be one line without control characters (newline, NUL, ...)")
     return v
 
 

@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HARNESS = r"""
-rec() { printf '%s\x1f' "$@" >> "$REC"; printf '\x1e' >> "$REC"; }
+rec() {
+    local a
+    printf 'R' >> "$REC"
+    for a; do printf '%d:%s' "${#a}" "$a" >> "$REC"; done
+    printf '\n' >> "$REC"
+}
 exec() {
     rec EXEC "$@"
     local k
@@ -62,7 +67,12 @@ def syntax_ok(script: Path) -> subprocess.CompletedProcess[str]:
 def run_recorded(script: Path, expect_env: list[str]) -> Run:
     rec = script.with_name(script.name + ".rec")
     rec.write_bytes(b"")
-    env = {"REC": str(rec), "EXPECT_KEYS": " ".join(expect_env), "HOME": str(script.parent)}
+    env = {
+        "REC": str(rec),
+        "EXPECT_KEYS": " ".join(expect_env),
+        "HOME": str(script.parent),
+        "LC_ALL": "C",  # ${#a} counts bytes: the records are length-prefixed
+    }
     r = subprocess.run(
         ["/bin/bash", "--noprofile", "--norc", "-c", HARNESS, str(script)],
         capture_output=True,
@@ -71,7 +81,24 @@ def run_recorded(script: Path, expect_env: list[str]) -> Run:
         cwd=script.parent,
         timeout=30,
     )
-    raw = rec.read_bytes().decode("utf-8", "surrogateescape")
+    raw = rec.read_bytes()
     os.unlink(rec)
-    records = [item.split("\x1f")[:-1] for item in raw.split("\x1e") if item]
-    return Run(r.returncode, r.stderr, records)
+    return Run(r.returncode, r.stderr, _records(raw))
+
+
+def _records(raw: bytes) -> list[list[str]]:
+    """Parse `R<len>:<bytes><len>:<bytes>...\n` records (fields may hold any byte)."""
+    out: list[list[str]] = []
+    i = 0
+    while i < len(raw):
+        assert raw[i : i + 1] == b"R", raw[i : i + 20]
+        i += 1
+        fields: list[str] = []
+        while raw[i : i + 1] != b"\n":
+            colon = raw.index(b":", i)
+            n = int(raw[i:colon])
+            fields.append(raw[colon + 1 : colon + 1 + n].decode("utf-8", "surrogateescape"))
+            i = colon + 1 + n
+        out.append(fields)
+        i += 1
+    return out
