@@ -140,7 +140,10 @@ def test_mutated_profiles_plan_or_are_refused_never_crash(case: tuple[str, str])
 
 SHELL_HOSTILE = st.one_of(
     st.sampled_from(HOSTILE),
-    st.text(alphabet=st.sampled_from("\x1f\x01$`'\"\\;|&<>(){}[]*?!#~ \n\tab-=:/.é\u202e"), max_size=16),
+    st.text(
+        alphabet=st.sampled_from("\x1f\x01$`'\"\\;|&<>(){}[]*?!#~ \n\tab-=:/.é\u202e"),
+        max_size=16,
+    ),
 )
 
 
