@@ -28,8 +28,13 @@ i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
 
 
 def kvpd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvpd.cli.main", *args], capture_output=True,
-                          text=True, timeout=60, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "kvpd.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
 
 
 def parse_error(text: str) -> str:
@@ -47,8 +52,9 @@ def test_dp_address_naming_no_host_is_a_located_message() -> None:
 def test_dp_address_not_on_rank_0_is_refused() -> None:
     with pytest.raises(ProfileError) as e:
         load_plan("large-ep", sets=["decode.dp_address=d2"], base_dir="/srv/kvpd")
-    assert ("dp_address 'd2' is not where decode DP rank 0 runs ('d1')" in str(e.value)
-            and "Set dp_address: d1" in str(e.value))
+    assert "dp_address 'd2' is not where decode DP rank 0 runs ('d1')" in str(
+        e.value
+    ) and "Set dp_address: d1" in str(e.value)
 
 
 def test_binary_file_is_not_a_profile(tmp_path: Path) -> None:
@@ -87,7 +93,7 @@ def test_huge_file_is_refused(tmp_path: Path) -> None:
     [
         ("? [a, b]\n: 1\n", "a key must be plain text"),
         ("a: !!python/name:os.system ''\n", "cannot read this value"),
-        ("name: \"a\\0b\"\n", "contains a NUL character"),
+        ('name: "a\\0b"\n', "contains a NUL character"),
         ("a: " + "[" * 5000 + "]" * 5000 + "\n", "p.yaml"),
         ("- just a list\n", "a profile is a YAML mapping"),
     ],
@@ -112,7 +118,16 @@ def test_unwritable_out_directory_is_an_error_not_a_crash(tmp_path: Path) -> Non
 
 
 def test_rich_markup_in_profile_text_is_shown_literally(tmp_path: Path) -> None:
-    r = kvpd("plan", "ucm-centralized-2p2d", "--set", "kv.ucm.storage=/mnt/[/x]",
-             "--set", "kv.ucm.shared=null", "--set", 'model.served_name="[/y]"', cwd=tmp_path)
+    r = kvpd(
+        "plan",
+        "ucm-centralized-2p2d",
+        "--set",
+        "kv.ucm.storage=/mnt/[/x]",
+        "--set",
+        "kv.ucm.shared=null",
+        "--set",
+        'model.served_name="[/y]"',
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert "/mnt/[/x] must be one shared filesystem" in r.stdout and "(model [/y])" in r.stdout

@@ -26,10 +26,48 @@ PROFILES = {
     for n in bundled_names()
 }
 HOSTILE = [
-    "", " ", "a;b", "$(touch pwned)", "`id`", "x\ny", "'", '"', "\\", "*", "../..", "/..",
-    "{{ x }}", "%s", "[/red]", "[bold]x", "ünï", "\u202e", "a: b", "- x", "&a", "!!x", "#",
-    "0", "-1", "1e999", "true", "null", "~", "\t", "a=b", "${HOME}", "$HOME", "--port",
-    "192.168.10.2; touch x", "::1", "0.0.0.0", "localhost", "p1", "d1", "n1", "all",
+    "",
+    " ",
+    "a;b",
+    "$(touch pwned)",
+    "`id`",
+    "x\ny",
+    "'",
+    '"',
+    "\\",
+    "*",
+    "../..",
+    "/..",
+    "{{ x }}",
+    "%s",
+    "[/red]",
+    "[bold]x",
+    "ünï",
+    "\u202e",
+    "a: b",
+    "- x",
+    "&a",
+    "!!x",
+    "#",
+    "0",
+    "-1",
+    "1e999",
+    "true",
+    "null",
+    "~",
+    "\t",
+    "a=b",
+    "${HOME}",
+    "$HOME",
+    "--port",
+    "192.168.10.2; touch x",
+    "::1",
+    "0.0.0.0",
+    "localhost",
+    "p1",
+    "d1",
+    "n1",
+    "all",
 ]
 SCALARS = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
@@ -43,8 +81,9 @@ SCALARS = st.one_of(
 VALUES = st.one_of(
     SCALARS,
     st.lists(SCALARS, max_size=3),
-    st.dictionaries(st.sampled_from(HOSTILE[:12] + ["port", "tp", "PYTHONHASHSEED"]), SCALARS,
-                    max_size=2),
+    st.dictionaries(
+        st.sampled_from(HOSTILE[:12] + ["port", "tp", "PYTHONHASHSEED"]), SCALARS, max_size=2
+    ),
 )
 
 
@@ -154,8 +193,18 @@ def hostile_strings(draw: st.DrawFn) -> tuple[str, str]:
     name = draw(st.sampled_from(sorted(PROFILES)))
     data = json.loads(json.dumps(PROFILES[name]))
     for _ in range(draw(st.integers(min_value=1, max_value=3))):
-        where = draw(st.sampled_from(["model.path", "model.served_name", "env.X_FUZZ",
-                                      "engine.args", "runtime.vllm", "runtime.kvpd"]))
+        where = draw(
+            st.sampled_from(
+                [
+                    "model.path",
+                    "model.served_name",
+                    "env.X_FUZZ",
+                    "engine.args",
+                    "runtime.vllm",
+                    "runtime.kvpd",
+                ]
+            )
+        )
         value = draw(SHELL_HOSTILE)
         head, _, leaf = where.partition(".")
         node = data.setdefault(head, {})

@@ -19,35 +19,73 @@ EP = "large-ep"
 
 # Broken profiles covering every rule module; their messages are audited below.
 BROKEN = [
-    (LW, "prefill.tp=8"), (LW, "prefill.tp=12", "decode.tp=8"), (LW, "prefill.hosts=[p2]"),
-    (EP, "decode.dp_size_local=4"), (EP, "decode.dp=7"), (EP, "prefill.dp=6"),
-    (EP, "decode.dp_size_local=3"), (EP, "decode.dp_launch=single"),
-    (LW, "decode=null", "proxy=null"), (LW, "decode.kv_port=65530"), (LW, "decode.port=20055"),
-    (LW, "kv.memcache=null"), (LW, "prefill.enforce_eager=false"),
-    (LW, "prefill.layerwise.independent_layers=[200]"), (LW, "prefill.kv_connectors=[sfa_d2h]"),
-    (LW, "prefill.sparse_offload={topk_buffer_size: 4096}"), (LW, "decode.kv_role=kv_both"),
-    (LW, "decode.cp=2"), (LW, "decode.pp=2"), (LW, "model.index_topk=null"),
-    (LW, "decode.sparse_offload=null"), (LW, "kv.memcache.dram_size=ten"),
-    (LW, "decode.sparse_offload.topk_buffer_size=1000"), (LW, "model.compressed=true"),
-    (LW, "decode.model_runner_v2=true"), (LW, "decode.sfa_c8=true"),
-    (LW, "decode.sparse_offload.topk_buffer_size=0"), (LW, "kv.memcache.world_size=1"),
-    (LW, "kv.memcache.protocol=host_shm"), (LW, "kv.memcache.metrics_port=5000"),
-    (LW, "model.attention=gqa"), (LW, "prefill.layerwise.backend=mooncake"),
-    (LW, "hosts.d1.hardware=a2"), (LW, "decode.memfabric_protocol=device_urma"),
-    (LW, "decode.kv_role=kv_producer"), (LW, "prefill.kv_role=kv_consumer"),
+    (LW, "prefill.tp=8"),
+    (LW, "prefill.tp=12", "decode.tp=8"),
+    (LW, "prefill.hosts=[p2]"),
+    (EP, "decode.dp_size_local=4"),
+    (EP, "decode.dp=7"),
+    (EP, "prefill.dp=6"),
+    (EP, "decode.dp_size_local=3"),
+    (EP, "decode.dp_launch=single"),
+    (LW, "decode=null", "proxy=null"),
+    (LW, "decode.kv_port=65530"),
+    (LW, "decode.port=20055"),
+    (LW, "kv.memcache=null"),
+    (LW, "prefill.enforce_eager=false"),
+    (LW, "prefill.layerwise.independent_layers=[200]"),
+    (LW, "prefill.kv_connectors=[sfa_d2h]"),
+    (LW, "prefill.sparse_offload={topk_buffer_size: 4096}"),
+    (LW, "decode.kv_role=kv_both"),
+    (LW, "decode.cp=2"),
+    (LW, "decode.pp=2"),
+    (LW, "model.index_topk=null"),
+    (LW, "decode.sparse_offload=null"),
+    (LW, "kv.memcache.dram_size=ten"),
+    (LW, "decode.sparse_offload.topk_buffer_size=1000"),
+    (LW, "model.compressed=true"),
+    (LW, "decode.model_runner_v2=true"),
+    (LW, "decode.sfa_c8=true"),
+    (LW, "decode.sparse_offload.topk_buffer_size=0"),
+    (LW, "kv.memcache.world_size=1"),
+    (LW, "kv.memcache.protocol=host_shm"),
+    (LW, "kv.memcache.metrics_port=5000"),
+    (LW, "model.attention=gqa"),
+    (LW, "prefill.layerwise.backend=mooncake"),
+    (LW, "hosts.d1.hardware=a2"),
+    (LW, "decode.memfabric_protocol=device_urma"),
+    (LW, "decode.kv_role=kv_producer"),
+    (LW, "prefill.kv_role=kv_consumer"),
     (LW, "decode.sparse_offload.dram_size_per_dp_gb=1", "decode.max_num_seqs=64"),
-    (LW, "hosts.d1.memory_gb=10"), (MC, "kv.mooncake=null"), (MC, "kv.mooncake.protocol=tcp"),
-    (MC, "kv.mooncake.global_segment_size=1G"), (MC, "decode.pp=2"),
-    (MC, "prefill.kv_connectors=[]"), (MC, "proxy=null"), (MC, "decode.block_size=64"),
-    (UCM, "kv.ucm.shared=false"), (UCM, "kv.ucm.config={hit_ratio: 0.5}"),
-    (UCM, "kv.ucm.connector=UcmNfsStore"), (UCM, "kv.ucm=null"), (UCM, "prefill.pp=2"),
-    (UCM, "hosts.d1.address=192.168.10.1"), (UCM, "decode.hosts=[nowhere]"),
-    (LW, "proxy.bind=0.0.0.0"), (MIXED, "proxy={host: n1, impl: vllm-ascend}"),
+    (LW, "hosts.d1.memory_gb=10"),
+    (MC, "kv.mooncake=null"),
+    (MC, "kv.mooncake.protocol=tcp"),
+    (MC, "kv.mooncake.global_segment_size=1G"),
+    (MC, "decode.pp=2"),
+    (MC, "prefill.kv_connectors=[]"),
+    (MC, "proxy=null"),
+    (MC, "decode.block_size=64"),
+    (UCM, "kv.ucm.shared=false"),
+    (UCM, "kv.ucm.config={hit_ratio: 0.5}"),
+    (UCM, "kv.ucm.connector=UcmNfsStore"),
+    (UCM, "kv.ucm=null"),
+    (UCM, "prefill.pp=2"),
+    (UCM, "hosts.d1.address=192.168.10.1"),
+    (UCM, "decode.hosts=[nowhere]"),
+    (LW, "proxy.bind=0.0.0.0"),
+    (MIXED, "proxy={host: n1, impl: vllm-ascend}"),
     ("local", "prefill.kv_connectors=[mooncake]", "decode.kv_connectors=[mooncake]"),
-    ("local", "prefill.kv_connectors=[example]", "decode.kv_connectors=[example]",
-     "kv.example_path=null"),
-    ("local", "prefill.kv_connectors=[kvpd_store]", "decode.kv_connectors=[kvpd_store]",
-     "kv.kvpd_store=null"),
+    (
+        "local",
+        "prefill.kv_connectors=[example]",
+        "decode.kv_connectors=[example]",
+        "kv.example_path=null",
+    ),
+    (
+        "local",
+        "prefill.kv_connectors=[kvpd_store]",
+        "decode.kv_connectors=[kvpd_store]",
+        "kv.kvpd_store=null",
+    ),
     ("local", "prefill.kv_connectors=[nixl, nixl]", "decode.kv_connectors=[nixl]"),
 ]
 FIX = re.compile(
@@ -73,8 +111,10 @@ def test_every_error_says_how_to_fix_it_and_never_prints_none(case: tuple[str, .
 
 def test_port_error_names_the_field_that_caused_the_port() -> None:
     (msg,) = messages(LW, "decode.port=20055")
-    assert ": decode.port: port 20055 on host 'd1' is used twice: decode-0 (sfa_d2h kv_port " \
-           "dp0 tp5) and decode-0 (http)." not in msg  # the kv range came first in the ledger
+    assert (
+        ": decode.port: port 20055 on host 'd1' is used twice: decode-0 (sfa_d2h kv_port "
+        "dp0 tp5) and decode-0 (http)." not in msg
+    )  # the kv range came first in the ledger
     assert "decode.port" in msg and "decode.kv_port" in msg
 
 
@@ -96,8 +136,10 @@ def test_effective_block_size_is_printed() -> None:
 
 
 def test_schema_messages_are_sentences_about_the_field() -> None:
-    text = "name: x\nhosts:\n  h: {address: 1.2.3.4}\nmodel: {path: /m}\n" \
-           "bench: {sweep: {input_len: [0]}}\nmixed: {hosts: [h], tp: 0}\n"
+    text = (
+        "name: x\nhosts:\n  h: {address: 1.2.3.4}\nmodel: {path: /m}\n"
+        "bench: {sweep: {input_len: [0]}}\nmixed: {hosts: [h], tp: 0}\n"
+    )
     with pytest.raises(ProfileError) as e:
         parse_profile(text, "p.yaml")
     msg = str(e.value)
@@ -106,8 +148,9 @@ def test_schema_messages_are_sentences_about_the_field() -> None:
 
 
 def test_union_errors_are_one_message() -> None:
-    text = "name: x\nhosts:\n  h: {address: 1.2.3.4}\nmodel: {path: /m}\n" \
-           "bench: {request_rate: fast}\n"
+    text = (
+        "name: x\nhosts:\n  h: {address: 1.2.3.4}\nmodel: {path: /m}\nbench: {request_rate: fast}\n"
+    )
     with pytest.raises(ProfileError) as e:
         parse_profile(text, "p.yaml")
     assert e.value.problems == [
@@ -117,12 +160,16 @@ def test_union_errors_are_one_message() -> None:
 
 
 def test_quoted_number_gets_told_to_drop_the_quotes() -> None:
-    text = "name: x\nhosts:\n  h: {address: 1.2.3.4}\nmodel: {path: /m}\nmixed: {hosts: [h]," \
-           " port: '80'}\n"
+    text = (
+        "name: x\nhosts:\n  h: {address: 1.2.3.4}\nmodel: {path: /m}\nmixed: {hosts: [h],"
+        " port: '80'}\n"
+    )
     with pytest.raises(ProfileError) as e:
         parse_profile(text, "p.yaml")
-    assert "port must be a whole number, not '80'. Set it to a whole number (without " \
-           "quotes)." in str(e.value)
+    assert (
+        "port must be a whole number, not '80'. Set it to a whole number (without "
+        "quotes)." in str(e.value)
+    )
 
 
 def test_a_rule_about_the_mixed_group_names_it() -> None:

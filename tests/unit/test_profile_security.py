@@ -29,8 +29,10 @@ def error(name: str, *sets: str) -> str:
 
 def test_env_name_with_shell_metacharacters_is_refused_with_its_line() -> None:
     msg = error(LW, "env={'EVIL;touch /tmp/x;X': '1'}")
-    assert "env.EVIL;touch /tmp/x;X: 'EVIL;touch /tmp/x;X' is not an environment variable " \
-           "name; use letters, digits and '_'" in msg
+    assert (
+        "env.EVIL;touch /tmp/x;X: 'EVIL;touch /tmp/x;X' is not an environment variable "
+        "name; use letters, digits and '_'" in msg
+    )
 
 
 @pytest.mark.parametrize("where", ["env", "engine.env", "decode.env"])
@@ -52,8 +54,13 @@ def test_host_name_that_is_a_path_is_refused() -> None:
 
 
 def test_out_refuses_a_file_outside_the_directory(tmp_path: Path) -> None:
-    plan = Plan(deployment="d", profile_digest="0", hosts=(), processes=(), files=(
-        FileSpec(host="..", path="x/launch.sh", content="echo\n"),))
+    plan = Plan(
+        deployment="d",
+        profile_digest="0",
+        hosts=(),
+        processes=(),
+        files=(FileSpec(host="..", path="x/launch.sh", content="echo\n"),),
+    )
     with pytest.raises(PlanError, match="refusing to write"):
         write_plan_dir(plan, tmp_path / "out")
     assert not (tmp_path / "x").exists()
@@ -91,10 +98,15 @@ def test_addresses_are_validated(field: str) -> None:
 
 def test_numeric_ip_needed_for_memfabric_is_not_resolved() -> None:
     msg = error(LW, "hosts.d1.address=d1.cluster.local")
-    assert ("must be a numeric IPv4 address, not 'd1.cluster.local'. Set `hosts.d1.ip` to the "
-            "host's IPv4 address.") in msg
-    p = load_plan(LW, sets=["hosts.d1.address=d1.cluster.local", "hosts.d1.ip=192.168.20.2"],
-                  base_dir="/srv/kvpd")
+    assert (
+        "must be a numeric IPv4 address, not 'd1.cluster.local'. Set `hosts.d1.ip` to the "
+        "host's IPv4 address."
+    ) in msg
+    p = load_plan(
+        LW,
+        sets=["hosts.d1.address=d1.cluster.local", "hosts.d1.ip=192.168.20.2"],
+        base_dir="/srv/kvpd",
+    )
     assert ("VLLM_HOST_IP", "192.168.20.2") in p.process("decode-0").env
 
 
@@ -104,8 +116,9 @@ def test_hccl_if_ip_given_in_env_must_be_numeric() -> None:
 
 
 def test_launch_script_quotes_every_value(tmp_path: Path) -> None:
-    p = load_plan(LW, sets=["env={X: '$(touch pwned); `id`'}", "model.path=/m o'del"],
-                  base_dir="/srv/kvpd")
+    p = load_plan(
+        LW, sets=["env={X: '$(touch pwned); `id`'}", "model.path=/m o'del"], base_dir="/srv/kvpd"
+    )
     script = next(f.content for f in p.files if f.path == "decode-0/launch.sh")
     r = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
     assert r.returncode == 0, r.stderr
@@ -115,10 +128,16 @@ def test_launch_script_quotes_every_value(tmp_path: Path) -> None:
 
 def test_cli_out_with_hostile_host_name_exits_2(tmp_path: Path) -> None:
     prof = tmp_path / "p.yaml"
-    prof.write_text("name: x\nhardware: cpu\nhosts:\n  ../evil: {address: 127.0.0.1}\n"
-                    "model: {path: /m}\nmixed: {hosts: [../evil]}\n")
-    r = subprocess.run([sys.executable, "-m", "kvpd.cli.main", "plan", str(prof), "--out",
-                        str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    prof.write_text(
+        "name: x\nhardware: cpu\nhosts:\n  ../evil: {address: 127.0.0.1}\n"
+        "model: {path: /m}\nmixed: {hosts: [../evil]}\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "kvpd.cli.main", "plan", str(prof), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert not (tmp_path / "evil").exists()
 

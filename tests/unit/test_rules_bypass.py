@@ -51,7 +51,8 @@ def test_managed_flags_are_refused_in_args(args: str, use: str) -> None:
 
 def test_engine_args_are_checked_too() -> None:
     assert "engine.args[1]: --max-model-len is set by kvpd" in error(
-        LW, "engine.args=[--disable-log-stats, --max-model-len, '8']")
+        LW, "engine.args=[--disable-log-stats, --max-model-len, '8']"
+    )
 
 
 def test_other_args_pass_verbatim() -> None:
@@ -61,16 +62,18 @@ def test_other_args_pass_verbatim() -> None:
 
 def test_sparse_config_in_additional_config_is_refused() -> None:
     msg = error(LW, "decode.additional_config={sparse_kv_offload_config: {enabled: true}}")
-    assert "decode.additional_config.sparse_kv_offload_config: sparse_kv_offload_config is " \
-           "written by kvpd (and checked); remove it and set the decode group's " \
-           "sparse_offload instead." in msg
+    assert (
+        "decode.additional_config.sparse_kv_offload_config: sparse_kv_offload_config is "
+        "written by kvpd (and checked); remove it and set the decode group's "
+        "sparse_offload instead." in msg
+    )
 
 
-@pytest.mark.parametrize("name", ["MMC_LOCAL_CONFIG_PATH", "ASCEND_RT_VISIBLE_DEVICES",
-                                  "MOONCAKE_CONFIG_PATH"])
+@pytest.mark.parametrize(
+    "name", ["MMC_LOCAL_CONFIG_PATH", "ASCEND_RT_VISIBLE_DEVICES", "MOONCAKE_CONFIG_PATH"]
+)
 def test_managed_env_is_refused(name: str) -> None:
-    assert f"env.{name}: {name} is set by kvpd for each process" in error(
-        LW, f"env={{{name}: x}}")
+    assert f"env.{name}: {name} is set by kvpd for each process" in error(LW, f"env={{{name}: x}}")
 
 
 # --- memcache pass-through maps ---
@@ -98,8 +101,10 @@ def test_unknown_memcache_key_is_refused_with_suggestion() -> None:
 
 def test_memcache_key_in_the_wrong_file() -> None:
     msg = error(LW, 'kv.memcache.meta_extra={"ock.mmc.client.timeout.seconds": "5"}')
-    assert "belongs in the other memcache file, not mmc-meta.conf; move it to " \
-           "kv.memcache.local_extra" in msg
+    assert (
+        "belongs in the other memcache file, not mmc-meta.conf; move it to "
+        "kv.memcache.local_extra" in msg
+    )
 
 
 def test_known_memcache_keys_are_written() -> None:
@@ -109,14 +114,18 @@ def test_known_memcache_keys_are_written() -> None:
 
 
 def test_memcache_evict_thresholds() -> None:
-    msg = error(LW, 'kv.memcache.meta_extra={"ock.mmc.evict_threshold_high": "60", '
-                    '"ock.mmc.evict_threshold_low": "70"}')
+    msg = error(
+        LW,
+        'kv.memcache.meta_extra={"ock.mmc.evict_threshold_high": "60", '
+        '"ock.mmc.evict_threshold_low": "70"}',
+    )
     assert "memcache needs 1 <= low < high <= 99" in msg
 
 
 def test_memcache_lru_shards_power_of_two() -> None:
     assert "'3' is not a power of two in [1, 1024]" in error(
-        LW, 'kv.memcache.meta_extra={"ock.mmc.meta_service.lru_shard_count": "3"}')
+        LW, 'kv.memcache.meta_extra={"ock.mmc.meta_service.lru_shard_count": "3"}'
+    )
 
 
 def test_memcache_dram_below_sizing_formula_warns() -> None:
@@ -129,8 +138,10 @@ def test_memcache_dram_below_sizing_formula_warns() -> None:
 
 def test_sfa_consumer_without_producer() -> None:
     msg = error(LW, "prefill.kv_connectors=[ascend_store]")
-    assert ("prefill.kv_connectors: decode consumes KV through sfa_d2h, but prefill has no "
-            "sfa_d2h producer") in msg
+    assert (
+        "prefill.kv_connectors: decode consumes KV through sfa_d2h, but prefill has no "
+        "sfa_d2h producer"
+    ) in msg
 
 
 def test_prefill_first_proxy_in_sfa_deployment() -> None:
@@ -140,7 +151,8 @@ def test_prefill_first_proxy_in_sfa_deployment() -> None:
 
 def test_layerwise_proxy_without_a_layerwise_decode() -> None:
     assert "the layerwise (decode-first) proxy works with SfaRemoteD2H" in error(
-        MC, "proxy.flow=layerwise", "proxy.bind=192.168.10.1")
+        MC, "proxy.flow=layerwise", "proxy.bind=192.168.10.1"
+    )
 
 
 def test_sparse_offload_needs_bf16_main_cache() -> None:
@@ -162,12 +174,14 @@ def test_mooncake_with_pp_and_cp_together() -> None:
 
 def test_two_p2p_connectors_in_one_group() -> None:
     assert "both return kv_transfer_params" in error(
-        MC, "prefill.kv_connectors=[mooncake, nixl]", "decode.kv_connectors=[mooncake, nixl]")
+        MC, "prefill.kv_connectors=[mooncake, nixl]", "decode.kv_connectors=[mooncake, nixl]"
+    )
 
 
 def test_p2p_connector_on_a_mixed_group() -> None:
     assert "mixed.kv_connectors: mooncake moves KV from a prefill to a decode instance" in error(
-        MIXED, "mixed.kv_connectors=[mooncake]", "kv.mooncake={host: n1}")
+        MIXED, "mixed.kv_connectors=[mooncake]", "kv.mooncake={host: n1}"
+    )
 
 
 def test_mixed_beside_prefill_and_decode_is_refused() -> None:
@@ -179,7 +193,8 @@ def test_mixed_group_rules_name_the_mixed_group() -> None:
     msg = error(MIXED, "mixed.sparse_offload={topk_buffer_size: 128}")
     assert "a mixed engine with it is refused" in msg and "from mixed" in msg
     assert "mixed.kv_role: a mixed group both prefills and decodes" in error(
-        MIXED, "mixed.kv_role=kv_producer")
+        MIXED, "mixed.kv_role=kv_producer"
+    )
 
 
 def test_ucm_tp_must_match_between_prefill_and_decode() -> None:
@@ -188,18 +203,22 @@ def test_ucm_tp_must_match_between_prefill_and_decode() -> None:
 
 def test_layerwise_tp_mismatch_on_the_pool() -> None:
     msg = error(LW, "decode.kv_connectors=[sfa_d2h, ascend_store]", "decode.tp=8")
-    assert ("decode.tp: prefill saves layerwise KV to the pool with tp 16 but decode reads it "
-            "with tp 8; AscendStore refuses a TP mismatch with layerwise transfer") in msg
+    assert (
+        "decode.tp: prefill saves layerwise KV to the pool with tp 16 but decode reads it "
+        "with tp 8; AscendStore refuses a TP mismatch with layerwise transfer"
+    ) in msg
 
 
 def test_model_runner_v2_from_env_counts() -> None:
     assert "sparse KV offload needs Model Runner V1" in error(
-        LW, "decode.env={VLLM_USE_V2_MODEL_RUNNER: '1'}")
+        LW, "decode.env={VLLM_USE_V2_MODEL_RUNNER: '1'}"
+    )
 
 
 def test_sfa_c8_through_additional_config_counts() -> None:
     assert "cannot be combined with sparse SFA C8" in error(
-        LW, "decode.additional_config={enable_sparse_sfa_c8: true}")
+        LW, "decode.additional_config={enable_sparse_sfa_c8: true}"
+    )
 
 
 # --- values that look valid to the schema but are not ---
@@ -228,7 +247,8 @@ def test_empty_ucm_storage() -> None:
 
 def test_duplicate_hosts_in_a_group() -> None:
     assert "decode.hosts: 'd1' is listed twice; list each entry once." in error(
-        LW, "decode.hosts=[d1, d1]")
+        LW, "decode.hosts=[d1, d1]"
+    )
 
 
 def test_idle_host_warns() -> None:
@@ -238,7 +258,8 @@ def test_idle_host_warns() -> None:
 
 def test_debug_only_keep_device_kv_cache_warns() -> None:
     assert "keep_device_kv_cache is a debug-only option" in warnings(
-        LW, "decode.sparse_offload.keep_device_kv_cache=true")
+        LW, "decode.sparse_offload.keep_device_kv_cache=true"
+    )
 
 
 def test_hashing_connector_without_seed_warns() -> None:
@@ -248,36 +269,51 @@ def test_hashing_connector_without_seed_warns() -> None:
 
 def test_ucm_config_cannot_repeat_managed_keys() -> None:
     assert "kv.ucm.config.storage_backends: storage_backends is written by kvpd" in error(
-        UCM, "kv.ucm.config={storage_backends: /x}")
+        UCM, "kv.ucm.config={storage_backends: /x}"
+    )
 
 
 def test_ucm_config_shard_bytes_must_be_a_number() -> None:
     assert "kv.ucm.config.data_dir_shard_bytes: 'x' is not a whole number in [0, 5]" in error(
-        UCM, "kv.ucm.config={data_dir_shard_bytes: x}")
+        UCM, "kv.ucm.config={data_dir_shard_bytes: x}"
+    )
 
 
 def test_mooncake_device_name_empty_for_ascend() -> None:
     assert "device_name must be empty with the ascend protocol" in error(
-        MC, "kv.mooncake.device_name=eth0")
+        MC, "kv.mooncake.device_name=eth0"
+    )
 
 
 def test_mooncake_lease_must_outlive_transfer_timeout() -> None:
     assert "default_kv_lease_ttl 11000 ms is not above ASCEND_TRANSFER_TIMEOUT 20000 ms" in error(
-        MC, "env={PYTHONHASHSEED: '0', ASCEND_TRANSFER_TIMEOUT: '20000'}")
+        MC, "env={PYTHONHASHSEED: '0', ASCEND_TRANSFER_TIMEOUT: '20000'}"
+    )
 
 
 def test_memcache_on_loopback_with_remote_clients() -> None:
-    msg = error(LW, "hosts.p1.address=127.0.0.1", "kv.memcache.host=p1",
-                "hosts.p1.transport=ssh", "prefill.hosts=[d1]", "decode.hosts=[p1]")
-    assert "kv.memcache.host: the MetaService host 'p1' has the loopback address 127.0.0.1, " \
-           "but memcache clients on other hosts must reach it" in msg
-
+    msg = error(
+        LW,
+        "hosts.p1.address=127.0.0.1",
+        "kv.memcache.host=p1",
+        "hosts.p1.transport=ssh",
+        "prefill.hosts=[d1]",
+        "decode.hosts=[p1]",
+    )
+    assert (
+        "kv.memcache.host: the MetaService host 'p1' has the loopback address 127.0.0.1, "
+        "but memcache clients on other hosts must reach it" in msg
+    )
 
 
 def test_sparse_offload_needs_a_latent_kv_model() -> None:
     assert "model.attention: sparse KV offload supports only SFA/MLA-style models" in error(
-        LW, "model.attention=gqa", "prefill.layerwise=null", "prefill.kv_connectors=[sfa_d2h]",
-        "kv.memcache=null")
+        LW,
+        "model.attention=gqa",
+        "prefill.layerwise=null",
+        "prefill.kv_connectors=[sfa_d2h]",
+        "kv.memcache=null",
+    )
 
 
 def test_host_protocols_get_this_hosts_hcom_url() -> None:
