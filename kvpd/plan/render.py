@@ -8,7 +8,7 @@ from typing import Any
 import jinja2
 
 from kvpd.plan.processes import Proc
-from kvpd.plan.shell import command_lines, quote, quote_expanding
+from kvpd.plan.shell import ENV_NAME, command_lines, quote, quote_expanding
 
 
 @lru_cache(maxsize=1)
@@ -33,6 +33,11 @@ def render(template: str, **context: Any) -> str:
 
 
 def launch_script(proc: Proc, deployment: str, log: str, dirs: list[str] | None = None) -> str:
+    """The launch script of `proc`. Env names go into the script unquoted (`export NAME=...`):
+    the schema allows only identifiers, and this is the last guard against a kvpd bug."""
+    for name, _ in proc.env:
+        if not ENV_NAME.fullmatch(name):
+            raise ValueError(f"refusing to render env name {name!r} into a launch script")
     return render(
         "launch.sh.j2",
         dirs=dirs or [],

@@ -52,7 +52,7 @@ class Memcache(_Model):
 
 
 class Memfabric(_Model):
-    extend_lib_path: str | None = Field(
+    extend_lib_path: Line | None = Field(
         "/usr/local/memfabric_hybrid/1.2.0/aarch64-linux/lib64",
         description="MEMFABRIC_HYBRID_EXTEND_LIB_PATH (null to leave unset)",
     )
@@ -69,12 +69,12 @@ class Mooncake(_Model):
     eviction_high_watermark_ratio: float = Field(0.9, gt=0, le=1)
     eviction_ratio: float = Field(0.1, gt=0, lt=1)
     default_kv_lease_ttl: int = Field(11000, ge=1)
-    extra_args: list[str] = Field(default_factory=list)
-    metadata_server: str = "P2PHANDSHAKE"
-    protocol: str = "ascend"
+    extra_args: list[Line] = Field(default_factory=list)
+    metadata_server: Line = "P2PHANDSHAKE"
+    protocol: Line = "ascend"
     device_name: str = Field("", pattern=r"^[A-Za-z0-9_.:,@-]*$")
     global_segment_size: Line = "1GB"
-    ld_library_path: str | None = "/usr/local/lib"
+    ld_library_path: Line | None = "/usr/local/lib"
     binary: Command = "mooncake_master"
 
 

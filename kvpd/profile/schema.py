@@ -195,7 +195,7 @@ class Proxy(_Model):
     impl: Literal["kvpd", "vllm-ascend"] = Field(
         "kvpd", description="kvpd's proxy or vLLM-Ascend's example proxy script"
     )
-    script: str | None = Field(None, description="path of the vLLM-Ascend example proxy")
+    script: Line | None = Field(None, description="path of the vLLM-Ascend example proxy")
     python: Command = "python"
 
 

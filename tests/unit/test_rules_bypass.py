@@ -320,3 +320,10 @@ def test_host_protocols_get_this_hosts_hcom_url() -> None:
     p = plan(LW, "kv.memcache.protocol=host_rdma")
     text = next(f.content for f in p.files if f.path == "conf/mmc-local.conf")
     assert "ock.mmc.local_service.hcom_url = tcp://192.168.20.1:7000\n" in text
+
+
+def test_mooncake_master_extra_args_cannot_move_its_ports() -> None:
+    assert (
+        "kv.mooncake.extra_args[0]: --port is set by kvpd (and checked in the port ledger); "
+        "remove it and set kv.mooncake.port instead."
+    ) in error(MC, "kv.mooncake.extra_args=[--port=1234]")

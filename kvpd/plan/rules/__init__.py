@@ -34,6 +34,7 @@ RULES: tuple[Rule, ...] = (
     kvservices.rule_mooncake,
     kvservices.rule_mooncake_parallel,
     kvservices.rule_mooncake_timeouts,
+    kvservices.rule_mooncake_args,
     kvservices.rule_ucm,
     connectors.rule_consistency,
     ports.rule_proxy,

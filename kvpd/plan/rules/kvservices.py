@@ -172,6 +172,32 @@ def rule_mooncake_parallel(c: Checker) -> None:
         )
 
 
+MASTER_FLAGS = {
+    "--port": "kv.mooncake.port",
+    "--metrics_port": "kv.mooncake.metrics_port",
+    "--eviction_ratio": "kv.mooncake.eviction_ratio",
+    "--eviction_high_watermark_ratio": "kv.mooncake.eviction_high_watermark_ratio",
+    "--default_kv_lease_ttl": "kv.mooncake.default_kv_lease_ttl",
+    "--enable_http_metadata_server": "kv.mooncake.http_metadata_port",
+    "--http_metadata_server_port": "kv.mooncake.http_metadata_port",
+}
+
+
+def rule_mooncake_args(c: Checker) -> None:
+    """`extra_args` of the master must not re-set the ports and values kvpd checks."""
+    mk = c.p.kv.mooncake
+    if mk is None:
+        return
+    for i, arg in enumerate(mk.extra_args):
+        flag = arg.split("=", 1)[0]
+        if flag in MASTER_FLAGS:
+            c.err(
+                ("kv", "mooncake", "extra_args", i),
+                f"{flag} is set by kvpd (and checked in the port ledger); remove it and set "
+                f"{MASTER_FLAGS[flag]} instead.",
+            )
+
+
 def rule_mooncake_timeouts(c: Checker) -> None:
     """The master's KV lease must outlive the transfer timeouts (kv-stores.md §5.3.4)."""
     mk = c.p.kv.mooncake
