@@ -286,7 +286,7 @@ class Runtime(_Model):
 
 
 class Profile(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     description: str = ""
     hardware: Hardware = "a3"
     ssh: SSH = Field(default_factory=lambda: SSH.model_validate({}))

@@ -42,7 +42,12 @@ def is_ipv4(text: str) -> bool:
 
 
 def _address(v: str) -> str:
-    if is_ip(v) or _HOSTNAME.fullmatch(v):
+    if is_ip(v):
+        return v
+    numeric = all(label.isdigit() for label in v.rstrip(".").split("."))
+    if numeric:  # 192.168.1 or 999.1.1.1: meant as an IPv4 address, and not one
+        raise ValueError(f"{v!r} is not a valid IPv4 address; write four numbers 0-255")
+    if _HOSTNAME.fullmatch(v):
         return v
     raise ValueError(
         f"{v!r} is not an IPv4/IPv6 address or a host name (letters, digits, '-' and '.'); "

@@ -327,3 +327,13 @@ def test_mooncake_master_extra_args_cannot_move_its_ports() -> None:
         "kv.mooncake.extra_args[0]: --port is set by kvpd (and checked in the port ledger); "
         "remove it and set kv.mooncake.port instead."
     ) in error(MC, "kv.mooncake.extra_args=[--port=1234]")
+
+
+def test_tp_must_shard_the_kv_heads() -> None:
+    assert "prefill.tp: tp 3 cannot shard the model's 8 KV heads" in error(
+        UCM, "prefill.tp=3", "decode.tp=3"
+    )
+
+
+def test_address_that_looks_like_ipv4_must_be_one() -> None:
+    assert "'999.1.1.1' is not a valid IPv4 address" in error(LW, "hosts.p1.address=999.1.1.1")

@@ -21,6 +21,7 @@ RULES: tuple[Rule, ...] = (
     topology.rule_groups_present,
     topology.rule_parallelism,
     topology.rule_dp_layout,
+    topology.rule_tp_heads,
     connectors.rule_mixed,
     connectors.rule_roles,
     connectors.rule_pairs,

@@ -191,3 +191,19 @@ def rule_dp_layout(c: Checker) -> None:
                     f"('{first}'), so the other ranks would wait for a DP master that never "
                     f"listens. Set dp_address: {first} or leave it unset.",
                 )
+
+
+def rule_tp_heads(c: Checker) -> None:
+    """vLLM shards KV heads over TP ranks: tp must divide kv_heads or be a multiple of it."""
+    m = c.p.model
+    if m.attention not in ("mha", "gqa") or m.kv_heads is None:
+        return
+    for role, g in c.groups():
+        tp, heads = g.tp, m.kv_heads
+        if (tp <= heads and heads % tp) or (tp > heads and tp % heads):
+            ok = [t for t in (1, 2, 4, 8, 16, 32) if heads % t == 0 or t % heads == 0]
+            c.err(
+                (role, "tp"),
+                f"tp {tp} cannot shard the model's {heads} KV heads (tp must divide them or be "
+                f"a multiple of them). Use tp {' or '.join(str(t) for t in ok[:4])}.",
+            )
