@@ -32,25 +32,26 @@ def rule_layerwise(c: Checker) -> None:
         if lw.backend != "memcache" or not lw.use_layerwise:
             c.err(
                 path,
-                "layerwise prefill offload needs backend memcache and use_layerwise: true "
+                f"layerwise offload on {role} needs backend memcache and use_layerwise: true "
                 "(otherwise the GVA layerwise path is off). Set both.",
             )
         elif c.p.kv.memcache is None:
             c.err(
                 ("kv", "memcache"),
-                "layerwise prefill offload needs the memcache MetaService: "
+                f"layerwise offload on {role} needs the memcache MetaService: "
                 "add `kv.memcache: {host: <host>}`.",
             )
         opts = merged(c.p, g)
         if opts.enforce_eager is False:
             c.err(
                 (role, "enforce_eager"),
-                "layerwise prefill offload requires eager mode; remove `enforce_eager: false`.",
+                f"layerwise offload on {role} requires eager mode; remove "
+                "`enforce_eager: false`.",
             )
         if c.p.model.attention not in ("mla", "sfa", "dsa"):
             c.err(
                 ("model", "attention"),
-                f"layerwise prefill offload needs an MLA, SFA or DSA "
+                f"layerwise offload on {role} needs an MLA, SFA or DSA "
                 f"attention model, not {c.p.model.attention}. Drop `layerwise:` for this model "
                 "(or fix model.attention).",
             )
