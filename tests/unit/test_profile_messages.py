@@ -90,7 +90,7 @@ BROKEN = [
 ]
 FIX = re.compile(
     r"\b(use|set|add|remove|move|lower|raise|pick|give|write|leave|drop|change|turn|point|"
-    r"prefer|list|check|rename|pass|serve|split|keep|mount|quote|fix|increase)\b",
+    r"prefer|list|check|rename|pass|serve|split|keep|mount|quote|fix|increase|round)\b",
     re.IGNORECASE,
 )
 
@@ -175,3 +175,28 @@ def test_quoted_number_gets_told_to_drop_the_quotes() -> None:
 def test_a_rule_about_the_mixed_group_names_it() -> None:
     (msg,) = messages(MIXED, "mixed.sparse_offload={topk_buffer_size: 128}")
     assert "mixed.sparse_offload" in msg and "prefill" not in msg
+
+
+WARNED = [
+    (LW, "prefill.layerwise.independent_layers=all"),
+    (LW, "prefill.layerwise.num_shared_buffers=null"),
+    (LW, "prefill.layerwise.num_shared_buffers=100"),
+    (LW, "decode.sparse_offload.keep_device_kv_cache=true"),
+    (LW, "kv.memcache.dram_size=1GB"),
+    (LW, "kv.memcache.dram_size=1500MB"),
+    (MC, "kv.mooncake.global_segment_size=1536MB"),
+    (MC, "env={}"),
+    (UCM, "kv.ucm.shared=null"),
+    ("local", "bench.input_len=600"),
+    (LW, "proxy.impl=vllm-ascend"),
+]
+
+
+@pytest.mark.parametrize("case", WARNED, ids=lambda c: " ".join(c[1:]))
+def test_every_warning_says_what_to_do(case: tuple[str, ...]) -> None:
+    plan = load_plan(case[0], sets=list(case[1:]), base_dir="/srv/kvpd")
+    assert plan.warnings
+    for msg in plan.warnings:
+        text = msg.split(": ", 2)[-1]
+        assert FIX.search(text), f"no fix in: {msg}"
+        assert "None" not in text, msg

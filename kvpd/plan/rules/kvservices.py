@@ -37,7 +37,7 @@ def rule_mooncake(c: Checker) -> None:
             c.warn(
                 (*path, "global_segment_size"),
                 f"{mk.global_segment_size} is not a whole "
-                "number of GB; vLLM-Ascend documents 1 GB alignment.",
+                "number of GB; vLLM-Ascend documents 1 GB alignment. Round it to whole GB.",
             )
     except ValueError:
         c.err(

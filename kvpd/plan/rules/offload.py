@@ -27,7 +27,7 @@ def rule_layerwise(c: Checker) -> None:
             c.warn(
                 path,
                 "layerwise AscendStore on decode is not what the guide validates "
-                "(use_layerwise is documented as prefill-only).",
+                "(use_layerwise is documented as prefill-only). Prefer layerwise on prefill only.",
             )
         if lw.backend != "memcache" or not lw.use_layerwise:
             c.err(
@@ -45,8 +45,7 @@ def rule_layerwise(c: Checker) -> None:
         if opts.enforce_eager is False:
             c.err(
                 (role, "enforce_eager"),
-                f"layerwise offload on {role} requires eager mode; remove "
-                "`enforce_eager: false`.",
+                f"layerwise offload on {role} requires eager mode; remove `enforce_eager: false`.",
             )
         if c.p.model.attention not in ("mla", "sfa", "dsa"):
             c.err(
@@ -82,7 +81,11 @@ def rule_layerwise(c: Checker) -> None:
         layers = c.p.model.layers
         il = lw.independent_layers
         if il == "all":
-            c.warn((*path, "independent_layers"), "independent_layers: all disables buffer reuse.")
+            c.warn(
+                (*path, "independent_layers"),
+                "independent_layers: all disables buffer reuse. Use a list (e.g. [0]) to reuse "
+                "buffers.",
+            )
         elif layers is not None:
             bad = [i for i in il if not -layers <= i < layers]
             if bad:
@@ -98,11 +101,12 @@ def rule_layerwise(c: Checker) -> None:
                     (*path, "num_shared_buffers"),
                     f"{lw.num_shared_buffers} shared buffers for "
                     f"{reusable} reusable layers: no reuse happens (needs fewer buffers than "
-                    "layers).",
+                    f"layers). Use at most {max(1, reusable - 1)}.",
                 )
         if lw.num_shared_buffers is None:
             c.warn(
-                (*path, "num_shared_buffers"), "unset: every layer gets its own buffer, no reuse."
+                (*path, "num_shared_buffers"),
+                "unset: every layer gets its own buffer, no reuse. Set it (the guide uses 3).",
             )
         if "mooncake_layerwise" in g.kv_connectors and il != "all":
             c.err(
