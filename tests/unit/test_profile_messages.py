@@ -110,12 +110,10 @@ def test_every_error_says_how_to_fix_it_and_never_prints_none(case: tuple[str, .
 
 
 def test_port_error_names_the_field_that_caused_the_port() -> None:
-    (msg,) = messages(LW, "decode.port=20055")
-    assert (
-        ": decode.port: port 20055 on host 'd1' is used twice: decode-0 (sfa_d2h kv_port "
-        "dp0 tp5) and decode-0 (http)." not in msg
-    )  # the kv range came first in the ledger
-    assert "decode.port" in msg and "decode.kv_port" in msg
+    (msg,) = messages(LW, "decode.kv_port=8200")
+    assert msg.startswith("bundled:layerwise-sparse-1p1d:50: decode.kv_port: port 8200 on host ")
+    assert "decode-0 (http) and decode-0 (sfa_d2h kv_port dp0 tp0)" in msg
+    assert "Move decode.kv_port or decode.port" in msg
 
 
 def test_ten_overflowing_ports_are_one_message() -> None:

@@ -102,6 +102,7 @@ def rule_ports(c: Checker) -> None:
     over: dict[Path_, list[tuple[Proc, int]]] = {}
     seen: dict[tuple[str, int], tuple[Proc, str, Path_]] = {}
     clashes: dict[tuple[Path_, Path_], list[tuple[str, int, str, str]]] = {}
+    located: dict[tuple[Path_, Path_], Path_] = {}
     for proc in c.procs:
         for port, purpose in proc.ports:
             field = port_field(proc, purpose)
@@ -112,6 +113,7 @@ def rule_ports(c: Checker) -> None:
             if key in seen:
                 first, first_purpose, first_field = seen[key]
                 pair = (first_field, field) if first_field <= field else (field, first_field)
+                located.setdefault(pair, field)  # the field whose port arrived second
                 clashes.setdefault(pair, []).append(
                     (proc.host, port, f"{first.name} ({first_purpose})", f"{proc.name} ({purpose})")
                 )
@@ -127,7 +129,9 @@ def rule_ports(c: Checker) -> None:
             f"{_field(field)} plus an offset per process and rank). Lower {_field(field)} by "
             f"at least {top - 65535}.",
         )
-    for (first_field, field), pairs in clashes.items():
+    for pair, pairs in clashes.items():
+        field = located[pair]
+        first_field = pair[0] if pair[1] == field else pair[1]
         host, port, a, b = pairs[0]
         hosts = sorted({h for h, _, _, _ in pairs})
         where = f"host '{host}'" if len(hosts) == 1 else f"{len(hosts)} hosts ({', '.join(hosts)})"
