@@ -12,7 +12,14 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from kvpd.profile.base import _Model
+
+# The KV-service models live in kv_schema; re-exported so `kvpd.profile.schema` keeps every model.
+from kvpd.profile.kv_schema import UCM as UCM
+from kvpd.profile.kv_schema import KvpdStore as KvpdStore
 from kvpd.profile.kv_schema import KvServices
+from kvpd.profile.kv_schema import Memcache as Memcache
+from kvpd.profile.kv_schema import Memfabric as Memfabric
+from kvpd.profile.kv_schema import Mooncake as Mooncake
 from kvpd.profile.types import (
     Address,
     Command,
