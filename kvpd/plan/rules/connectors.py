@@ -132,7 +132,7 @@ def rule_pairs(c: Checker) -> None:
                 f"decode consumes KV through {comp}, but prefill has no {comp} producer, so "
                 f"no KV would ever arrive. Add {comp} to prefill.kv_connectors.",
             )
-        elif comp in p.connectors and comp not in d.connectors and comp != "nixl":
+        elif comp in p.connectors and comp not in d.connectors:
             c.err(
                 ("decode", "kv_connectors"),
                 f"prefill produces KV through {comp}, but decode has no {comp} consumer to "
