@@ -266,7 +266,10 @@ def rule_memcache(c: Checker) -> None:
                 )
     meta_host = c.p.hosts.get(mc.host)
     clients = {h for gf in c.gfacts() if "ascend_store" in gf.connectors for h in gf.group.hosts}
-    if meta_host is not None and _loopback(meta_host.address) and clients - {mc.host}:
+    remote = [
+        h for h in clients - {mc.host} if h in c.p.hosts and not _loopback(c.p.hosts[h].address)
+    ]
+    if meta_host is not None and _loopback(meta_host.address) and remote:
         c.err(
             (*path, "host"),
             f"the MetaService host '{mc.host}' has the loopback address {meta_host.address}, "
