@@ -6,6 +6,7 @@ SkyPilot-style "did you mean" is computed from the fields the schema allows at t
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
@@ -99,8 +100,8 @@ def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
             return None
         if id(n) in done:  # an alias of a node already read: count its values again
             seen, size = done[id(n)]
-            grow(n, path, size)
-            return seen
+            grow(n, path, size)  # raises before copying once the total is too large
+            return copy.deepcopy(seen)  # --set and inventories must not change both places
         if id(n) in active:
             raise fail(n, path, "an alias refers to itself. Remove the recursive alias.")
         before = count[0]
