@@ -131,3 +131,11 @@ def test_rich_markup_in_profile_text_is_shown_literally(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "/mnt/[/x] must be one shared filesystem" in r.stdout and "(model [/y])" in r.stdout
+
+
+def test_each_alias_use_is_its_own_value() -> None:
+    from kvpd.profile.load import _compose
+
+    data, _ = _compose("a: &x {b: 1}\nc: *x\n", "p.yaml")
+    data["c"]["b"] = 2
+    assert data["a"] == {"b": 1}
