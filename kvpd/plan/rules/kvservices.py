@@ -46,7 +46,7 @@ def rule_mooncake(c: Checker) -> None:
             "GB, MB, KB or B (e.g. 1GB); '1G' and '1GiB' are rejected by vLLM-Ascend.",
         )
     if not 0 < mk.eviction_ratio < 1:
-        c.err((*path, "eviction_ratio"), "must be between 0 and 1 (exclusive), e.g. 0.1.")
+        c.err((*path, "eviction_ratio"), "must be between 0 and 1 (exclusive); use e.g. 0.1.")
     if not c.rehearse:
         for role, _g in users:
             for ep in c.layout.procs:

@@ -184,7 +184,7 @@ def _extra_values(c: Checker) -> None:
             c.err(
                 (*path, "local_extra", "ubsio.mem.size_in_gb"),
                 "with the SSD tier ubsio.mem.size_in_gb must be a whole number in [5, 3072]; "
-                "50 is recommended.",
+                "use 50 (recommended).",
             )
     if mc.protocol == "host_shm":
         hbm = local.get("ock.mmc.local_service.hbm.size", "0")
