@@ -74,7 +74,9 @@ def _env_value(v: Any) -> Any:
 
 def _no_control(v: str) -> str:
     if any((ch < " " and ch != "\t") or ch == "\x7f" for ch in v):
-        raise ValueError("must be one line without control characters (newline, NUL, ...)")
+        raise ValueError(
+            "must be one line without control characters (newline, NUL, ...); remove them"
+        )
     return v
 
 
