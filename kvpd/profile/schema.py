@@ -7,7 +7,7 @@ problems at once, each with its field path and YAML line.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -32,6 +32,7 @@ from kvpd.profile.types import (
     NicName,
 )
 
+Positive = Annotated[int, Field(ge=1)]
 Hardware = Literal["a2", "a3", "950", "cuda", "cpu"]
 ASCEND = ("a2", "a3", "950")
 # Devices per host when a host does not say: Atlas 800 A2 has 8 NPUs, A3 16 dies, 950 8.
@@ -209,9 +210,9 @@ class Proxy(_Model):
 class BenchSweep(_Model):
     """Lists `kvpd bench` sweeps over (cross product); empty: the single value of `bench`."""
 
-    input_len: list[int] = Field(default_factory=list)
-    output_len: list[int] = Field(default_factory=list)
-    max_concurrency: list[int] = Field(default_factory=list)
+    input_len: list[Positive] = Field(default_factory=list)
+    output_len: list[Positive] = Field(default_factory=list)
+    max_concurrency: list[Positive] = Field(default_factory=list)
 
 
 class Bench(_Model):

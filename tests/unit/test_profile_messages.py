@@ -142,6 +142,7 @@ def test_schema_messages_are_sentences_about_the_field() -> None:
         parse_profile(text, "p.yaml")
     msg = str(e.value)
     assert "p.yaml:6: mixed.tp: tp must be at least 1, not 0. Set it to at least 1." in msg
+    assert "p.yaml:5: bench.sweep.input_len[0]: this entry must be at least 1, not 0." in msg
     assert "input should be" not in msg
 
 
