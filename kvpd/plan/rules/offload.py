@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvpd.plan.kvconfig import memfabric_protocol
-from kvpd.plan.layout import hardware_of, merged
+from kvpd.plan.layout import hardware_of
 from kvpd.plan.rules.base import Checker
 from kvpd.plan.sizing import GiB, kv_bytes
 
@@ -11,7 +11,8 @@ MEMFABRIC_PROTOCOLS = {"a3": ("sdma", "device_rdma"), "950": ("device_urma",)}
 
 
 def rule_layerwise(c: Checker) -> None:
-    for role, g in c.groups():
+    for gf in c.gfacts():
+        role, g = gf.role, gf.group
         lw = g.layerwise
         if lw is None:
             continue
@@ -41,7 +42,7 @@ def rule_layerwise(c: Checker) -> None:
                 f"layerwise offload on {role} needs the memcache MetaService: "
                 "add `kv.memcache: {host: <host>}`.",
             )
-        opts = merged(c.p, g)
+        opts = gf.opts
         if opts.enforce_eager is False:
             c.err(
                 (role, "enforce_eager"),
@@ -119,7 +120,8 @@ def rule_layerwise(c: Checker) -> None:
 
 def rule_sparse(c: Checker) -> None:
     m = c.p.model
-    for role, g in c.groups():
+    for gf in c.gfacts():
+        role, g, opts = gf.role, gf.group, gf.opts
         so = g.sparse_offload
         uses_sfa = "sfa_d2h" in g.kv_connectors
         if so is None or not so.enabled:
@@ -156,7 +158,7 @@ def rule_sparse(c: Checker) -> None:
                 f"sparse KV offload requires a BF16 main SFA cache, but the model dtype is "
                 f"{m.dtype}. Serve the model in bfloat16 or drop sparse_offload.",
             )
-        kv_dtype = _arg_value(list(merged(c.p, g).args or []), "--kv-cache-dtype")
+        kv_dtype = _arg_value(list(opts.args or []), "--kv-cache-dtype")
         if kv_dtype not in (None, "auto", "bfloat16"):
             c.err(
                 (role, "args"),
@@ -185,14 +187,14 @@ def rule_sparse(c: Checker) -> None:
             c.err((role, "cp"), "sparse KV offload does not support context parallel. Set cp: 1.")
         if g.pp > 1:
             c.err((role, "pp"), "sparse KV offload does not support pipeline parallel. Set pp: 1.")
-        env = {**c.p.env, **(merged(c.p, g).env or {})}
+        env = gf.env
         if g.model_runner_v2 or env.get("VLLM_USE_V2_MODEL_RUNNER", "0") not in ("0", ""):
             c.err(
                 (role, "model_runner_v2"),
                 "sparse KV offload needs Model Runner V1. Set model_runner_v2: false and "
                 "VLLM_USE_V2_MODEL_RUNNER=0 (or leave both unset).",
             )
-        add = merged(c.p, g).additional_config or {}
+        add = opts.additional_config or {}
         if g.sfa_c8 or add.get("enable_sparse_sfa_c8"):
             c.err(
                 (role, "sfa_c8"),
@@ -206,7 +208,7 @@ def rule_sparse(c: Checker) -> None:
                 "SfaRemoteD2HConnector: add sfa_d2h to kv_connectors.",
             )
         tb = so.topk_buffer_size
-        block = merged(c.p, g).block_size or m.block_size
+        block = gf.block_size
         if tb <= 0:
             c.err(
                 (*path, "topk_buffer_size"),
@@ -226,8 +228,8 @@ def rule_sparse(c: Checker) -> None:
                 (*path, "topk_buffer_size"),
                 f"{tb} is not divisible by block_size {block}; use {up}.",
             )
-        max_len = merged(c.p, g).max_model_len or m.max_model_len
-        seqs = merged(c.p, g).max_num_seqs
+        max_len = gf.max_model_len
+        seqs = opts.max_num_seqs
         if max_len and seqs:
             need = kv_bytes(m, max_len * seqs)
             if need is not None and need > so.dram_size_per_dp_gb * GiB:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 
-from kvpd.plan.layout import dp_size_local, host_devices, merged
+from kvpd.plan.layout import dp_size_local, host_devices
 from kvpd.plan.rules.base import Checker, Path_
 
 
@@ -142,8 +142,7 @@ def rule_parallelism(c: Checker) -> None:
 
 
 def rule_model(c: Checker) -> None:
-    m = c.p.model
-    if m.max_model_len is None and not any(merged(c.p, g).max_model_len for _, g in c.groups()):
+    if c.p.model.max_model_len is None and not any(g.max_model_len for g in c.gfacts()):
         c.warn(
             ("model", "max_model_len"),
             "not set: vLLM uses the model's maximum, and kvpd cannot "
