@@ -1,7 +1,14 @@
 """The probe preflight runs on each host with `python3 -c` (stdlib only, read-only except the
 shared-directory token), printing one JSON document."""
 
-PROBE = r'''
+import inspect
+
+from kvpd.exec.procfs import listening_in
+
+# The /proc/net/tcp parser is the transports' own, sent as source (the probe is one script).
+PROBE = (
+    inspect.getsource(listening_in)
+    + r'''
 import json, os, platform, shutil, subprocess, sys
 req = json.loads(sys.argv[1])
 out = {"arch": platform.machine(), "python3": sys.version.split()[0]}
@@ -61,15 +68,13 @@ if req.get("clang_omp"):
             os.path.join(r.stdout.strip(), "include", "omp.h"))
     except (OSError, subprocess.SubprocessError):
         out["clang"] = out["omp_h"] = False
-ports = set()
+tables = []
 for name in ("/proc/net/tcp", "/proc/net/tcp6"):
     try:
-        for line in open(name).readlines()[1:]:
-            f = line.split()
-            if f[3] == "0A":
-                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+        tables.append(open(name).read())
     except OSError:
         pass
+ports = listening_in(tables)
 out["busy_ports"] = sorted(p for p in req.get("ports", []) if p in ports)
 shared = {}
 token = req.get("token", "")
@@ -104,3 +109,4 @@ for d in req.get("shared_dirs", []):
 out["shared"] = shared
 print(json.dumps(out))
 '''
+)

@@ -73,7 +73,7 @@ def test_plan_rehearse_shows_substitutions() -> None:
 
 def test_import_kvpd_core_is_light() -> None:
     code = ("import sys, kvpd, kvpd.plan.build; "
-            "print(sorted(m for m in ('typer','rich','paramiko','fabric') if m in sys.modules))")
+            "print(sorted(m for m in ('typer','rich','paramiko') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
 
