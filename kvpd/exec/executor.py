@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
-from kvpd.exec import diagnose
+from kvpd.exec import diagnose, logs
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
@@ -104,11 +104,15 @@ class Executor:
 
     # -- up ------------------------------------------------------------------------------
 
-    def up(self, plan: Plan, *, profile: str = "") -> DeploymentState:
+    def up(
+        self, plan: Plan, *, profile: str = "", refuse_running: bool = True
+    ) -> DeploymentState:
         """Start every process stage by stage, each stage gated on health. On any failure,
-        stop what this run started and raise DeployError (HealthTimeout for deadlines)."""
+        stop what this run started and raise DeployError (HealthTimeout for deadlines).
+        `refuse_running=False`: the caller has just refused a running deployment itself."""
         self._know_hosts(plan.hosts)
-        self.refuse_if_running(plan.deployment, profile or plan.deployment)
+        if refuse_running:
+            self.refuse_if_running(plan.deployment, profile or plan.deployment)
         state = DeploymentState(
             deployment=plan.deployment,
             profile_digest=plan.profile_digest,
@@ -357,8 +361,7 @@ class Executor:
 
     def _read_tail(self, rec: ProcessRecord) -> str:
         try:
-            r = self.transports[rec.host].run(["tail", "-n", "400", rec.log], timeout_s=15)
-            return r.stdout if r.ok else f"(could not read the log: {r.stderr.strip()})"
+            return logs.tail(self.transports[rec.host], rec.log, 400, timeout_s=15)
         except Exception as e:  # noqa: BLE001 - the failure message matters more than its tail
             return f"(could not read the log: {e})"
 

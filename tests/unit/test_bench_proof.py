@@ -12,8 +12,9 @@ import pytest
 
 from kvpd.bench import proof, runner
 from kvpd.bench.metrics import Delta
-from kvpd.bench.session import Deployer, Session
+from kvpd.bench.session import Session
 from kvpd.bench.settings import make_settings
+from kvpd.exec.service import Deployments
 from kvpd.exec.state import StateStore
 from kvpd.plan.model import HealthCheck, HostSpec, Plan, ProcessSpec
 
@@ -161,7 +162,8 @@ def test_session_fails_when_decode_receives_no_kv(
             settings=make_settings(plan.bench),
             scenarios=[],
             out_dir=tmp_path / "out",
-            deployer=Deployer("fake-pd", StateStore(tmp_path / "state"), load=lambda p, s: plan),
+            service=Deployments(StateStore(tmp_path / "state")),
+            load=lambda sets: plan,
             vllm="vllm",
             run_client=_fake_client("seed"),
         )
