@@ -6,11 +6,11 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
 from kvpd.exec import diagnose, logs
+from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
@@ -104,9 +104,7 @@ class Executor:
 
     # -- up ------------------------------------------------------------------------------
 
-    def up(
-        self, plan: Plan, *, profile: str = "", refuse_running: bool = True
-    ) -> DeploymentState:
+    def up(self, plan: Plan, *, profile: str = "", refuse_running: bool = True) -> DeploymentState:
         """Start every process stage by stage, each stage gated on health. On any failure,
         stop what this run started and raise DeployError (HealthTimeout for deadlines).
         `refuse_running=False`: the caller has just refused a running deployment itself."""
@@ -120,7 +118,7 @@ class Executor:
             profile=profile,
         )
         self._save(state)
-        with ThreadPoolExecutor(max_workers=1 if self.serial else self.max_workers) as pool:
+        with Fanout(1 if self.serial else self.max_workers) as pool:
             try:
                 self._resolve_run_dirs(state, pool)
                 self._write_files(state, pool)
@@ -173,14 +171,14 @@ class Executor:
         with self._lock:
             self.store.save(state)
 
-    def _resolve_run_dirs(self, state: DeploymentState, pool: ThreadPoolExecutor) -> None:
+    def _resolve_run_dirs(self, state: DeploymentState, pool: Fanout) -> None:
         hosts = {p.host for p in state.plan.processes} | {f.host for f in state.plan.files}
         specs = [state.plan.host(h) for h in sorted(hosts)]
         dirs = pool.map(lambda h: self.transports[h.name].resolve(h.run_dir), specs)
         state.run_dirs = {h.name: d for h, d in zip(specs, dirs, strict=True)}
         self._save(state)
 
-    def _write_files(self, state: DeploymentState, pool: ThreadPoolExecutor) -> None:
+    def _write_files(self, state: DeploymentState, pool: Fanout) -> None:
         by_host: dict[str, list] = {}
         for f in state.plan.files:
             by_host.setdefault(f.host, []).append(f)
@@ -208,24 +206,17 @@ class Executor:
         hosts = set(by_host) | (set(state.run_dirs) if state.plan.fresh_dirs else set())
         for h in hosts:
             by_host.setdefault(h, [])
-        list(pool.map(write, sorted(hosts)))
+        pool.map(write, sorted(hosts))
 
     def _start_stage(
-        self, state: DeploymentState, stage: list[ProcessSpec], pool: ThreadPoolExecutor
+        self, state: DeploymentState, stage: list[ProcessSpec], pool: Fanout
     ) -> list[tuple[ProcessRecord, float]]:
-        futures = [pool.submit(self._start_one, state, p) for p in stage]
-        started, first_error = [], None
-        for fut in futures:  # collect every start, so all are recorded before a rollback
-            try:
-                started.append(fut.result())
-            except BaseException as e:  # noqa: BLE001
-                first_error = first_error or e
-        with self._lock:  # records in plan order (they were appended as starts finished)
-            order = {p.name: i for i, p in enumerate(state.plan.processes)}
-            state.processes.sort(key=lambda r: (r.stage, order.get(r.name, len(order))))
-        if first_error is not None:
-            raise first_error
-        return started
+        try:  # every start finishes (and is recorded) before an error reaches the rollback
+            return pool.map(lambda p: self._start_one(state, p), stage)
+        finally:
+            with self._lock:  # records in plan order (they were appended as starts finished)
+                order = {p.name: i for i, p in enumerate(state.plan.processes)}
+                state.processes.sort(key=lambda r: (r.stage, order.get(r.name, len(order))))
 
     def _start_one(self, state: DeploymentState, p: ProcessSpec) -> tuple[ProcessRecord, float]:
         t, run_dir = self.transports[p.host], state.run_dirs[p.host]
@@ -265,13 +256,13 @@ class Executor:
         self,
         stage: list[ProcessSpec],
         started: list[tuple[ProcessRecord, float]],
-        pool: ThreadPoolExecutor,
+        pool: Fanout,
     ) -> None:
         specs = {p.name: p for p in stage}
         pending = list(started)
         while pending:
             round_start = self.clock()
-            checks = list(pool.map(lambda rt: self._check(specs[rt[0].name], rt[0]), pending))
+            checks = pool.map(lambda rt: self._check(specs[rt[0].name], rt[0]), pending)
             now, still = self.clock(), []
             for (rec, t0), (alive, pr) in zip(pending, checks, strict=True):
                 spec, elapsed = specs[rec.name], now - t0
@@ -309,9 +300,7 @@ class Executor:
         alive = self.transports[rec.host].alive(rec.pid, start_ticks=rec.start_ticks)
         return alive, pr
 
-    def _roll_back(
-        self, state: DeploymentState, err: BaseException, pool: ThreadPoolExecutor
-    ) -> BaseException:
+    def _roll_back(self, state: DeploymentState, err: BaseException, pool: Fanout) -> BaseException:
         """Stop what this run started; return the exception `up` raises."""
         msg = self._failure_message(state, err)
         if isinstance(err, _ProcessFailed):
@@ -367,7 +356,7 @@ class Executor:
 
     # -- down / status -------------------------------------------------------------------
 
-    def _stopper(self, pool: ThreadPoolExecutor) -> Stopper:
+    def _stopper(self, pool: Fanout) -> Stopper:
         """The one way this executor stops processes: rollback and `down` alike."""
         return Stopper(
             self.transports,
@@ -384,7 +373,7 @@ class Executor:
         self._know_hosts(state.plan.hosts)
         state.status = "stopping"
         self._save(state)
-        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+        with Fanout(self.max_workers) as pool:
             result = self._stopper(pool).stop(list(state.processes))
         for o in result.outcomes:
             rec = state.record(o.name)
@@ -418,8 +407,8 @@ class Executor:
                     st.healthy, st.detail = pr.ok, pr.detail
             return st
 
-        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-            return list(pool.map(one, state.processes))
+        with Fanout(self.max_workers) as pool:
+            return pool.map(one, state.processes)
 
 
 def up(

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from kvpd.errors import KvpdError
+from kvpd.exec.fanout import Fanout, HostOutcome
 from kvpd.exec.probe import PROBE
 from kvpd.exec.transport import Transport
 from kvpd.plan.model import Plan
@@ -58,37 +58,30 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
         req.update(ports=ports[h], token=token, host=h, write=write, cleanup=cleanup, peers=peers)
         return req
 
-    results: dict[str, dict[str, Any]] = {}
+    def probe_all(
+        round_hosts: list[str], write: bool, cleanup: bool, full: bool
+    ) -> dict[str, HostOutcome[dict[str, Any]]]:
+        return fan.each(
+            lambda h: _probe(transports(h), request(h, write, cleanup, full)), round_hosts,
+            key=str,
+        )  # fmt: skip
+
     checks: list[Check] = []
-
-    def first(h: str) -> None:
-        try:
-            results[h] = _probe(transports(h), request(h, write=True, cleanup=False))
-        except KvpdError as e:
-            results[h] = {"error": str(e)}
-
-    with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as pool:
-        list(pool.map(first, hosts))
+    with Fanout(min(16, max(1, len(hosts)))) as fan:
+        results: dict[str, dict[str, Any]] = {
+            h: o.value if o.value is not None else {"error": str(o.error)}
+            for h, o in probe_all(hosts, write=True, cleanup=False, full=True).items()
+        }
         if sharing:
             # Second round: who can read whose token. Only when every host has read, a third
             # round removes the tokens (removing them while reading raced with slower peers).
-            def second(h: str) -> None:
-                if "error" not in results[h]:
-                    try:
-                        req = request(h, write=False, cleanup=False, full=False)
-                        results[h]["shared"] = _probe(transports(h), req)["shared"]
-                    except KvpdError:
-                        pass
-
-            def third(h: str) -> None:
-                if "error" not in results[h]:
-                    try:
-                        _probe(transports(h), request(h, write=False, cleanup=True, full=False))
-                    except KvpdError:
-                        pass  # a token left behind is a small hidden file; not worth failing
-
-            list(pool.map(second, hosts))
-            list(pool.map(third, hosts))
+            # A failed later round leaves the first round's view (a token left behind is a
+            # small hidden file; not worth failing).
+            reached = [h for h in hosts if "error" not in results[h]]
+            for h, o in probe_all(reached, write=False, cleanup=False, full=False).items():
+                if o.value is not None:
+                    results[h]["shared"] = o.value["shared"]
+            probe_all(reached, write=False, cleanup=True, full=False)
 
     versions: dict[str, dict[str, str | None]] = {}
     for h in hosts:

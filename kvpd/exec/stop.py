@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kvpd.exec.fanout import Fanout
 from kvpd.exec.state import ProcessRecord
 from kvpd.exec.transport import Transport
 
@@ -90,7 +90,7 @@ class Stopper:
         self,
         transports: Mapping[str, Transport],
         reporter: Reporter,
-        pool: ThreadPoolExecutor,
+        pool: Fanout,
         *,
         grace_s: float,
         clock: Callable[[], float],
