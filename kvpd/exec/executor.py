@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
 from kvpd.exec import diagnose, logs
@@ -16,7 +17,7 @@ from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
 from kvpd.exec.transport import Transport
 from kvpd.exec.transports import TransportPool
-from kvpd.plan.model import HostSpec, Plan, ProcessSpec
+from kvpd.plan.model import FileSpec, HostSpec, Plan, ProcessSpec
 
 DEFAULT_GRACE_S = 20.0
 # Written through bash's positional parameters so no value is ever parsed as shell code.
@@ -69,7 +70,7 @@ class Executor:
 
     def __init__(
         self,
-        transports: Mapping[str, Transport],
+        transports: Mapping[str, Transport] | TransportPool,
         reporter: Reporter | None = None,
         *,
         store: StateStore | None = None,
@@ -179,7 +180,7 @@ class Executor:
         self._save(state)
 
     def _write_files(self, state: DeploymentState, pool: Fanout) -> None:
-        by_host: dict[str, list] = {}
+        by_host: dict[str, list[FileSpec]] = {}
         for f in state.plan.files:
             by_host.setdefault(f.host, []).append(f)
 
@@ -412,7 +413,7 @@ class Executor:
 
 
 def up(
-    plan: Plan, transports: Mapping[str, Transport], reporter: Reporter | None = None, **kw
+    plan: Plan, transports: Mapping[str, Transport], reporter: Reporter | None = None, **kw: Any
 ) -> DeploymentState:
     profile = kw.pop("profile", "")
     ex = Executor(transports, reporter, **kw)
@@ -426,7 +427,7 @@ def down(
     state: DeploymentState,
     transports: Mapping[str, Transport],
     reporter: Reporter | None = None,
-    **kw,
+    **kw: Any,
 ) -> DownResult:
     ex = Executor(transports, reporter, **kw)
     try:
@@ -436,7 +437,7 @@ def down(
 
 
 def status(
-    state: DeploymentState, transports: Mapping[str, Transport], **kw
+    state: DeploymentState, transports: Mapping[str, Transport], **kw: Any
 ) -> list[ProcessStatus]:
     ex = Executor(transports, None, **kw)
     try:

@@ -37,7 +37,8 @@ def _probe(t: Transport, req: dict[str, Any]) -> dict[str, Any]:
     r = t.run(["python3", "-c", PROBE, json.dumps(req)], timeout_s=180)
     if not r.ok:
         raise KvpdError(f"probe failed (exit {r.exit_code}): {r.stderr.strip()[-300:]}")
-    return json.loads(r.stdout)
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
 
 
 def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check]:

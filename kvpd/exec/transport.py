@@ -88,3 +88,9 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Transports(Protocol):
+    """Transports by host name: a dict, or a TransportPool that opens them on first use."""
+
+    def __getitem__(self, name: str) -> Transport: ...

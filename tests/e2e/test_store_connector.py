@@ -54,12 +54,6 @@ def common_sets(name: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[str, str]:
-    """Greedy outputs computed without any loaded KV (by the producer), keyed by prompt."""
-    return {}
-
-
-@pytest.fixture(scope="module")
 def pd() -> Iterator[dict[str, str]]:
     reason = engine_missing()
     if reason:
@@ -87,7 +81,23 @@ def pd() -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def mixed(pd: dict[str, str]) -> Iterator[dict[str, str]]:
+def through_store(pd: dict[str, str]) -> dict[str, object]:
+    """PROMPT_X sent through the P/D deployment (so its blocks are in the store), with the
+    decode's external-token counts around it and the producer's own greedy output for it (the
+    reference, computed without any loaded KV). A fixture, so a test that needs the store
+    seeded gets it even when run alone."""
+    before = external_tokens(pd["decode"])
+    via_proxy = complete(pd["proxy"], PROMPT_X)
+    after = external_tokens(pd["decode"])
+    return {
+        "external": after - before,
+        "via_proxy": via_proxy,
+        "reference": complete(pd["prefill"], PROMPT_X),
+    }
+
+
+@pytest.fixture(scope="module")
+def mixed(pd: dict[str, str], through_store: dict[str, object]) -> Iterator[dict[str, str]]:
     kvpd("down", "--deployment", NAME_PD, check=False)  # restart: same store, new processes
     sets = common_sets(NAME_MIXED) + [
         "prefill=null",
@@ -102,13 +112,10 @@ def mixed(pd: dict[str, str]) -> Iterator[dict[str, str]]:
         kvpd("down", "--deployment", NAME_MIXED, check=False)
 
 
-def test_centralized_pd_moves_kv_through_the_store(pd, reference) -> None:
-    before = external_tokens(pd["decode"])
-    via_proxy = complete(pd["proxy"], PROMPT_X)
-    assert external_tokens(pd["decode"]) - before >= 64  # D loaded P's blocks from the store
-    # The producer only saves, so this recomputes the prompt: the output without loaded KV.
-    reference[PROMPT_X] = complete(pd["prefill"], PROMPT_X)
-    assert via_proxy == reference[PROMPT_X]
+def test_centralized_pd_moves_kv_through_the_store(pd, through_store) -> None:
+    assert through_store["external"] >= 64  # D loaded P's blocks from the store
+    # The producer only saves, so the reference recomputes the prompt: no loaded KV.
+    assert through_store["via_proxy"] == through_store["reference"]
     assert metric(pd["decode"], "vllm:kvpd_store_hit_blocks_total") >= 2
     assert metric(pd["prefill"], "vllm:kvpd_store_saved_blocks_total") >= 2
     assert metric(pd["prefill"], "vllm:kvpd_store_written_bytes_total") > 0
@@ -116,9 +123,9 @@ def test_centralized_pd_moves_kv_through_the_store(pd, reference) -> None:
     assert "kvpd store: request" in log and "hit external" in log
 
 
-def test_after_restart_the_same_prompt_is_served_from_the_store(mixed, reference) -> None:
+def test_after_restart_the_same_prompt_is_served_from_the_store(mixed, through_store) -> None:
     before = external_tokens(mixed["a"])
-    assert complete(mixed["a"], PROMPT_X) == reference[PROMPT_X]
+    assert complete(mixed["a"], PROMPT_X) == through_store["reference"]
     assert external_tokens(mixed["a"]) - before >= 64
 
 

@@ -125,7 +125,8 @@ def _client(
             hop.address,
             port=hop.port,
             username=hop.user,
-            key_filename=list(hop.keys) or None,
+            # paramiko takes a list too (its stubs say str only)
+            key_filename=list(hop.keys) or None,  # type: ignore[arg-type]
             look_for_keys=not hop.keys,
             allow_agent=True,
             sock=sock,
