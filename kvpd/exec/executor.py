@@ -21,7 +21,7 @@ from kvpd.plan.model import FileSpec, HostSpec, Plan, ProcessSpec
 
 DEFAULT_GRACE_S = 20.0
 # Written through bash's positional parameters so no value is ever parsed as shell code.
-_LOG_HEADER_SH = 'mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
+LOG_HEADER_SH = 'mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
 
 
 class _ProcessFailed(Exception):
@@ -225,7 +225,7 @@ class Executor:
         log = log_path(run_dir, p)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.wall()))
         header = f"{diagnose.HEADER_PREFIX}{state.deployment}/{p.name} started {stamp} ==="
-        r = t.run(["bash", "-c", _LOG_HEADER_SH, "kvpd-log", log, header], timeout_s=30)
+        r = t.run(["bash", "-c", LOG_HEADER_SH, "kvpd-log", log, header], timeout_s=30)
         if not r.ok:
             raise _ProcessFailed(p, f"could not create its log {log}: {r.stderr.strip()}")
         env = dict(p.env) | {"KVPD_DEPLOYMENT": state.deployment, "KVPD_PROCESS": p.name}
