@@ -202,7 +202,7 @@ def _run(
     )
     names = list(scenario)
     if all_scenarios:
-        defined = [str(k) for k in (base.bench.get("scenarios") or {})]
+        defined = list(base.bench.scenarios)
         if not defined:
             raise BenchError(f"profile {profile!r} defines no bench.scenarios.")
         names += [n for n in defined if n not in names]

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpd.plan.bench import BenchSpec, default_bench
+
 
 @dataclass(frozen=True)
 class HostSpec:
@@ -94,7 +96,7 @@ class Plan:
     proxy_url: str = ""
     served_model: str = ""
     tokenizer: str = ""
-    bench: dict[str, Any] = field(default_factory=dict)
+    bench: BenchSpec = field(default_factory=default_bench)
     rehearsal: bool = False
     # What preflight verifies per host (read-only): host name -> requirement dict with keys
     # packages, commands, paths, shared_dirs, memory_gb, shm_gb, npu, clang_omp, python.
@@ -160,7 +162,7 @@ class Plan:
             proxy_url=d.get("proxy_url", ""),
             served_model=d.get("served_model", ""),
             tokenizer=d.get("tokenizer", ""),
-            bench=d.get("bench", {}),
+            bench=BenchSpec.from_dict(d.get("bench") or {}),
             rehearsal=d.get("rehearsal", False),
             requirements=d.get("requirements", {}),
             fresh_dirs=tuple(d.get("fresh_dirs", ())),
