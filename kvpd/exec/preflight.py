@@ -48,14 +48,24 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
     ports = {h: sorted({u.port for u in plan.ports if u.host == h}) for h in hosts}
     sharing: dict[str, list[str]] = {}
     for h in hosts:
-        for d in plan.requirements[h]["shared_dirs"]:
+        for d in plan.requirements[h].shared_dirs:
             sharing.setdefault(d, []).append(h)
 
     def request(h: str, write: bool, cleanup: bool, full: bool = True) -> dict[str, Any]:
-        req = dict(plan.requirements[h])
-        peers = sorted({p for d in req["shared_dirs"] for p in sharing[d] if p != h})
-        if not full:  # later rounds only look at the shared directories
-            req = {"shared_dirs": req["shared_dirs"]}
+        need = plan.requirements[h]
+        peers = sorted({p for d in need.shared_dirs for p in sharing[d] if p != h})
+        req: dict[str, Any] = {"shared_dirs": list(need.shared_dirs)}
+        if full:  # later rounds only look at the shared directories
+            req.update(
+                packages=[
+                    {"path": p.python.path, "next_to": p.python.next_to, "names": list(p.names)}
+                    for p in need.packages
+                ],
+                commands=list(need.commands),
+                paths=list(need.paths),
+                npu=need.npu,
+                clang_omp=need.clang_omp,
+            )
         req.update(ports=ports[h], token=token, host=h, write=write, cleanup=cleanup, peers=peers)
         return req
 
@@ -100,9 +110,9 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
             )
             continue
         checks.append(Check(h, "reachable", True, f"{res['arch']}, python {res['python3']}"))
-        for py, info in res["packages"].items():
+        for need, info in zip(req.packages, res["packages"], strict=True):
+            where = need.python.label
             if "error" in info:
-                where = f"next to `{py[1:]}`" if py.startswith("@") else py
                 checks.append(
                     Check(
                         h,
@@ -120,8 +130,8 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                         h,
                         f"package {name}",
                         ver is not None,
-                        ver or f"not importable by {py}",
-                        "" if ver else f"pip install {name} into {py}'s environment",
+                        ver or f"not importable by python {where}",
+                        "" if ver else f"pip install {name} into the environment of python {where}",
                     )
                 )
             checks.append(Check(h, "site-packages", True, info["site"]))
@@ -157,7 +167,7 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                 else "stop what holds them (`ss -ltnp`) or change the ports in the profile",
             )
         )
-        if req["npu"]:
+        if req.npu:
             checks.append(
                 Check(
                     h,
@@ -169,7 +179,7 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                     else "install the Ascend driver / mount the devices into the container",
                 )
             )
-        if req["clang_omp"]:
+        if req.clang_omp:
             ok = bool(res.get("clang") and res.get("omp_h"))
             checks.append(
                 Check(
@@ -180,19 +190,19 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                     "" if ok else "apt-get install -y clang libomp-dev",
                 )
             )
-        need = req["memory_gb"]
-        if need:
+        need_gb = req.memory_gb
+        if need_gb:
             avail = (res.get("mem_available") or 0) / GiB
             checks.append(
                 Check(
                     h,
                     "memory",
-                    avail >= need,
-                    f"{avail:.0f} GiB available, pools need {need:g} GiB",
-                    "" if avail >= need else "lower dram sizes or use a larger host",
+                    avail >= need_gb,
+                    f"{avail:.0f} GiB available, pools need {need_gb:g} GiB",
+                    "" if avail >= need_gb else "lower dram sizes or use a larger host",
                 )
             )
-        shm = req["shm_gb"]
+        shm = req.shm_gb
         if shm:
             free = (res.get("shm_free") or 0) / GiB
             checks.append(

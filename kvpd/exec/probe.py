@@ -22,20 +22,23 @@ for n in sys.argv[1:]:
         r["v"][n] = None
 print(json.dumps(r))
 """
-pk = {}
-for py, names in req.get("packages", {}).items():
-    exe = py
-    if py.startswith("@"):  # the interpreter of a console script found on PATH
-        found = shutil.which(py[1:])
-        exe = os.path.join(os.path.dirname(os.path.realpath(found)), "python") if found else py
+pk = []  # one answer per requested interpreter, in order
+for need in req.get("packages", []):
+    exe = need.get("path")
+    if not exe:  # the interpreter of a console script found on PATH
+        found = shutil.which(need["next_to"])
+        if not found:
+            pk.append({"error": "not found"})
+            continue
+        exe = os.path.join(os.path.dirname(os.path.realpath(found)), "python")
     try:
-        res = subprocess.run([exe, "-c", VERSIONS, *names], capture_output=True, text=True,
-                             timeout=120)
-        pk[py] = json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr[-300:]}
+        res = subprocess.run([exe, "-c", VERSIONS, *need["names"]], capture_output=True,
+                             text=True, timeout=120)
+        pk.append(json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr[-300:]})
     except FileNotFoundError:
-        pk[py] = {"error": "not found"}
+        pk.append({"error": "not found"})
     except Exception as e:
-        pk[py] = {"error": repr(e)}
+        pk.append({"error": repr(e)})
 out["packages"] = pk
 out["commands"] = {c: bool(shutil.which(c)) or (os.sep in c and os.access(c, os.X_OK))
                    for c in req.get("commands", [])}
