@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
 from kvpd.exec import diagnose, logs
@@ -332,22 +331,11 @@ class Executor:
     def _failure_message(self, state: DeploymentState, err: BaseException) -> str:
         if not isinstance(err, _ProcessFailed):
             return f"up of {state.deployment!r} failed: {str(err) or type(err).__name__}"
-        spec = err.spec
-        lines = [f"{spec.name!r} on host {spec.host} {err.reason}."]
-        rec = state.record(spec.name)
-        if rec is not None:
-            text = diagnose.current_run(self._read_tail(rec))
-            cause = diagnose.likely_cause(text, name=spec.name, host=spec.host, ports=spec.ports)
-            if cause:
-                lines.append(f"Likely cause: {cause}")
-            tail = [
-                ln
-                for ln in diagnose.tail(text, self.log_tail_lines + 1)
-                if not ln.startswith(diagnose.HEADER_PREFIX)
-            ][-self.log_tail_lines :]
-            lines.append(f"Last {len(tail)} lines of {rec.log} on {rec.host}:")
-            lines.extend(f"  | {ln}" for ln in tail)
-        return "\n".join(lines)
+        spec, rec = err.spec, state.record(err.spec.name)
+        log = None if rec is None else (rec.log, rec.host, self._read_tail(rec))
+        return diagnose.failure_report(
+            spec.name, spec.host, spec.ports, err.reason, log, self.log_tail_lines
+        )
 
     def _read_tail(self, rec: ProcessRecord) -> str:
         try:
@@ -410,50 +398,3 @@ class Executor:
 
         with Fanout(self.max_workers) as pool:
             return pool.map(one, state.processes)
-
-
-def up(
-    plan: Plan, transports: Mapping[str, Transport], reporter: Reporter | None = None, **kw: Any
-) -> DeploymentState:
-    profile = kw.pop("profile", "")
-    ex = Executor(transports, reporter, **kw)
-    try:
-        return ex.up(plan, profile=profile)
-    finally:
-        ex.close()
-
-
-def down(
-    state: DeploymentState,
-    transports: Mapping[str, Transport],
-    reporter: Reporter | None = None,
-    **kw: Any,
-) -> DownResult:
-    ex = Executor(transports, reporter, **kw)
-    try:
-        return ex.down(state)
-    finally:
-        ex.close()
-
-
-def status(
-    state: DeploymentState, transports: Mapping[str, Transport], **kw: Any
-) -> list[ProcessStatus]:
-    ex = Executor(transports, None, **kw)
-    try:
-        return ex.status(state)
-    finally:
-        ex.close()
-
-
-def load_state(deployment: str, store: StateStore | None = None) -> DeploymentState:
-    store = store or StateStore()
-    state = store.load(deployment)
-    if state is None:
-        known = store.deployments()
-        hint = f" Known deployments: {', '.join(known)}." if known else ""
-        raise StateError(
-            f"no state for deployment {deployment!r} under {store.root}.{hint} "
-            f"(Set KVPD_STATE_DIR if `up` ran from another directory.)"
-        )
-    return state

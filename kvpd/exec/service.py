@@ -16,7 +16,7 @@ from types import FrameType, TracebackType
 
 from kvpd.errors import DeployError, StateError
 from kvpd.exec import logs
-from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus, load_state
+from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus
 from kvpd.exec.preflight import Check, run_checks
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import Reporter
@@ -172,7 +172,7 @@ class Deployments:
 
     def status(self, deployment: str) -> tuple[DeploymentState, list[ProcessStatus]]:
         """The recorded state and each process: alive, healthy, uptime, ports."""
-        state = load_state(deployment, self.store)
+        state = self.store.require(deployment)
         return state, self._executor().status(state)
 
     def running(self, deployment: str) -> DeploymentState | None:
