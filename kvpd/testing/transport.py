@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from kvpd.errors import TransportError
 from kvpd.exec import procfs
+from kvpd.exec.executor import LOG_HEADER_SH
 from kvpd.exec.shellwords import check_env
 from kvpd.exec.transport import CommandResult, Started
 
@@ -255,8 +256,6 @@ def _stat(t: FakeTransport, argv: list[str]) -> CommandResult:
 def _bash(t: FakeTransport, argv: list[str]) -> CommandResult:
     # Only the form kvpd uses to write a log header: bash -c SCRIPT NAME FILE LINE, where the
     # script appends "$2" to "$1" (see kvpd.exec.executor.LOG_HEADER_SH).
-    from kvpd.exec.executor import LOG_HEADER_SH
-
     if argv[1:3] == ["-c", LOG_HEADER_SH] and len(argv) == 6:
         t.append(argv[4], argv[5] + "\n")
         return _ok(argv)
