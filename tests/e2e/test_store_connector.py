@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,11 +82,12 @@ def pd() -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def through_store(pd: dict[str, str]) -> dict[str, object]:
-    """PROMPT_X sent through the P/D deployment (so its blocks are in the store), with the
-    decode's external-token counts around it and the producer's own greedy output for it (the
-    reference, computed without any loaded KV). A fixture, so a test that needs the store
-    seeded gets it even when run alone."""
+def through_store(pd: dict[str, str]) -> dict[str, Any]:
+    """PROMPT_X sent through the P/D deployment (so its blocks are in the store), with what
+    the P/D processes showed for it: the decode's external tokens, the store counters, the
+    decode log, and the producer's own greedy output (the reference, computed without any
+    loaded KV). A fixture, so a test that needs the store seeded gets it even when run alone,
+    and its values stay readable after `mixed` has replaced the P/D deployment."""
     before = external_tokens(pd["decode"])
     via_proxy = complete(pd["proxy"], PROMPT_X)
     after = external_tokens(pd["decode"])
@@ -93,11 +95,15 @@ def through_store(pd: dict[str, str]) -> dict[str, object]:
         "external": after - before,
         "via_proxy": via_proxy,
         "reference": complete(pd["prefill"], PROMPT_X),
+        "hit_blocks": metric(pd["decode"], "vllm:kvpd_store_hit_blocks_total"),
+        "saved_blocks": metric(pd["prefill"], "vllm:kvpd_store_saved_blocks_total"),
+        "written_bytes": metric(pd["prefill"], "vllm:kvpd_store_written_bytes_total"),
+        "decode_log": Path(pd["log"]).read_text(errors="replace"),
     }
 
 
 @pytest.fixture(scope="module")
-def mixed(pd: dict[str, str], through_store: dict[str, object]) -> Iterator[dict[str, str]]:
+def mixed(pd: dict[str, str], through_store: dict[str, Any]) -> Iterator[dict[str, str]]:
     kvpd("down", "--deployment", NAME_PD, check=False)  # restart: same store, new processes
     sets = common_sets(NAME_MIXED) + [
         "prefill=null",
@@ -112,14 +118,14 @@ def mixed(pd: dict[str, str], through_store: dict[str, object]) -> Iterator[dict
         kvpd("down", "--deployment", NAME_MIXED, check=False)
 
 
-def test_centralized_pd_moves_kv_through_the_store(pd, through_store) -> None:
+def test_centralized_pd_moves_kv_through_the_store(through_store) -> None:
     assert through_store["external"] >= 64  # D loaded P's blocks from the store
     # The producer only saves, so the reference recomputes the prompt: no loaded KV.
     assert through_store["via_proxy"] == through_store["reference"]
-    assert metric(pd["decode"], "vllm:kvpd_store_hit_blocks_total") >= 2
-    assert metric(pd["prefill"], "vllm:kvpd_store_saved_blocks_total") >= 2
-    assert metric(pd["prefill"], "vllm:kvpd_store_written_bytes_total") > 0
-    log = Path(pd["log"]).read_text(errors="replace")
+    assert through_store["hit_blocks"] >= 2
+    assert through_store["saved_blocks"] >= 2
+    assert through_store["written_bytes"] > 0
+    log = through_store["decode_log"]
     assert "kvpd store: request" in log and "hit external" in log
 
 
