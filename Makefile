@@ -52,6 +52,7 @@ test-unit: venv
 
 test: venv system-deps model services
 	$(VENV)/bin/ruff check kvpd tests benchmarks
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q
 
 test-e2e: venv system-deps model services
@@ -60,6 +61,7 @@ test-e2e: venv system-deps model services
 lint: venv
 	$(VENV)/bin/ruff check kvpd tests benchmarks
 	$(VENV)/bin/ruff format --check kvpd tests benchmarks
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf .kvpd build *.egg-info

@@ -26,10 +26,6 @@ SCALARS = (
     "request_rate",
     "num_prompts",
 )
-# Per-request arrays that make the JSON big and are not needed in summaries.
-_BULKY = ("latencies", "queue_times", "input_lens", "output_lens", "ttfts", "itls",
-          "start_times", "generated_texts", "errors")  # fmt: skip
-
 # stdout label -> JSON key, for the lines of the `Serving Benchmark Result` block.
 _STDOUT_KEYS = {
     "Successful requests": "completed",
@@ -117,11 +113,6 @@ def merge(from_json: dict[str, Any], from_stdout: dict[str, Any]) -> dict[str, A
     out = dict(from_stdout)
     out.update(summarize(from_json))
     return out
-
-
-def slim(raw: dict[str, Any]) -> dict[str, Any]:
-    """The saved JSON without its per-request arrays."""
-    return {k: v for k, v in raw.items() if k not in _BULKY}
 
 
 def value(result: dict[str, Any], metric: str, stat: str = "mean") -> float | None:

@@ -58,9 +58,9 @@ class Phase:
     output_len: int
     num_prompts: int
     seed: int
-    request_rate: float | str = "inf"
-    max_concurrency: int | None = None
-    ignore_eos: bool = True
+    request_rate: float | str
+    max_concurrency: int | None
+    ignore_eos: bool
     measured: bool = True  # False: only prepares the caches (its numbers are not a result)
 
 
@@ -77,12 +77,13 @@ def protocol_phases(
     output_len: int,
     num_prompts: int,
     seed: int,
-    request_rate: float | str = "inf",
-    max_concurrency: int | None = None,
-    ignore_eos: bool = True,
-    prefix_ratio: float = 0.8,
+    request_rate: float | str,
+    max_concurrency: int | None,
+    ignore_eos: bool,
+    prefix_ratio: float,
 ) -> list[Phase]:
-    """The phases of a protocol, in order.
+    """The phases of a protocol, in order (the values come from bench Settings, whose defaults
+    are the schema's).
 
     - plain: one measured run.
     - prefix (the guides' KV-cache seeding): first the same prompts cut to input x ratio with
@@ -90,25 +91,23 @@ def protocol_phases(
       with its seeded prompt (the random dataset draws the same offsets for the same seed).
     - twice (the PD-mixed section): the same run twice, cold then warm; both are reported.
     """
-    common = dict(
-        num_prompts=num_prompts,
-        seed=seed,
-        request_rate=request_rate,
-        max_concurrency=max_concurrency,
-        ignore_eos=ignore_eos,
-    )
+
+    def phase(name: str, inp: int, out: int, measured: bool = True) -> Phase:
+        return Phase(name, inp, out, num_prompts, seed, request_rate, max_concurrency,
+                     ignore_eos, measured)  # fmt: skip
+
     if protocol == "plain":
-        return [Phase("run", input_len, output_len, **common)]
+        return [phase("run", input_len, output_len)]
     if protocol == "prefix":
         seeded = seed_input_len(input_len, prefix_ratio)
         return [
-            Phase("seed", seeded, 1, measured=False, **common),
-            Phase("measured", input_len, output_len, **common),
+            phase("seed", seeded, 1, measured=False),
+            phase("measured", input_len, output_len),
         ]
     if protocol == "twice":
         return [
-            Phase("cold", input_len, output_len, **common),
-            Phase("warm", input_len, output_len, **common),
+            phase("cold", input_len, output_len),
+            phase("warm", input_len, output_len),
         ]
     raise BenchError(f"unknown bench protocol {protocol!r}: use plain, prefix or twice.")
 

@@ -14,9 +14,9 @@ from kvpd.bench import metrics as m
 from kvpd.bench import proof, results, runner
 from kvpd.bench.saved import BenchRun, Record
 from kvpd.bench.settings import Point, Scenario, Settings
-from kvpd.errors import BenchError, KvpdError
+from kvpd.errors import BenchError, KvpdError, StateError
 from kvpd.exec.health import probe
-from kvpd.exec.state import DeploymentState, StateStore
+from kvpd.exec.service import Deployments
 from kvpd.plan.model import HealthCheck, Plan
 
 
@@ -58,76 +58,13 @@ class Target:
 
 
 @dataclass
-class Deployer:
-    """Brings the deployment down and up with overrides, through the executor (the same code
-    as `kvpd up` / `kvpd down`)."""
-
-    profile: str
-    store: StateStore
-    grace_s: float = 20.0
-    load: Callable[[str, list[str]], Plan] | None = None
-
-    def plan(self, sets: list[str]) -> Plan:
-        if self.load is not None:
-            return self.load(self.profile, sets)
-        from kvpd.plan.build import load_plan
-
-        return load_plan(self.profile, sets=sets)
-
-    def running(self, deployment: str) -> DeploymentState | None:
-        """The state of the deployment if any of its processes is alive."""
-        from kvpd.exec.executor import Executor
-        from kvpd.exec.transports import TransportPool
-
-        state = self.store.load(deployment)
-        if state is None:
-            return None
-        pool = TransportPool(state.plan.hosts)
-        try:
-            rows = Executor(pool, store=self.store).status(state)
-        finally:
-            pool.close()
-        return state if any(r.alive is not False for r in rows) else None
-
-    def down(self, deployment: str) -> None:
-        from kvpd.exec.executor import Executor
-        from kvpd.exec.transports import TransportPool
-
-        state = self.store.load(deployment)
-        if state is None:
-            return
-        pool = TransportPool(state.plan.hosts)
-        try:
-            result = Executor(pool, store=self.store, grace_s=self.grace_s).down(state)
-        finally:
-            pool.close()
-        if not result.clean:
-            left = ", ".join(o.name for o in result.stop.leftover) or "ports still busy"
-            raise BenchError(
-                f"could not stop deployment {deployment!r} between scenarios ({left}). "
-                f"Run `kvpd down {self.profile}` and check `kvpd status`."
-            )
-
-    def up(self, plan: Plan) -> DeploymentState:
-        from kvpd.exec.executor import Executor
-        from kvpd.exec.transports import TransportPool
-
-        pool = TransportPool(plan.hosts)
-        try:
-            return Executor(pool, store=self.store, grace_s=self.grace_s).up(
-                plan, profile=self.profile
-            )
-        finally:
-            pool.close()
-
-
-@dataclass
 class Session:
     profile: str
     settings: Settings
     scenarios: list[Scenario]  # empty: bench the running deployment as it is
     out_dir: Path
-    deployer: Deployer
+    service: Deployments  # starts and stops the deployment between scenarios
+    load: Callable[[list[str]], Plan]  # the profile's plan with these --set overrides
     user_sets: list[str] = field(default_factory=list)
     vllm: str = ""
     tokenizer: str = ""  # override of the plan's tokenizer (bench runs on this machine)
@@ -138,7 +75,7 @@ class Session:
     run_client: Callable[..., runner.RunOutput] = runner.run
 
     def run(self) -> BenchRun:
-        base = self.deployer.plan(self.user_sets)
+        base = self.load(self.user_sets)
         run = BenchRun(
             profile=self.profile,
             deployment=base.deployment,
@@ -156,16 +93,16 @@ class Session:
             target = self._current_target(base)
             self._run_points("as-is", target, run, expect_external=False)
             return run
-        was_running = self.deployer.running(base.deployment) is not None
+        was_running = self.service.running(base.deployment) is not None
         started = False
         try:
             for scn in self.scenarios:
                 self.progress.status(f"scenario {scn.name}: restarting {base.deployment}")
                 try:
-                    self.deployer.down(base.deployment)
-                    plan = self.deployer.plan([*self.user_sets, *scn.sets])
+                    self._stop(base.deployment)
+                    plan = self.load([*self.user_sets, *scn.sets])
                     started = True
-                    state = self.deployer.up(plan)
+                    state = self.service.up(plan, profile=self.profile)
                 except KvpdError as e:
                     run.failures.append(f"scenario {scn.name!r}: the deployment did not start: {e}")
                     for _ in range(len(self.settings.points) * phases_per_point):
@@ -176,14 +113,23 @@ class Session:
         finally:
             if started and not self.keep_up:
                 self.progress.status(f"stopping {base.deployment}")
-                self.deployer.down(base.deployment)
+                self._stop(base.deployment)
                 if was_running and self.restore:
                     self.progress.status(f"restoring {base.deployment} as it was")
                     try:
-                        self.deployer.up(base)
+                        self.service.up(base, profile=self.profile)
                     except KvpdError as e:
                         run.failures.append(f"could not restore the deployment: {e}")
         return run
+
+    def _stop(self, deployment: str) -> None:
+        try:
+            self.service.stop(deployment)
+        except StateError as e:
+            raise BenchError(
+                f"could not stop deployment {deployment!r} between scenarios ({e}). "
+                f"Run `kvpd down {self.profile}` and check `kvpd status`."
+            ) from e
 
     # -- targets -------------------------------------------------------------------------
 
@@ -204,7 +150,7 @@ class Session:
     def _current_target(self, base: Plan) -> Target:
         """The running deployment (its recorded plan), or the profile's plan when its proxy
         answers although kvpd did not start it."""
-        state = self.deployer.store.load(base.deployment)
+        state = self.service.store.load(base.deployment)
         plan = state.plan if state is not None and state.status == "up" else base
         target = self._target(plan)
         health = HealthCheck(target.base_url.rstrip("/") + "/health")

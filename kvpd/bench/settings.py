@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kvpd.errors import BenchError
+from kvpd.plan.bench import PROTOCOLS, BenchSpec
 
-PROTOCOLS = ("plain", "prefix", "twice")
 # Scenarios every profile has. `external` depends on the profile's KV store, so a profile that
 # wants it defines it under `bench.scenarios` (e.g. the connector to switch on).
 PRESET_SCENARIOS: dict[str, tuple[str, ...]] = {
@@ -48,14 +48,16 @@ class Point:
         return f"in{self.input_len}-out{self.output_len}-c{c}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
-    protocol: str = "plain"
-    num_prompts: int = 10
-    seed: int = 123456
-    ignore_eos: bool = True
-    prefix_ratio: float = 0.8
-    points: list[Point] = field(default_factory=list)
+    """The plan's bench defaults with the command line on top (see `make_settings`)."""
+
+    protocol: str
+    num_prompts: int
+    seed: int
+    ignore_eos: bool
+    prefix_ratio: float
+    points: tuple[Point, ...]
 
 
 def int_list(text: str | None, what: str) -> list[int] | None:
@@ -71,12 +73,6 @@ def int_list(text: str | None, what: str) -> list[int] | None:
     return out
 
 
-def _as_list(v: Any) -> list[Any]:
-    if v is None:
-        return []
-    return list(v) if isinstance(v, (list, tuple)) else [v]
-
-
 def parse_rate(v: Any) -> float | str:
     if v is None or v == "inf" or v == float("inf"):
         return "inf"
@@ -90,7 +86,7 @@ def parse_rate(v: Any) -> float | str:
 
 
 def make_settings(
-    bench: dict[str, Any],
+    bench: BenchSpec,
     *,
     protocol: str | None = None,
     input_lens: list[int] | None = None,
@@ -101,38 +97,35 @@ def make_settings(
     seed: int | None = None,
     prefix_ratio: float | None = None,
 ) -> Settings:
-    """The plan's `bench` (profile defaults, with an optional `sweep` mapping of lists) with
-    the command line on top. Sweeps are the cross product input x output x concurrency."""
-    sweep = bench.get("sweep") or {}
-    proto = protocol or bench.get("protocol") or "plain"
+    """The plan's `bench` (profile defaults, with an optional sweep) with the command line on
+    top. Sweeps are the cross product input x output x concurrency."""
+    sweep = bench.sweep
+    proto = protocol or bench.protocol
     if proto not in PROTOCOLS:
         raise BenchError(f"unknown protocol {proto!r}: use one of {', '.join(PROTOCOLS)}.")
-    ratio = prefix_ratio if prefix_ratio is not None else float(bench.get("prefix_ratio", 0.8))
+    ratio = prefix_ratio if prefix_ratio is not None else bench.prefix_ratio
     if not 0 < ratio < 1:
         raise BenchError(f"prefix ratio must be between 0 and 1 (exclusive), got {ratio}.")
-    ins = input_lens or _as_list(sweep.get("input_len")) or [int(bench.get("input_len", 1024))]
-    outs = output_lens or _as_list(sweep.get("output_len")) or [int(bench.get("output_len", 128))]
+    ins = input_lens or list(sweep.input_len if sweep else ()) or [bench.input_len]
+    outs = output_lens or list(sweep.output_len if sweep else ()) or [bench.output_len]
     concs: list[int | None] = list(
-        concurrencies or _as_list(sweep.get("max_concurrency")) or [bench.get("max_concurrency")]
+        concurrencies or (sweep.max_concurrency if sweep else ()) or [bench.max_concurrency]
     )
-    rate = parse_rate(request_rate if request_rate is not None else bench.get("request_rate"))
-    points = [Point(int(i), int(o), c, rate) for i in ins for o in outs for c in concs]
+    rate = parse_rate(request_rate if request_rate is not None else bench.request_rate)
     return Settings(
         protocol=proto,
-        num_prompts=num_prompts or int(bench.get("num_prompts", 10)),
-        seed=seed if seed is not None else int(bench.get("seed", 123456)),
-        ignore_eos=bool(bench.get("ignore_eos", True)),
+        num_prompts=num_prompts or bench.num_prompts,
+        seed=seed if seed is not None else bench.seed,
+        ignore_eos=bench.ignore_eos,
         prefix_ratio=ratio,
-        points=points,
+        points=tuple(Point(i, o, c, rate) for i in ins for o in outs for c in concs),
     )
 
 
-def resolve_scenarios(names: list[str], bench: dict[str, Any]) -> list[Scenario]:
+def resolve_scenarios(names: list[str], bench: BenchSpec) -> list[Scenario]:
     """CLI `--scenario` values, in order. Each is NAME (from the profile's `bench.scenarios`,
     else a preset) or NAME:field=value[;field=value...] defined inline."""
-    defined: dict[str, list[str]] = {
-        str(k): [str(s) for s in _as_list(v)] for k, v in (bench.get("scenarios") or {}).items()
-    }
+    defined = bench.scenarios
     out: list[Scenario] = []
     seen: set[str] = set()
     for item in names:

@@ -180,15 +180,15 @@ def _run(
 ):
     from kvpd.bench import runner
     from kvpd.bench.progress import RichProgress
-    from kvpd.bench.session import Deployer, NullProgress, Session
+    from kvpd.bench.session import NullProgress, Session
     from kvpd.bench.settings import int_list, make_settings, resolve_scenarios
     from kvpd.cli import output
-    from kvpd.exec.state import StateStore, state_root
+    from kvpd.exec.service import Deployments
+    from kvpd.exec.state import state_root
+    from kvpd.plan.build import load_plan
 
     vllm = runner.find_vllm()  # before anything starts: a missing client is a setup problem
-    store = StateStore()
-    deployer = Deployer(profile, store)
-    base = deployer.plan(list(sets))
+    base = load_plan(profile, sets=list(sets))
     settings = make_settings(
         base.bench,
         protocol=protocol,
@@ -202,7 +202,7 @@ def _run(
     )
     names = list(scenario)
     if all_scenarios:
-        defined = [str(k) for k in (base.bench.get("scenarios") or {})]
+        defined = list(base.bench.scenarios)
         if not defined:
             raise BenchError(f"profile {profile!r} defines no bench.scenarios.")
         names += [n for n in defined if n not in names]
@@ -214,7 +214,8 @@ def _run(
         settings=settings,
         scenarios=scenarios,
         out_dir=Path(out_dir),
-        deployer=deployer,
+        service=Deployments(),
+        load=lambda more: load_plan(profile, sets=more),
         user_sets=list(sets),
         vllm=vllm,
         tokenizer=tokenizer or "",
@@ -222,9 +223,10 @@ def _run(
         restore=restore,
         keep_up=keep_up,
     )
-    if quiet:
-        session.progress = NullProgress()
-        return session.run()
-    with RichProgress(output.err) as progress:
-        session.progress = progress
-        return session.run()
+    with session.service:
+        if quiet:
+            session.progress = NullProgress()
+            return session.run()
+        with RichProgress(output.err) as progress:
+            session.progress = progress
+            return session.run()

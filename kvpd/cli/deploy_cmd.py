@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import signal
 import sys
-import time
 from typing import TYPE_CHECKING
 
 import typer
@@ -13,7 +11,6 @@ from kvpd.errors import KvpdError, StateError
 
 if TYPE_CHECKING:
     from kvpd.exec.state import StateStore
-    from kvpd.exec.transport import Transport
     from kvpd.plan.model import Plan
 
 
@@ -81,63 +78,45 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start a deployment: write its files, start its stages in order, gate on health."""
         from kvpd.cli import output
-        from kvpd.exec.executor import Executor
-        from kvpd.exec.state import StateStore
-        from kvpd.exec.transports import TransportPool
+        from kvpd.exec.service import Deployments
 
         plan = _load_plan(profile, rehearse=rehearse, inventory=inventory, sets=sets)
-        store = StateStore()
-        pool = TransportPool(plan.hosts, accept_unknown_host_key=accept_new_host_keys)
-        try:  # before asking: a running deployment is refused whatever the answer
-            Executor(pool, store=store).refuse_if_running(plan.deployment, profile)
-        except BaseException:
-            pool.close()
-            raise
-        if not skip_preflight:
-            from kvpd.exec.preflight import run_preflight
-
-            if not run_preflight(plan, as_json=json_out, pool=pool, quiet_if_ok=True):
-                pool.close()
+        with Deployments(
+            accept_new_host_keys=accept_new_host_keys, grace_s=grace, serial=serial
+        ) as svc:
+            # Before asking: a running deployment is refused whatever the answer.
+            checks = svc.prepare(plan, profile=profile, preflight=not skip_preflight)
+            if not all(c.ok for c in checks):
+                output.show_preflight(plan.deployment, checks, as_json=json_out)
                 raise KvpdError(
                     "preflight failed (table above): nothing was started. Fix the hosts or "
                     "the profile, or pass --skip-preflight to start anyway."
                 )
-        if not json_out:
-            output.out.print(output.plan_summary(plan))
-            for w in plan.warnings:
-                output.err.print(f"[yellow]warning:[/] {w}")
-        if not yes:
-            if not sys.stdin.isatty():
-                pool.close()
-                output.err.print("kvpd: not a terminal; pass --yes to start without asking.")
-                raise typer.Exit(2)
-            try:
+            if not json_out:
+                output.out.print(output.plan_summary(plan))
+                for w in plan.warnings:
+                    output.err.print(f"[yellow]warning:[/] {w}")
+            if not yes:
+                if not sys.stdin.isatty():
+                    output.err.print("kvpd: not a terminal; pass --yes to start without asking.")
+                    raise typer.Exit(2)
                 typer.confirm(f"Start deployment {plan.deployment!r}?", abort=True)
-            finally:
-                pool.close()  # reopened on demand by the executor
-        names = [(p.name, p.host) for p in plan.processes]
-        state = None
-        # SIGTERM (e.g. a CI timeout) takes the same path as Ctrl-C: roll back, then exit.
-        old_term = signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            if json_out:
-                ex = Executor(pool, store=store, grace_s=grace, serial=serial)
-                state = ex.up(plan, profile=profile)
-            else:
-                with output.LiveProgress(names, f"up {plan.deployment}") as progress:
-                    ex = Executor(pool, progress, store=store, grace_s=grace, serial=serial)
-                    state = ex.up(plan, profile=profile)
-        except KvpdError as e:
-            if json_out:
-                failed = store.load(plan.deployment)
-                data = output.state_json(failed, str(store.path(plan.deployment))) if failed else {}
-                output.print_json({**data, "status": "failed", "error": str(e)})
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, old_term)
-            pool.close()
+            names = [(p.name, p.host) for p in plan.processes]
+            try:
+                if json_out:
+                    state = svc.up(plan, profile=profile, prepared=True)
+                else:
+                    with output.LiveProgress(names, f"up {plan.deployment}") as progress:
+                        state = svc.up(plan, profile=profile, reporter=progress, prepared=True)
+            except KvpdError as e:
+                if json_out:
+                    failed = svc.store.load(plan.deployment)
+                    path = str(svc.store.path(plan.deployment))
+                    data = output.state_json(failed, path) if failed else {}
+                    output.print_json({**data, "status": "failed", "error": str(e)})
+                raise
         if json_out:
-            output.print_json(output.state_json(state, str(store.path(plan.deployment))))
+            output.print_json(output.state_json(state, str(svc.store.path(plan.deployment))))
             return
         output.out.print(output.up_table(state))
         if plan.proxy_url:
@@ -153,14 +132,20 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Stop a deployment (reverse order, SIGTERM then SIGKILL); verify nothing is left."""
         from kvpd.cli import output
-        from kvpd.exec.executor import Executor
-        from kvpd.exec.state import StateStore
-        from kvpd.exec.transports import TransportPool
+        from kvpd.exec.service import Deployments, problems
 
-        store = StateStore()
-        name = _resolve_deployment(profile, deployment, store)
-        state = store.load(name)
-        if state is None:
+        with Deployments(grace_s=grace) as svc:
+            name = _resolve_deployment(profile, deployment, svc.store)
+            state = svc.store.load(name)
+            if state is None:
+                result = None
+            elif json_out:
+                result = svc.down(name)
+            else:
+                names = [(r.name, r.host) for r in state.processes]
+                with output.LiveProgress(names, f"down {name}") as progress:
+                    result = svc.down(name, progress)
+        if result is None:
             if json_out:
                 output.print_json(
                     {
@@ -174,32 +159,15 @@ def register(app: typer.Typer) -> None:
             else:
                 output.out.print(f"Nothing to stop: no state for deployment {name!r}.")
             return
-        pool = TransportPool(state.plan.hosts)
-        try:
-            if json_out:
-                result = Executor(pool, store=store, grace_s=grace).down(state)
-            else:
-                names = [(r.name, r.host) for r in state.processes]
-                with output.LiveProgress(names, f"down {name}") as progress:
-                    result = Executor(pool, progress, store=store, grace_s=grace).down(state)
-        finally:
-            pool.close()
         if json_out:
             output.print_json(output.down_json(result))
         elif result.nothing_running and result.clean:
             output.out.print(f"Nothing is running for deployment {name!r}.")
         else:
             output.out.print(output.down_table(result))
-        problems = []
-        if result.stop.leftover:
-            problems.append("still running: " + ", ".join(o.name for o in result.stop.leftover))
-        for host, ports in result.stop.busy_ports.items():
-            problems.append(
-                f"ports {', '.join(map(str, ports))} still listening on {host} "
-                "(another process holds them: `ss -ltnp` shows which)"
-            )
-        if problems:
-            raise StateError(f"down of {name!r} incomplete: " + "; ".join(problems))
+        left = problems(result)
+        if left:
+            raise StateError(f"down of {name!r} incomplete: " + "; ".join(left))
 
     @app.command("status")
     def status_cmd(
@@ -209,18 +177,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Show each process: alive, healthy (one probe), uptime, ports."""
         from kvpd.cli import output
-        from kvpd.exec.executor import Executor, load_state
-        from kvpd.exec.state import StateStore
-        from kvpd.exec.transports import TransportPool
+        from kvpd.exec.service import Deployments
 
-        store = StateStore()
-        name = _resolve_deployment(profile, deployment, store)
-        state = load_state(name, store)
-        pool = TransportPool(state.plan.hosts)
-        try:
-            rows = Executor(pool, store=store).status(state)
-        finally:
-            pool.close()
+        with Deployments() as svc:
+            name = _resolve_deployment(profile, deployment, svc.store)
+            state, rows = svc.status(name)
         if json_out:
             output.print_json({**output.status_json(name, rows), "status": state.status})
             return
@@ -234,75 +195,16 @@ def register(app: typer.Typer) -> None:
         deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
     ) -> None:
         """Print the log of one process (from its host)."""
-        from kvpd.exec.state import StateStore
-        from kvpd.exec.transports import open_transport
+        from kvpd.exec.service import Deployments
 
-        store = StateStore()
-        dep = deployment or _deployment_with_process(name, store)
-        state = store.load(dep)
-        if state is None:
-            raise StateError(f"no state for deployment {dep!r} under {store.root}.")
-        rec = state.record(name)
-        if rec is None:
-            known = ", ".join(r.name for r in state.processes) or "none started"
-            raise StateError(f"deployment {dep!r} has no process {name!r} (known: {known}).")
-        t = open_transport(state.plan.host(rec.host))
-        try:
-            r = t.run(["tail", "-n", str(lines), rec.log], timeout_s=30)
-            if not r.ok:
-                raise StateError(f"cannot read {rec.log} on {rec.host}: {r.stderr.strip()}")
-            sys.stdout.write(r.stdout)
+        with Deployments() as svc:
+            log = svc.logs(name, deployment=deployment, lines=lines)
+            sys.stdout.write(log.text)
             sys.stdout.flush()
             if follow:
-                _follow(t, rec.log)
-        finally:
-            t.close()
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def _deployment_with_process(name: str, store: StateStore) -> str:
-    known = store.deployments()
-    having = [d for d in known if (s := store.load(d)) is not None and s.record(name)]
-    if len(having) == 1:
-        return having[0]
-    if not having:
-        raise StateError(f"no deployment under {store.root} has a process {name!r}.")
-    raise StateError(f"{name!r} exists in {', '.join(having)}: pick one with --deployment.")
-
-
-def _follow(t: Transport, log: str) -> None:
-    """Poll the file size and print what was appended, until Ctrl-C."""
-
-    def size() -> int:
-        r = t.run(["stat", "-c", "%s", log], timeout_s=30)
-        return int(r.stdout.strip()) if r.ok and r.stdout.strip().isdigit() else 0
-
-    offset = size()
-    try:
-        while True:
-            time.sleep(0.5)
-            now = size()
-            if now < offset:  # truncated or replaced: start over
-                offset = 0
-            if now > offset:  # exactly the bytes [offset, now): the file may grow meanwhile
-                r = t.run(
-                    [
-                        "dd",
-                        f"if={log}",
-                        "iflag=skip_bytes,count_bytes",
-                        f"skip={offset}",
-                        f"count={now - offset}",
-                        "bs=65536",
-                        "status=none",
-                    ],
-                    timeout_s=30,
-                )
-                if r.ok:
-                    sys.stdout.write(r.stdout)
-                    sys.stdout.flush()
-                offset = now
-    except KeyboardInterrupt:
-        return
+                try:
+                    for chunk in svc.follow(log):
+                        sys.stdout.write(chunk)
+                        sys.stdout.flush()
+                except KeyboardInterrupt:
+                    return

@@ -15,7 +15,8 @@ import typer
 
 from kvpd.errors import KvpdError
 
-# Order is the order of `kvpd --help`. A module that does not exist yet is skipped.
+# Order is the order of `kvpd --help`. Every module must exist: a missing one is a packaging
+# bug, and skipping it would silently drop a command.
 _COMMAND_MODULES = (
     "kvpd.cli.plan_cmd",
     "kvpd.cli.deploy_cmd",
@@ -42,13 +43,7 @@ def build_app() -> typer.Typer:
         """Plan, start, benchmark and stop P/D-disaggregated vLLM deployments."""
 
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue
-            raise
-        module.register(app)
+        importlib.import_module(name).register(app)
     return app
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -14,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvpd.exec.executor import DownResult, ProcessStatus
+from kvpd.exec.preflight import Check
 from kvpd.exec.state import DeploymentState
 from kvpd.plan.model import Plan
 
@@ -251,3 +253,25 @@ def status_table(deployment: str, rows: list[ProcessStatus]) -> Table:
             s.detail,
         )
     return t
+
+
+def preflight_json(checks: list[Check]) -> dict[str, Any]:
+    return {"ok": all(c.ok for c in checks), "checks": [dataclasses.asdict(c) for c in checks]}
+
+
+def preflight_table(deployment: str, checks: list[Check]) -> Table:
+    t = Table(title=f"preflight: {deployment}")
+    for col in ("host", "check", "result", "detail", "fix"):
+        t.add_column(col)
+    for c in checks:
+        t.add_row(c.host, c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail, c.fix)
+    return t
+
+
+def show_preflight(deployment: str, checks: list[Check], *, as_json: bool) -> bool:
+    """Print the checks (table or JSON); True when all passed."""
+    if as_json:
+        print_json(preflight_json(checks))
+    else:
+        out.print(preflight_table(deployment, checks))
+    return all(c.ok for c in checks)

@@ -158,8 +158,10 @@ def register(app: typer.Typer) -> None:
             if not as_json:
                 print(f"wrote {len(paths)} files under {out}")
         if check:
-            from kvpd.exec.preflight import run_preflight
+            from kvpd.cli.output import show_preflight
+            from kvpd.exec.service import Deployments
 
-            ok = run_preflight(plan, accept_new_host_keys=accept_new_host_keys, as_json=as_json)
-            if not ok:
+            with Deployments(accept_new_host_keys=accept_new_host_keys) as svc:
+                checks = svc.check(plan)
+            if not show_preflight(plan.deployment, checks, as_json=as_json):
                 raise typer.Exit(1)

@@ -72,7 +72,3 @@ def chain_keys(
         parent = block_key(parent, token_ids[i * bs : (i + 1) * bs])
         keys.append(parent)
     return keys
-
-
-def key_hex(key: bytes) -> str:
-    return key.hex()

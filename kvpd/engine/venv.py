@@ -36,8 +36,3 @@ def engine_python() -> Path:
             "that has torch, transformers and vllm."
         )
     return python
-
-
-def engine_bin(name: str) -> Path:
-    """A console script of the engine venv (e.g. `vllm`), next to its python."""
-    return engine_python().parent / name

@@ -91,3 +91,27 @@ def likely_cause(log_text: str, *, name: str, host: str, ports: tuple[int, ...] 
             port_text = ", ".join(map(str, ports)) or "its ports"
             return template.format(name=name, host=host, ports=port_text, m1=m1)
     return ""
+
+
+def failure_report(
+    name: str,
+    host: str,
+    ports: tuple[int, ...],
+    reason: str,
+    log: tuple[str, str, str] | None,
+    tail_lines: int,
+) -> str:
+    """What `up` says about a process that failed: the reason, the likely cause and the end of
+    its log (`log`: path, host, text; None when it never started)."""
+    lines = [f"{name!r} on host {host} {reason}."]
+    if log is not None:
+        path, log_host, raw = log
+        text = current_run(raw)
+        cause = likely_cause(text, name=name, host=host, ports=ports)
+        if cause:
+            lines.append(f"Likely cause: {cause}")
+        end = [ln for ln in tail(text, tail_lines + 1) if not ln.startswith(HEADER_PREFIX)]
+        end = end[-tail_lines:]
+        lines.append(f"Last {len(end)} lines of {path} on {log_host}:")
+        lines.extend(f"  | {ln}" for ln in end)
+    return "\n".join(lines)

@@ -6,21 +6,21 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
-from kvpd.exec import diagnose
+from kvpd.exec import diagnose, logs
+from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
 from kvpd.exec.transport import Transport
 from kvpd.exec.transports import TransportPool
-from kvpd.plan.model import HostSpec, Plan, ProcessSpec
+from kvpd.plan.model import FileSpec, HostSpec, Plan, ProcessSpec
 
 DEFAULT_GRACE_S = 20.0
 # Written through bash's positional parameters so no value is ever parsed as shell code.
-_LOG_HEADER_SH = 'mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
+LOG_HEADER_SH = 'mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
 
 
 class _ProcessFailed(Exception):
@@ -69,7 +69,7 @@ class Executor:
 
     def __init__(
         self,
-        transports: Mapping[str, Transport],
+        transports: Mapping[str, Transport] | TransportPool,
         reporter: Reporter | None = None,
         *,
         store: StateStore | None = None,
@@ -104,11 +104,13 @@ class Executor:
 
     # -- up ------------------------------------------------------------------------------
 
-    def up(self, plan: Plan, *, profile: str = "") -> DeploymentState:
+    def up(self, plan: Plan, *, profile: str = "", refuse_running: bool = True) -> DeploymentState:
         """Start every process stage by stage, each stage gated on health. On any failure,
-        stop what this run started and raise DeployError (HealthTimeout for deadlines)."""
+        stop what this run started and raise DeployError (HealthTimeout for deadlines).
+        `refuse_running=False`: the caller has just refused a running deployment itself."""
         self._know_hosts(plan.hosts)
-        self.refuse_if_running(plan.deployment, profile or plan.deployment)
+        if refuse_running:
+            self.refuse_if_running(plan.deployment, profile or plan.deployment)
         state = DeploymentState(
             deployment=plan.deployment,
             profile_digest=plan.profile_digest,
@@ -116,7 +118,7 @@ class Executor:
             profile=profile,
         )
         self._save(state)
-        with ThreadPoolExecutor(max_workers=1 if self.serial else self.max_workers) as pool:
+        with Fanout(1 if self.serial else self.max_workers) as pool:
             try:
                 self._resolve_run_dirs(state, pool)
                 self._write_files(state, pool)
@@ -169,15 +171,15 @@ class Executor:
         with self._lock:
             self.store.save(state)
 
-    def _resolve_run_dirs(self, state: DeploymentState, pool: ThreadPoolExecutor) -> None:
+    def _resolve_run_dirs(self, state: DeploymentState, pool: Fanout) -> None:
         hosts = {p.host for p in state.plan.processes} | {f.host for f in state.plan.files}
         specs = [state.plan.host(h) for h in sorted(hosts)]
         dirs = pool.map(lambda h: self.transports[h.name].resolve(h.run_dir), specs)
         state.run_dirs = {h.name: d for h, d in zip(specs, dirs, strict=True)}
         self._save(state)
 
-    def _write_files(self, state: DeploymentState, pool: ThreadPoolExecutor) -> None:
-        by_host: dict[str, list] = {}
+    def _write_files(self, state: DeploymentState, pool: Fanout) -> None:
+        by_host: dict[str, list[FileSpec]] = {}
         for f in state.plan.files:
             by_host.setdefault(f.host, []).append(f)
 
@@ -204,24 +206,17 @@ class Executor:
         hosts = set(by_host) | (set(state.run_dirs) if state.plan.fresh_dirs else set())
         for h in hosts:
             by_host.setdefault(h, [])
-        list(pool.map(write, sorted(hosts)))
+        pool.map(write, sorted(hosts))
 
     def _start_stage(
-        self, state: DeploymentState, stage: list[ProcessSpec], pool: ThreadPoolExecutor
+        self, state: DeploymentState, stage: list[ProcessSpec], pool: Fanout
     ) -> list[tuple[ProcessRecord, float]]:
-        futures = [pool.submit(self._start_one, state, p) for p in stage]
-        started, first_error = [], None
-        for fut in futures:  # collect every start, so all are recorded before a rollback
-            try:
-                started.append(fut.result())
-            except BaseException as e:  # noqa: BLE001
-                first_error = first_error or e
-        with self._lock:  # records in plan order (they were appended as starts finished)
-            order = {p.name: i for i, p in enumerate(state.plan.processes)}
-            state.processes.sort(key=lambda r: (r.stage, order.get(r.name, len(order))))
-        if first_error is not None:
-            raise first_error
-        return started
+        try:  # every start finishes (and is recorded) before an error reaches the rollback
+            return pool.map(lambda p: self._start_one(state, p), stage)
+        finally:
+            with self._lock:  # records in plan order (they were appended as starts finished)
+                order = {p.name: i for i, p in enumerate(state.plan.processes)}
+                state.processes.sort(key=lambda r: (r.stage, order.get(r.name, len(order))))
 
     def _start_one(self, state: DeploymentState, p: ProcessSpec) -> tuple[ProcessRecord, float]:
         t, run_dir = self.transports[p.host], state.run_dirs[p.host]
@@ -229,7 +224,7 @@ class Executor:
         log = log_path(run_dir, p)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.wall()))
         header = f"{diagnose.HEADER_PREFIX}{state.deployment}/{p.name} started {stamp} ==="
-        r = t.run(["bash", "-c", _LOG_HEADER_SH, "kvpd-log", log, header], timeout_s=30)
+        r = t.run(["bash", "-c", LOG_HEADER_SH, "kvpd-log", log, header], timeout_s=30)
         if not r.ok:
             raise _ProcessFailed(p, f"could not create its log {log}: {r.stderr.strip()}")
         env = dict(p.env) | {"KVPD_DEPLOYMENT": state.deployment, "KVPD_PROCESS": p.name}
@@ -261,13 +256,13 @@ class Executor:
         self,
         stage: list[ProcessSpec],
         started: list[tuple[ProcessRecord, float]],
-        pool: ThreadPoolExecutor,
+        pool: Fanout,
     ) -> None:
         specs = {p.name: p for p in stage}
         pending = list(started)
         while pending:
             round_start = self.clock()
-            checks = list(pool.map(lambda rt: self._check(specs[rt[0].name], rt[0]), pending))
+            checks = pool.map(lambda rt: self._check(specs[rt[0].name], rt[0]), pending)
             now, still = self.clock(), []
             for (rec, t0), (alive, pr) in zip(pending, checks, strict=True):
                 spec, elapsed = specs[rec.name], now - t0
@@ -305,9 +300,7 @@ class Executor:
         alive = self.transports[rec.host].alive(rec.pid, start_ticks=rec.start_ticks)
         return alive, pr
 
-    def _roll_back(
-        self, state: DeploymentState, err: BaseException, pool: ThreadPoolExecutor
-    ) -> BaseException:
+    def _roll_back(self, state: DeploymentState, err: BaseException, pool: Fanout) -> BaseException:
         """Stop what this run started; return the exception `up` raises."""
         msg = self._failure_message(state, err)
         if isinstance(err, _ProcessFailed):
@@ -338,33 +331,21 @@ class Executor:
     def _failure_message(self, state: DeploymentState, err: BaseException) -> str:
         if not isinstance(err, _ProcessFailed):
             return f"up of {state.deployment!r} failed: {str(err) or type(err).__name__}"
-        spec = err.spec
-        lines = [f"{spec.name!r} on host {spec.host} {err.reason}."]
-        rec = state.record(spec.name)
-        if rec is not None:
-            text = diagnose.current_run(self._read_tail(rec))
-            cause = diagnose.likely_cause(text, name=spec.name, host=spec.host, ports=spec.ports)
-            if cause:
-                lines.append(f"Likely cause: {cause}")
-            tail = [
-                ln
-                for ln in diagnose.tail(text, self.log_tail_lines + 1)
-                if not ln.startswith(diagnose.HEADER_PREFIX)
-            ][-self.log_tail_lines :]
-            lines.append(f"Last {len(tail)} lines of {rec.log} on {rec.host}:")
-            lines.extend(f"  | {ln}" for ln in tail)
-        return "\n".join(lines)
+        spec, rec = err.spec, state.record(err.spec.name)
+        log = None if rec is None else (rec.log, rec.host, self._read_tail(rec))
+        return diagnose.failure_report(
+            spec.name, spec.host, spec.ports, err.reason, log, self.log_tail_lines
+        )
 
     def _read_tail(self, rec: ProcessRecord) -> str:
         try:
-            r = self.transports[rec.host].run(["tail", "-n", "400", rec.log], timeout_s=15)
-            return r.stdout if r.ok else f"(could not read the log: {r.stderr.strip()})"
+            return logs.tail(self.transports[rec.host], rec.log, 400, timeout_s=15)
         except Exception as e:  # noqa: BLE001 - the failure message matters more than its tail
             return f"(could not read the log: {e})"
 
     # -- down / status -------------------------------------------------------------------
 
-    def _stopper(self, pool: ThreadPoolExecutor) -> Stopper:
+    def _stopper(self, pool: Fanout) -> Stopper:
         """The one way this executor stops processes: rollback and `down` alike."""
         return Stopper(
             self.transports,
@@ -381,7 +362,7 @@ class Executor:
         self._know_hosts(state.plan.hosts)
         state.status = "stopping"
         self._save(state)
-        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+        with Fanout(self.max_workers) as pool:
             result = self._stopper(pool).stop(list(state.processes))
         for o in result.outcomes:
             rec = state.record(o.name)
@@ -415,52 +396,5 @@ class Executor:
                     st.healthy, st.detail = pr.ok, pr.detail
             return st
 
-        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-            return list(pool.map(one, state.processes))
-
-
-def up(
-    plan: Plan, transports: Mapping[str, Transport], reporter: Reporter | None = None, **kw
-) -> DeploymentState:
-    profile = kw.pop("profile", "")
-    ex = Executor(transports, reporter, **kw)
-    try:
-        return ex.up(plan, profile=profile)
-    finally:
-        ex.close()
-
-
-def down(
-    state: DeploymentState,
-    transports: Mapping[str, Transport],
-    reporter: Reporter | None = None,
-    **kw,
-) -> DownResult:
-    ex = Executor(transports, reporter, **kw)
-    try:
-        return ex.down(state)
-    finally:
-        ex.close()
-
-
-def status(
-    state: DeploymentState, transports: Mapping[str, Transport], **kw
-) -> list[ProcessStatus]:
-    ex = Executor(transports, None, **kw)
-    try:
-        return ex.status(state)
-    finally:
-        ex.close()
-
-
-def load_state(deployment: str, store: StateStore | None = None) -> DeploymentState:
-    store = store or StateStore()
-    state = store.load(deployment)
-    if state is None:
-        known = store.deployments()
-        hint = f" Known deployments: {', '.join(known)}." if known else ""
-        raise StateError(
-            f"no state for deployment {deployment!r} under {store.root}.{hint} "
-            f"(Set KVPD_STATE_DIR if `up` ran from another directory.)"
-        )
-    return state
+        with Fanout(self.max_workers) as pool:
+            return pool.map(one, state.processes)

@@ -37,6 +37,61 @@ def host_key(item: object) -> str:
     return str(item)
 
 
+class Fanout:
+    """One bounded pool of worker threads for operations on many hosts or processes: the
+    executor, the stopper and preflight all fan out through it. A context manager."""
+
+    def __init__(self, max_workers: int = 16) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=max(1, max_workers),
+                                        thread_name_prefix="kvpd-fanout")  # fmt: skip
+
+    def __enter__(self) -> Fanout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True)
+
+    def each(
+        self, fn: Callable[[H], T], items: Iterable[H], *, key: Callable[[H], str] = host_key
+    ) -> dict[str, HostOutcome[T]]:
+        """Call `fn(item)` for every item. Returns outcomes keyed by name in the order given.
+        An exception from `fn` is recorded for its item and never stops the others;
+        KeyboardInterrupt and SystemExit propagate."""
+        items = list(items)
+        names = [key(h) for h in items]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate host names: {names}")
+
+        def one(item: H) -> HostOutcome[T]:
+            t0 = time.monotonic()
+            try:
+                value = fn(item)
+            except Exception as e:  # recorded per host; the caller decides what a failure means
+                return HostOutcome(key(item), error=e, elapsed_s=time.monotonic() - t0)
+            return HostOutcome(key(item), value=value, elapsed_s=time.monotonic() - t0)
+
+        if len(items) <= 1:  # no thread hop for a single host
+            return {n: one(h) for n, h in zip(names, items, strict=True)}
+        futures = [self._pool.submit(one, h) for h in items]
+        return {n: f.result() for n, f in zip(names, futures, strict=True)}
+
+    def map(self, fn: Callable[[H], T], items: Iterable[H]) -> list[T]:
+        """`fn(item)` for every item, in order. Every call finishes before the first
+        exception (in item order) is raised as it was, so nothing is left running behind it."""
+        items = list(items)
+        futures = [self._pool.submit(fn, h) for h in items]
+        results: list[T] = []
+        first: BaseException | None = None
+        for f in futures:
+            try:
+                results.append(f.result())
+            except BaseException as e:  # noqa: BLE001 - re-raised below, after the others
+                first = first or e
+        if first is not None:
+            raise first
+        return results
+
+
 def run_on_hosts(
     fn: Callable[[H], T],
     hosts: Iterable[H],
@@ -44,33 +99,10 @@ def run_on_hosts(
     max_workers: int = 16,
     key: Callable[[H], str] = host_key,
 ) -> dict[str, HostOutcome[T]]:
-    """Call `fn(host)` for every host, at most `max_workers` at a time.
-
-    Returns outcomes keyed by host name in the order given. An exception from `fn` is recorded
-    for its host and never stops the others; KeyboardInterrupt and SystemExit propagate.
-    """
+    """`Fanout.each` on a pool of its own (at most `max_workers` at a time)."""
     items = list(hosts)
-    names = [key(h) for h in items]
-    if len(set(names)) != len(names):
-        raise ValueError(f"duplicate host names: {names}")
-
-    def one(item: H) -> HostOutcome[T]:
-        t0 = time.monotonic()
-        try:
-            value = fn(item)
-        except Exception as e:  # recorded per host; the caller decides what a failure means
-            return HostOutcome(key(item), error=e, elapsed_s=time.monotonic() - t0)
-        return HostOutcome(key(item), value=value, elapsed_s=time.monotonic() - t0)
-
-    if not items:
-        return {}
-    if len(items) == 1 or max_workers <= 1:
-        return {n: one(h) for n, h in zip(names, items, strict=True)}
-    with ThreadPoolExecutor(
-        max_workers=min(max_workers, len(items)), thread_name_prefix="kvpd-fanout"
-    ) as pool:
-        futures = [pool.submit(one, h) for h in items]
-        return {n: f.result() for n, f in zip(names, futures, strict=True)}
+    with Fanout(min(max_workers, max(1, len(items)))) as fan:
+        return fan.each(fn, items, key=key)
 
 
 def raise_for_failures(outcomes: dict[str, HostOutcome[T]], what: str) -> dict[str, T]:

@@ -6,9 +6,16 @@ import os
 import subprocess
 import tempfile
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
+from kvpd.exec.procfs import (
+    ProcStat,
+    is_alive,
+    listening_in,
+    live_members,
+    may_signal_group,
+    parse_stat,
+)
 from kvpd.exec.shellwords import check_env
 from kvpd.exec.transport import CommandResult, Started
 from kvpd.plan.model import HostSpec
@@ -27,21 +34,6 @@ def reap_children() -> None:
                 del _CHILDREN[pid]
 
 
-@dataclass(frozen=True)
-class ProcStat:
-    """The fields of /proc/<pid>/stat that kvpd uses."""
-
-    pid: int
-    state: str  # R, S, D, Z (zombie), X (dead), ...
-    pgid: int
-    sid: int
-    start_ticks: int  # field 22: clock ticks after boot at which the process started
-
-    @property
-    def gone(self) -> bool:
-        return self.state in ("Z", "X", "x")
-
-
 def read_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
     """Parse /proc/<pid>/stat; None if the process does not exist."""
     try:
@@ -49,24 +41,6 @@ def read_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     return parse_stat(raw)
-
-
-def parse_stat(raw: str) -> ProcStat | None:
-    # The command name (field 2) is in parentheses and may itself contain spaces and ')'.
-    head, sep, rest = raw.rpartition(")")
-    if not sep:
-        return None
-    fields = rest.split()  # fields[0] is field 3 (state)
-    try:
-        return ProcStat(
-            pid=int(head.split("(", 1)[0]),
-            state=fields[0],
-            pgid=int(fields[2]),
-            sid=int(fields[3]),
-            start_ticks=int(fields[19]),
-        )
-    except (IndexError, ValueError):
-        return None
 
 
 def all_stats(proc_root: str = "/proc") -> list[ProcStat]:
@@ -82,17 +56,13 @@ def all_stats(proc_root: str = "/proc") -> list[ProcStat]:
 
 def listening_ports(proc_root: str = "/proc") -> set[int]:
     """Local ports of TCP sockets in state LISTEN (0A), IPv4 and IPv6, in kvpd's netns."""
-    ports: set[int] = set()
+    tables = []
     for name in ("tcp", "tcp6"):
         try:
-            lines = Path(f"{proc_root}/net/{name}").read_text().splitlines()[1:]
+            tables.append(Path(f"{proc_root}/net/{name}").read_text())
         except FileNotFoundError:  # no IPv6 in this kernel/namespace
             continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 3 and cols[3] == "0A":
-                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
+    return listening_in(tables)
 
 
 class LocalTransport:
@@ -187,41 +157,19 @@ class LocalTransport:
 
     def alive(self, pid: int, *, start_ticks: int | None = None) -> bool:
         reap_children()
-        st = read_stat(pid)
-        if st is None or st.gone:
-            return False
-        return start_ticks is None or st.start_ticks == start_ticks
+        return is_alive(read_stat(pid), start_ticks)
 
     def group_alive(self, pgid: int) -> list[int]:
         reap_children()
-        return sorted(st.pid for st in all_stats() if st.pgid == pgid and not st.gone)
+        return sorted(st.pid for st in live_members(all_stats(), pgid))
 
     def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
-        """Signal the group, refusing when it can no longer be ours.
-
-        While any member of a process group lives, the kernel does not hand out its number as
-        a new PID. So if the leader's PID now belongs to a process with other start_ticks, our
-        whole group is gone and nothing is signalled. If the leader has exited and been reaped
-        while members live on (a common case: bash ran the engine as a child), the group is
-        signalled only when every remaining member is in session `pgid` (ours were started with
-        setsid, so sid == pgid) and started no earlier than our leader; that rejects a foreign
-        group that reused the number after ours ended, barring a wrap-around within one tick.
-        """
+        """Signal the group unless it can no longer be ours (procfs.may_signal_group)."""
         reap_children()
-        leader = read_stat(pgid)
-        if leader is not None:
-            if start_ticks is not None and leader.start_ticks != start_ticks:
-                return False
-            if leader.gone and not any(st.pgid == pgid and not st.gone for st in all_stats()):
-                return False  # only the zombie leader is left: nothing to signal
-        else:
-            members = [st for st in all_stats() if st.pgid == pgid and not st.gone]
-            if not members:
-                return False
-            if start_ticks is not None and any(
-                st.sid != pgid or st.start_ticks < start_ticks for st in members
-            ):
-                return False
+        if not may_signal_group(
+            pgid, read_stat(pgid), live_members(all_stats(), pgid), start_ticks
+        ):
+            return False
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:

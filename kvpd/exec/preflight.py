@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from kvpd.errors import KvpdError
+from kvpd.exec.fanout import Fanout, HostOutcome
 from kvpd.exec.probe import PROBE
 from kvpd.exec.transport import Transport
 from kvpd.plan.model import Plan
@@ -37,7 +37,8 @@ def _probe(t: Transport, req: dict[str, Any]) -> dict[str, Any]:
     r = t.run(["python3", "-c", PROBE, json.dumps(req)], timeout_s=180)
     if not r.ok:
         raise KvpdError(f"probe failed (exit {r.exit_code}): {r.stderr.strip()[-300:]}")
-    return json.loads(r.stdout)
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
 
 
 def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check]:
@@ -47,48 +48,51 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
     ports = {h: sorted({u.port for u in plan.ports if u.host == h}) for h in hosts}
     sharing: dict[str, list[str]] = {}
     for h in hosts:
-        for d in plan.requirements[h]["shared_dirs"]:
+        for d in plan.requirements[h].shared_dirs:
             sharing.setdefault(d, []).append(h)
 
     def request(h: str, write: bool, cleanup: bool, full: bool = True) -> dict[str, Any]:
-        req = dict(plan.requirements[h])
-        peers = sorted({p for d in req["shared_dirs"] for p in sharing[d] if p != h})
-        if not full:  # later rounds only look at the shared directories
-            req = {"shared_dirs": req["shared_dirs"]}
+        need = plan.requirements[h]
+        peers = sorted({p for d in need.shared_dirs for p in sharing[d] if p != h})
+        req: dict[str, Any] = {"shared_dirs": list(need.shared_dirs)}
+        if full:  # later rounds only look at the shared directories
+            req.update(
+                packages=[
+                    {"path": p.python.path, "next_to": p.python.next_to, "names": list(p.names)}
+                    for p in need.packages
+                ],
+                commands=list(need.commands),
+                paths=list(need.paths),
+                npu=need.npu,
+                clang_omp=need.clang_omp,
+            )
         req.update(ports=ports[h], token=token, host=h, write=write, cleanup=cleanup, peers=peers)
         return req
 
-    results: dict[str, dict[str, Any]] = {}
+    def probe_all(
+        round_hosts: list[str], write: bool, cleanup: bool, full: bool
+    ) -> dict[str, HostOutcome[dict[str, Any]]]:
+        return fan.each(
+            lambda h: _probe(transports(h), request(h, write, cleanup, full)), round_hosts,
+            key=str,
+        )  # fmt: skip
+
     checks: list[Check] = []
-
-    def first(h: str) -> None:
-        try:
-            results[h] = _probe(transports(h), request(h, write=True, cleanup=False))
-        except KvpdError as e:
-            results[h] = {"error": str(e)}
-
-    with ThreadPoolExecutor(max_workers=min(16, max(1, len(hosts)))) as pool:
-        list(pool.map(first, hosts))
+    with Fanout(min(16, max(1, len(hosts)))) as fan:
+        results: dict[str, dict[str, Any]] = {
+            h: o.value if o.value is not None else {"error": str(o.error)}
+            for h, o in probe_all(hosts, write=True, cleanup=False, full=True).items()
+        }
         if sharing:
             # Second round: who can read whose token. Only when every host has read, a third
             # round removes the tokens (removing them while reading raced with slower peers).
-            def second(h: str) -> None:
-                if "error" not in results[h]:
-                    try:
-                        req = request(h, write=False, cleanup=False, full=False)
-                        results[h]["shared"] = _probe(transports(h), req)["shared"]
-                    except KvpdError:
-                        pass
-
-            def third(h: str) -> None:
-                if "error" not in results[h]:
-                    try:
-                        _probe(transports(h), request(h, write=False, cleanup=True, full=False))
-                    except KvpdError:
-                        pass  # a token left behind is a small hidden file; not worth failing
-
-            list(pool.map(second, hosts))
-            list(pool.map(third, hosts))
+            # A failed later round leaves the first round's view (a token left behind is a
+            # small hidden file; not worth failing).
+            reached = [h for h in hosts if "error" not in results[h]]
+            for h, o in probe_all(reached, write=False, cleanup=False, full=False).items():
+                if o.value is not None:
+                    results[h]["shared"] = o.value["shared"]
+            probe_all(reached, write=False, cleanup=True, full=False)
 
     versions: dict[str, dict[str, str | None]] = {}
     for h in hosts:
@@ -106,9 +110,9 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
             )
             continue
         checks.append(Check(h, "reachable", True, f"{res['arch']}, python {res['python3']}"))
-        for py, info in res["packages"].items():
+        for need, info in zip(req.packages, res["packages"], strict=True):
+            where = need.python.label
             if "error" in info:
-                where = f"next to `{py[1:]}`" if py.startswith("@") else py
                 checks.append(
                     Check(
                         h,
@@ -126,8 +130,8 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                         h,
                         f"package {name}",
                         ver is not None,
-                        ver or f"not importable by {py}",
-                        "" if ver else f"pip install {name} into {py}'s environment",
+                        ver or f"not importable by python {where}",
+                        "" if ver else f"pip install {name} into the environment of python {where}",
                     )
                 )
             checks.append(Check(h, "site-packages", True, info["site"]))
@@ -163,7 +167,7 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                 else "stop what holds them (`ss -ltnp`) or change the ports in the profile",
             )
         )
-        if req["npu"]:
+        if req.npu:
             checks.append(
                 Check(
                     h,
@@ -175,7 +179,7 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                     else "install the Ascend driver / mount the devices into the container",
                 )
             )
-        if req["clang_omp"]:
+        if req.clang_omp:
             ok = bool(res.get("clang") and res.get("omp_h"))
             checks.append(
                 Check(
@@ -186,19 +190,19 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                     "" if ok else "apt-get install -y clang libomp-dev",
                 )
             )
-        need = req["memory_gb"]
-        if need:
+        need_gb = req.memory_gb
+        if need_gb:
             avail = (res.get("mem_available") or 0) / GiB
             checks.append(
                 Check(
                     h,
                     "memory",
-                    avail >= need,
-                    f"{avail:.0f} GiB available, pools need {need:g} GiB",
-                    "" if avail >= need else "lower dram sizes or use a larger host",
+                    avail >= need_gb,
+                    f"{avail:.0f} GiB available, pools need {need_gb:g} GiB",
+                    "" if avail >= need_gb else "lower dram sizes or use a larger host",
                 )
             )
-        shm = req["shm_gb"]
+        shm = req.shm_gb
         if shm:
             free = (res.get("shm_free") or 0) / GiB
             checks.append(
@@ -251,40 +255,3 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                 )
             )
     return checks
-
-
-def run_preflight(
-    plan: Plan,
-    *,
-    accept_new_host_keys: bool = False,
-    as_json: bool = False,
-    pool: Any = None,
-    quiet_if_ok: bool = False,
-) -> bool:
-    """Run the checks and print the table (or JSON). True when everything passed.
-    With `quiet_if_ok`, nothing is printed when every check passed (used inside `up`)."""
-    from kvpd.exec.transports import TransportPool
-
-    own = pool is None
-    pool = pool or TransportPool(plan.hosts, accept_unknown_host_key=accept_new_host_keys)
-    try:
-        checks = run_checks(plan, lambda h: pool[h])
-    finally:
-        if own:
-            pool.close()
-    ok = all(c.ok for c in checks)
-    if ok and quiet_if_ok:
-        return True
-    if as_json:
-        print(json.dumps({"ok": ok, "checks": [c.__dict__ for c in checks]}, indent=2))
-        return ok
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"preflight: {plan.deployment}")
-    for col in ("host", "check", "result", "detail", "fix"):
-        t.add_column(col)
-    for c in checks:
-        t.add_row(c.host, c.name, "[green]ok[/]" if c.ok else "[red]FAIL[/]", c.detail, c.fix)
-    Console(width=None if Console().is_terminal else 160).print(t)
-    return ok

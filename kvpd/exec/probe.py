@@ -1,7 +1,14 @@
 """The probe preflight runs on each host with `python3 -c` (stdlib only, read-only except the
 shared-directory token), printing one JSON document."""
 
-PROBE = r'''
+import inspect
+
+from kvpd.exec.procfs import listening_in
+
+# The /proc/net/tcp parser is the transports' own, sent as source (the probe is one script).
+PROBE = (
+    inspect.getsource(listening_in)
+    + r'''
 import json, os, platform, shutil, subprocess, sys
 req = json.loads(sys.argv[1])
 out = {"arch": platform.machine(), "python3": sys.version.split()[0]}
@@ -15,20 +22,23 @@ for n in sys.argv[1:]:
         r["v"][n] = None
 print(json.dumps(r))
 """
-pk = {}
-for py, names in req.get("packages", {}).items():
-    exe = py
-    if py.startswith("@"):  # the interpreter of a console script found on PATH
-        found = shutil.which(py[1:])
-        exe = os.path.join(os.path.dirname(os.path.realpath(found)), "python") if found else py
+pk = []  # one answer per requested interpreter, in order
+for need in req.get("packages", []):
+    exe = need.get("path")
+    if not exe:  # the interpreter of a console script found on PATH
+        found = shutil.which(need["next_to"])
+        if not found:
+            pk.append({"error": "not found"})
+            continue
+        exe = os.path.join(os.path.dirname(os.path.realpath(found)), "python")
     try:
-        res = subprocess.run([exe, "-c", VERSIONS, *names], capture_output=True, text=True,
-                             timeout=120)
-        pk[py] = json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr[-300:]}
+        res = subprocess.run([exe, "-c", VERSIONS, *need["names"]], capture_output=True,
+                             text=True, timeout=120)
+        pk.append(json.loads(res.stdout) if res.returncode == 0 else {"error": res.stderr[-300:]})
     except FileNotFoundError:
-        pk[py] = {"error": "not found"}
+        pk.append({"error": "not found"})
     except Exception as e:
-        pk[py] = {"error": repr(e)}
+        pk.append({"error": repr(e)})
 out["packages"] = pk
 out["commands"] = {c: bool(shutil.which(c)) or (os.sep in c and os.access(c, os.X_OK))
                    for c in req.get("commands", [])}
@@ -61,15 +71,13 @@ if req.get("clang_omp"):
             os.path.join(r.stdout.strip(), "include", "omp.h"))
     except (OSError, subprocess.SubprocessError):
         out["clang"] = out["omp_h"] = False
-ports = set()
+tables = []
 for name in ("/proc/net/tcp", "/proc/net/tcp6"):
     try:
-        for line in open(name).readlines()[1:]:
-            f = line.split()
-            if f[3] == "0A":
-                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+        tables.append(open(name).read())
     except OSError:
         pass
+ports = listening_in(tables)
 out["busy_ports"] = sorted(p for p in req.get("ports", []) if p in ports)
 shared = {}
 token = req.get("token", "")
@@ -104,3 +112,4 @@ for d in req.get("shared_dirs", []):
 out["shared"] = shared
 print(json.dumps(out))
 '''
+)

@@ -115,6 +115,18 @@ class StateStore:
                 f"{deployment!r} runs any more, delete it."
             ) from None
 
+    def require(self, deployment: str) -> DeploymentState:
+        """The state of `deployment`; StateError naming the known ones if there is none."""
+        state = self.load(deployment)
+        if state is None:
+            known = self.deployments()
+            hint = f" Known deployments: {', '.join(known)}." if known else ""
+            raise StateError(
+                f"no state for deployment {deployment!r} under {self.root}.{hint} "
+                f"(Set KVPD_STATE_DIR if `up` ran from another directory.)"
+            )
+        return state
+
     def save(self, state: DeploymentState) -> None:
         """Write temp file + fsync + rename (+ fsync of the directory): a reader or a crash
         sees either the old or the new state, never a torn one."""

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kvpd.exec.fanout import Fanout
 from kvpd.exec.state import ProcessRecord
-from kvpd.exec.transport import Transport
+from kvpd.exec.transport import Transport, Transports
 
 KILL_WAIT_S = 5.0  # after SIGKILL: how long to wait for the kernel to take the group down
 POLL_S = 0.1
@@ -88,9 +88,9 @@ class Stopper:
 
     def __init__(
         self,
-        transports: Mapping[str, Transport],
+        transports: Transports,
         reporter: Reporter,
-        pool: ThreadPoolExecutor,
+        pool: Fanout,
         *,
         grace_s: float,
         clock: Callable[[], float],

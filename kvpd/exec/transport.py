@@ -38,7 +38,11 @@ class Transport(Protocol):
     host: str
 
     def run(
-        self, argv: list[str], *, timeout_s: float = 60.0, env: dict[str, str] | None = None,
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float = 60.0,
+        env: dict[str, str] | None = None,
         cwd: str | None = None,
     ) -> CommandResult:
         """Run a command to completion (no shell: argv is quoted by the transport)."""
@@ -83,5 +87,10 @@ class Transport(Protocol):
         """Absolute form of `path` on the host (relative paths: under the home/cwd)."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
+
+
+class Transports(Protocol):
+    """Transports by host name: a dict, or a TransportPool that opens them on first use."""
+
+    def __getitem__(self, name: str) -> Transport: ...

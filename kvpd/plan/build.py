@@ -8,6 +8,7 @@ from typing import Any
 
 from kvpd.errors import ProfileError
 from kvpd.plan import configfiles, kvconfig
+from kvpd.plan.bench import bench_spec
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
@@ -219,7 +220,7 @@ def build_plan(
         proxy_url=proxy_url,
         served_model=model.served_name or model.path,
         tokenizer=model.tokenizer or model.path,
-        bench=profile.bench.model_dump(),
+        bench=bench_spec(profile.bench),
         rehearsal=rehearse,
         fresh_dirs=tuple(profile.runtime.fresh_dirs),
         sizing=_sizing(profile),

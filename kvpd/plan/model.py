@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpd.plan.bench import BenchSpec, default_bench
+
 
 @dataclass(frozen=True)
 class HostSpec:
@@ -81,6 +83,72 @@ class ProcessSpec:
 
 
 @dataclass(frozen=True)
+class Interpreter:
+    """A Python on a host: by path, or the one next to a console script found on its PATH
+    (the python of the venv `vllm` was installed into)."""
+
+    path: str | None = None
+    next_to: str | None = None  # a command name, resolved on the host
+
+    @property
+    def label(self) -> str:
+        return self.path or f"next to `{self.next_to}`"
+
+    def key(self) -> str:
+        """plan.json's spelling: the path, or "@" + the command."""
+        return self.path or f"@{self.next_to}"
+
+    @classmethod
+    def from_key(cls, key: str) -> Interpreter:
+        return cls(next_to=key[1:]) if key.startswith("@") else cls(path=key)
+
+
+@dataclass(frozen=True)
+class PackageNeed:
+    """Python packages that must be importable by one interpreter."""
+
+    python: Interpreter
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HostRequirements:
+    """What one host must provide before `up`; preflight verifies it read-only."""
+
+    packages: tuple[PackageNeed, ...] = ()
+    commands: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()  # model directories
+    shared_dirs: tuple[str, ...] = ()  # must be one filesystem for every host listing it
+    memory_gb: float = 0.0  # free memory the KV pools need
+    shm_gb: float = 0.0  # free /dev/shm the UCM cache buffers need
+    npu: bool = False  # NPUs must be visible (npu-smi)
+    clang_omp: bool = False  # Clang and omp.h (the sparse planner's native code)
+
+    def to_dict(self) -> dict[str, Any]:
+        """plan.json's form."""
+        d = dataclasses.asdict(self)
+        d["packages"] = {p.python.key(): list(p.names) for p in self.packages}
+        for k in ("commands", "paths", "shared_dirs"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HostRequirements:
+        return cls(
+            packages=tuple(
+                PackageNeed(Interpreter.from_key(k), tuple(v)) for k, v in d["packages"].items()
+            ),
+            commands=tuple(d["commands"]),
+            paths=tuple(d["paths"]),
+            shared_dirs=tuple(d["shared_dirs"]),
+            memory_gb=d["memory_gb"],
+            shm_gb=d["shm_gb"],
+            npu=d["npu"],
+            clang_omp=d["clang_omp"],
+        )
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything `up` does, in order. Built by `kvpd.plan.build.build_plan` (pure)."""
 
@@ -94,11 +162,10 @@ class Plan:
     proxy_url: str = ""
     served_model: str = ""
     tokenizer: str = ""
-    bench: dict[str, Any] = field(default_factory=dict)
+    bench: BenchSpec = field(default_factory=default_bench)
     rehearsal: bool = False
-    # What preflight verifies per host (read-only): host name -> requirement dict with keys
-    # packages, commands, paths, shared_dirs, memory_gb, shm_gb, npu, clang_omp, python.
-    requirements: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # What preflight verifies per host (read-only), by host name.
+    requirements: dict[str, HostRequirements] = field(default_factory=dict)
     fresh_dirs: tuple[str, ...] = ()  # relative to each host's run dir; emptied by every `up`
     # Inputs of the sizing `kvpd plan` shows (e.g. "sparse": the sparse-offload hot buffer)
     sizing: dict[str, Any] = field(default_factory=dict)
@@ -129,6 +196,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        d["requirements"] = {h: r.to_dict() for h, r in self.requirements.items()}
         secrets = d.pop("secret_values")
         for f in d["files"]:
             for s in secrets:
@@ -160,9 +228,11 @@ class Plan:
             proxy_url=d.get("proxy_url", ""),
             served_model=d.get("served_model", ""),
             tokenizer=d.get("tokenizer", ""),
-            bench=d.get("bench", {}),
+            bench=BenchSpec.from_dict(d.get("bench") or {}),
             rehearsal=d.get("rehearsal", False),
-            requirements=d.get("requirements", {}),
+            requirements={
+                h: HostRequirements.from_dict(r) for h, r in d.get("requirements", {}).items()
+            },
             fresh_dirs=tuple(d.get("fresh_dirs", ())),
             sizing=d.get("sizing", {}),
         )

@@ -6,19 +6,55 @@
 from __future__ import annotations
 
 import posixpath
-from typing import Any
+from dataclasses import dataclass, field
 
 from kvpd.plan.layout import hardware_of
+from kvpd.plan.model import HostRequirements, Interpreter, PackageNeed
 from kvpd.plan.processes import Proc
 from kvpd.plan.sizing import GiB, parse_size
 from kvpd.profile.schema import ASCEND, Profile
 
 
-def _python_of(command: str, fallback: str) -> str:
-    """The interpreter next to a console script given by path (…/bin/vllm -> …/bin/python)."""
+def _python_of(command: str, fallback: str) -> Interpreter:
+    """The interpreter next to a console script given by path (…/bin/vllm -> …/bin/python), or
+    the one next to `command` on the host's PATH (the probe resolves it)."""
     if "/" in command:
-        return posixpath.join(posixpath.dirname(command), "python")
-    return "@" + command  # the probe resolves it: the python next to `command` on PATH
+        return Interpreter(path=posixpath.join(posixpath.dirname(command), "python"))
+    return Interpreter(next_to=command)
+
+
+def _add(items: list[str], item: str) -> None:
+    if item not in items:
+        items.append(item)
+
+
+@dataclass
+class _Needs:
+    """One host's requirements while they are collected (frozen by `freeze`)."""
+
+    packages: dict[Interpreter, list[str]] = field(default_factory=dict)
+    commands: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    shared_dirs: list[str] = field(default_factory=list)
+    memory_gb: float = 0.0
+    shm_gb: float = 0.0
+    npu: bool = False
+    clang_omp: bool = False
+
+    def pkg(self, python: Interpreter, name: str) -> None:
+        _add(self.packages.setdefault(python, []), name)
+
+    def freeze(self) -> HostRequirements:
+        return HostRequirements(
+            packages=tuple(PackageNeed(py, tuple(n)) for py, n in self.packages.items()),
+            commands=tuple(self.commands),
+            paths=tuple(self.paths),
+            shared_dirs=tuple(self.shared_dirs),
+            memory_gb=round(self.memory_gb, 1),
+            shm_gb=self.shm_gb,
+            npu=self.npu,
+            clang_omp=self.clang_omp,
+        )
 
 
 def build_requirements(
@@ -27,91 +63,66 @@ def build_requirements(
     dram_per_rank: str | None,
     rehearse: bool,
     run_dirs: dict[str, str] | None = None,
-) -> dict[str, dict[str, Any]]:
-    req: dict[str, dict[str, Any]] = {}
-
-    def host(name: str) -> dict[str, Any]:
-        return req.setdefault(
-            name,
-            {
-                "packages": {},
-                "commands": [],
-                "paths": [],
-                "shared_dirs": [],
-                "memory_gb": 0.0,
-                "shm_gb": 0.0,
-                "npu": False,
-                "clang_omp": False,
-            },
-        )
-
-    def add(lst: list[Any], item: Any) -> None:
-        if item not in lst:
-            lst.append(item)
-
-    def pkg(h: dict[str, Any], python: str, name: str) -> None:
-        add(h["packages"].setdefault(python, []), name)
-
+) -> dict[str, HostRequirements]:
+    req: dict[str, _Needs] = {}
     rh = profile.rehearsal
     kv = profile.kv
     created_on_use: set[str] = set()  # ExampleConnector makes its folder; sharing matters only
     for p in procs:
-        h = host(p.host)
+        h = req.setdefault(p.host, _Needs())
         hw = "cpu" if rehearse else hardware_of(profile, p.host)
-        add(h["commands"], p.argv[0])
+        _add(h.commands, p.argv[0])
         if p.role in ("prefill", "decode", "mixed"):
             g = getattr(profile, p.role)
             vllm = rh.vllm if rehearse else profile.runtime.vllm
             py = _python_of(vllm, profile.runtime.python)
-            pkg(h, py, "vllm")
-            add(h["paths"], rh.model if rehearse else profile.model.path)
+            h.pkg(py, "vllm")
+            _add(h.paths, rh.model if rehearse else profile.model.path)
             if rehearse:
                 if g.kv_connectors:
-                    add(h["shared_dirs"], rh.storage)
+                    _add(h.shared_dirs, rh.storage)
                 continue
             if hw in ASCEND:
-                pkg(h, py, "vllm-ascend")
-                h["npu"] = True
+                h.pkg(py, "vllm-ascend")
+                h.npu = True
             comps = set(g.kv_connectors)
             if "ascend_store" in comps:
-                pkg(h, py, "memcache-hybrid")
-                pkg(h, py, "memfabric-hybrid")
+                h.pkg(py, "memcache-hybrid")
+                h.pkg(py, "memfabric-hybrid")
                 if dram_per_rank:
                     ranks = len(p.devices) or 1
-                    h["memory_gb"] += parse_size(dram_per_rank) * ranks / GiB
+                    h.memory_gb += parse_size(dram_per_rank) * ranks / GiB
             if "sfa_d2h" in comps:
-                pkg(h, py, "memfabric-hybrid")
+                h.pkg(py, "memfabric-hybrid")
             if "ucm" in comps and kv.ucm is not None:
-                pkg(h, py, "uc-manager")
+                h.pkg(py, "uc-manager")
                 for d in kv.ucm.storage.split(":"):
-                    add(h["shared_dirs"], d)
-                h["shm_gb"] += kv.ucm.cache_buffer_capacity_gb
+                    _add(h.shared_dirs, d)
+                h.shm_gb += kv.ucm.cache_buffer_capacity_gb
             if "kvpd_store" in comps and kv.kvpd_store is not None:
-                add(h["shared_dirs"], kv.kvpd_store.path)
+                _add(h.shared_dirs, kv.kvpd_store.path)
             if "example" in comps and kv.example_path:
-                add(h["shared_dirs"], kv.example_path)
+                _add(h.shared_dirs, kv.example_path)
                 created_on_use.add(kv.example_path)
             so = g.sparse_offload
             if p.role == "decode" and so is not None and so.enabled:
-                h["clang_omp"] = True
+                h.clang_omp = True
                 dp_ranks = max(1, len(p.devices) // max(1, g.tp * g.pp))
-                h["memory_gb"] += so.dram_size_per_dp_gb * dp_ranks
+                h.memory_gb += so.dram_size_per_dp_gb * dp_ranks
         elif p.role == "metaservice":
             mc = profile.kv.memcache
-            py = rh.python if rehearse or mc is None else mc.python
-            pkg(h, py, "memcache-hybrid")
-            pkg(h, py, "memfabric-hybrid")
+            py = Interpreter(path=rh.python if rehearse or mc is None else mc.python)
+            h.pkg(py, "memcache-hybrid")
+            h.pkg(py, "memfabric-hybrid")
     # Folders kvpd itself creates in a host's run dir before start are not preconditions.
     managed = list(profile.runtime.fresh_dirs) + list(profile.runtime.dirs)
     for name, h in req.items():
         base = (run_dirs or {}).get(name)
         if base:
             own = {posixpath.normpath(posixpath.join(base, d)) for d in managed}
-            h["shared_dirs"] = [d for d in h["shared_dirs"] if posixpath.normpath(d) not in own]
+            h.shared_dirs = [d for d in h.shared_dirs if posixpath.normpath(d) not in own]
     for d in created_on_use:
-        users = [h for h in req.values() if d in h["shared_dirs"]]
+        users = [h for h in req.values() if d in h.shared_dirs]
         if len(users) == 1:  # one host: nothing to share, and vLLM creates the folder
-            users[0]["shared_dirs"].remove(d)
-    for h in req.values():
-        h["memory_gb"] = round(h["memory_gb"], 1)
-    return req
+            users[0].shared_dirs.remove(d)
+    return {name: h.freeze() for name, h in req.items()}

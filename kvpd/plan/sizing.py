@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 
 from kvpd.profile.schema import ModelSpec, Profile
@@ -24,11 +23,6 @@ def parse_size(text: str | int) -> int:
         raise ValueError(f"{text!r} is not a size; write e.g. 10GB, 512MB or a number of bytes")
     value, unit = float(m.group(1)), m.group(2).lower()
     return int(value * _UNITS[unit])
-
-
-def format_gb(n: int) -> str:
-    """Bytes -> the whole-GiB string the guides write ('10GB')."""
-    return f"{n // GiB}GB"
 
 
 def round_up(n: int, align: int) -> int:
@@ -56,10 +50,6 @@ def kv_bytes_per_token(model: ModelSpec) -> int | None:
 def kv_bytes(model: ModelSpec, tokens: int) -> int | None:
     per = kv_bytes_per_token(model)
     return None if per is None else per * tokens
-
-
-def ceil_div(a: int, b: int) -> int:
-    return math.ceil(a / b)
 
 
 def memcache_dram_need(profile: Profile, ranks: int) -> int | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvpd.plan.model import HostSpec
-from tests.e2e.local_deploy import local_deployment  # noqa: F401  (session fixture)
+from tests.e2e.local_deploy import _local_deployment, local_deployment  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_SH = REPO / "scripts" / "testbed.sh"

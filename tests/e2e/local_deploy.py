@@ -62,6 +62,17 @@ class LocalDeployment:
     def state(self) -> dict:
         return json.loads(self.state_file.read_text())
 
+    def ensure_up(self) -> LocalDeployment:
+        """Start it again if a test broke it (one kills its decode on purpose), so every test
+        gets a healthy deployment whatever ran before it."""
+        r = kvpd("status", "--deployment", self.name, "--json", check=False)
+        procs = json.loads(r.stdout).get("processes", []) if r.returncode == 0 else []
+        if procs and all(p["alive"] and p["healthy"] is not False for p in procs):
+            return self
+        kvpd("down", "--deployment", self.name, check=False)
+        kvpd("up", "local", "--yes", *self.args)
+        return self
+
 
 def set_args(sets: list[str]) -> list[str]:
     return [a for s in sets for a in ("--set", s)]
@@ -105,8 +116,14 @@ def metric(url: str, name: str, **labels: str) -> float:
     return total
 
 
+@pytest.fixture
+def local_deployment(_local_deployment: LocalDeployment) -> LocalDeployment:
+    """The shared local deployment, healthy."""
+    return _local_deployment.ensure_up()
+
+
 @pytest.fixture(scope="session")
-def local_deployment():
+def _local_deployment():
     reason = engine_missing()
     if reason:
         pytest.skip(reason)

@@ -89,8 +89,8 @@ def test_second_up_is_refused(local_deployment) -> None:
     assert "kvpd down" in (r.stdout + r.stderr)
 
 
-def test_zz_killed_decode_gives_a_clear_error(local_deployment) -> None:
-    """Runs last in this file (name): it breaks the shared deployment on purpose."""
+def test_killed_decode_gives_a_clear_error(local_deployment) -> None:
+    """Breaks the shared deployment on purpose; the fixture restarts it for later tests."""
     state = local_deployment.state()
     dec = next(p for p in state["processes"] if p["name"] == "decode-0")
     os.killpg(dec["pgid"], signal.SIGKILL)

@@ -195,9 +195,22 @@ class Rehearsal:
     bed: Testbed
     up: dict[str, Any]  # `kvpd up --json`
     plan: dict[str, Any]
+    up_args: list[str]  # how it was started (to start it again)
 
     def kvpd(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         return kvpd(self.state_dir, *args, **kw)
+
+    def ensure_up(self) -> Rehearsal:
+        """Start it again if a test (the `down` one) stopped it: every test gets a running
+        deployment whatever ran before it."""
+        st = self.kvpd("status", self.name, "--json", check=False)
+        procs = json.loads(st.stdout).get("processes", []) if st.returncode == 0 else []
+        if procs and all(p["alive"] for p in procs):
+            return self
+        r = self.kvpd(*self.up_args, check=False)
+        assert r.returncode == 0, f"kvpd up again failed:\n{r.stdout}\n{r.stderr}"
+        self.up = json.loads(r.stdout)
+        return self
 
     def url(self, process: str) -> str:
         """http://address:port of a process of the plan (its first port)."""
@@ -231,23 +244,13 @@ def rehearse(
     storage.mkdir(parents=True)
     inv = write_inventory(tmp / "inventory.yaml", bed, hosts, storage, devices=devices)
     set_args = [a for s in sets for a in ("--set", s)]
-    r = kvpd(
-        state_dir,
-        "up",
-        profile,
-        "--rehearse",
-        "--inventory",
-        str(inv),
-        *set_args,
-        "--yes",
-        "--json",
-        check=False,
-    )
+    up_args = ["up", profile, "--rehearse", "--inventory", str(inv), *set_args, "--yes", "--json"]
+    r = kvpd(state_dir, *up_args, check=False)
     try:
         assert r.returncode == 0, f"kvpd up --rehearse {profile} failed:\n{r.stdout}\n{r.stderr}"
         up = json.loads(r.stdout)
         plan = json.loads((state_dir / profile / "state.json").read_text())["plan"]
-        yield Rehearsal(profile, state_dir, hosts, bed, up, plan)
+        yield Rehearsal(profile, state_dir, hosts, bed, up, plan, up_args)
     finally:
         kvpd(state_dir, "down", profile, check=False, timeout=300)
         shutil.rmtree(SHARED / profile, ignore_errors=True)
@@ -279,8 +282,13 @@ def complete(rh: Rehearsal, prompt: str = PROMPT, max_tokens: int = 6) -> dict[s
 UCM4_HOSTS = {"p1": "h1", "d1": "h2", "p2": "h3", "d2": "h4"}
 
 
+@pytest.fixture
+def ucm4(_ucm4: Rehearsal) -> Rehearsal:
+    return _ucm4.ensure_up()
+
+
 @pytest.fixture(scope="module")
-def ucm4(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+def _ucm4(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
     yield from rehearse(
         tmp_path_factory.mktemp("ucm4"),
         bed,
@@ -339,8 +347,13 @@ def test_ucm4_down_leaves_no_process_on_any_host(ucm4: Rehearsal) -> None:
 # -- layerwise/sparse 1P1D across 2 hosts (real MetaService) ----------------------------------
 
 
+@pytest.fixture
+def layerwise(_layerwise: Rehearsal) -> Rehearsal:
+    return _layerwise.ensure_up()
+
+
 @pytest.fixture(scope="module")
-def layerwise(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+def _layerwise(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
     yield from rehearse(
         tmp_path_factory.mktemp("layerwise"),
         bed,
@@ -390,8 +403,13 @@ def test_layerwise_down_stops_everything(layerwise: Rehearsal) -> None:
 # -- UCM + Mooncake P2P, shrunk to 1P1D across 2 hosts (real Mooncake master) -----------------
 
 
+@pytest.fixture
+def mooncake(_mooncake: Rehearsal) -> Rehearsal:
+    return _mooncake.ensure_up()
+
+
 @pytest.fixture(scope="module")
-def mooncake(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+def _mooncake(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
     yield from rehearse(
         tmp_path_factory.mktemp("mooncake"),
         bed,

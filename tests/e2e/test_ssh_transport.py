@@ -15,6 +15,7 @@ import pytest
 from kvpd.errors import HostKeyError, PlanError, TransportError
 from kvpd.exec.fanout import raise_for_failures, run_on_hosts
 from kvpd.exec.ssh import SSHTransport
+from kvpd.plan.model import HostSpec
 
 pytestmark = pytest.mark.ssh
 
@@ -373,6 +374,26 @@ def test_proxy_jump_verifies_the_jump_host_key(testbed, tmp_path) -> None:
         SSHTransport(spec).run(["true"])
     assert "jump host" in str(e.value)
     assert sha256_fingerprint(testbed.host_key_pub("h1")) in str(e.value)
+
+
+def test_ssh_config_alias_and_proxy_jump_from_the_users_file(testbed, tmp_path) -> None:
+    """Only the alias in the profile: HostName, User, Port, IdentityFile, known_hosts and the
+    jump host all come from ssh_config (the bed writes one like a user would)."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(open(testbed.ssh_config).read() + "Host via-h1-to-h2\n  HostName "
+                   f"{testbed.addresses['h2']}\n  User root\n  IdentityFile {testbed.key}\n"
+                   f"  UserKnownHostsFile {testbed.known_hosts}\n  ProxyJump h1\n")  # fmt: skip
+    for alias, name in (("h3", "h3"), ("via-h1-to-h2", "h2")):
+        t = SSHTransport(HostSpec(name=name, address=alias), ssh_config=str(cfg))
+        try:
+            r = t.run(["sh", "-c", 'hostname; echo "$SSH_CONNECTION"'])
+            assert r.ok, r.stderr
+            got, conn = r.stdout.splitlines()
+            assert got == name
+            if alias.startswith("via"):
+                assert conn.split()[0] == testbed.addresses["h1"]
+        finally:
+            t.close()
 
 
 # -- hostile values --------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -54,12 +55,6 @@ def common_sets(name: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[str, str]:
-    """Greedy outputs computed without any loaded KV (by the producer), keyed by prompt."""
-    return {}
-
-
-@pytest.fixture(scope="module")
 def pd() -> Iterator[dict[str, str]]:
     reason = engine_missing()
     if reason:
@@ -87,7 +82,28 @@ def pd() -> Iterator[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def mixed(pd: dict[str, str]) -> Iterator[dict[str, str]]:
+def through_store(pd: dict[str, str]) -> dict[str, Any]:
+    """PROMPT_X sent through the P/D deployment (so its blocks are in the store), with what
+    the P/D processes showed for it: the decode's external tokens, the store counters, the
+    decode log, and the producer's own greedy output (the reference, computed without any
+    loaded KV). A fixture, so a test that needs the store seeded gets it even when run alone,
+    and its values stay readable after `mixed` has replaced the P/D deployment."""
+    before = external_tokens(pd["decode"])
+    via_proxy = complete(pd["proxy"], PROMPT_X)
+    after = external_tokens(pd["decode"])
+    return {
+        "external": after - before,
+        "via_proxy": via_proxy,
+        "reference": complete(pd["prefill"], PROMPT_X),
+        "hit_blocks": metric(pd["decode"], "vllm:kvpd_store_hit_blocks_total"),
+        "saved_blocks": metric(pd["prefill"], "vllm:kvpd_store_saved_blocks_total"),
+        "written_bytes": metric(pd["prefill"], "vllm:kvpd_store_written_bytes_total"),
+        "decode_log": Path(pd["log"]).read_text(errors="replace"),
+    }
+
+
+@pytest.fixture(scope="module")
+def mixed(pd: dict[str, str], through_store: dict[str, Any]) -> Iterator[dict[str, str]]:
     kvpd("down", "--deployment", NAME_PD, check=False)  # restart: same store, new processes
     sets = common_sets(NAME_MIXED) + [
         "prefill=null",
@@ -102,23 +118,20 @@ def mixed(pd: dict[str, str]) -> Iterator[dict[str, str]]:
         kvpd("down", "--deployment", NAME_MIXED, check=False)
 
 
-def test_centralized_pd_moves_kv_through_the_store(pd, reference) -> None:
-    before = external_tokens(pd["decode"])
-    via_proxy = complete(pd["proxy"], PROMPT_X)
-    assert external_tokens(pd["decode"]) - before >= 64  # D loaded P's blocks from the store
-    # The producer only saves, so this recomputes the prompt: the output without loaded KV.
-    reference[PROMPT_X] = complete(pd["prefill"], PROMPT_X)
-    assert via_proxy == reference[PROMPT_X]
-    assert metric(pd["decode"], "vllm:kvpd_store_hit_blocks_total") >= 2
-    assert metric(pd["prefill"], "vllm:kvpd_store_saved_blocks_total") >= 2
-    assert metric(pd["prefill"], "vllm:kvpd_store_written_bytes_total") > 0
-    log = Path(pd["log"]).read_text(errors="replace")
+def test_centralized_pd_moves_kv_through_the_store(through_store) -> None:
+    assert through_store["external"] >= 64  # D loaded P's blocks from the store
+    # The producer only saves, so the reference recomputes the prompt: no loaded KV.
+    assert through_store["via_proxy"] == through_store["reference"]
+    assert through_store["hit_blocks"] >= 2
+    assert through_store["saved_blocks"] >= 2
+    assert through_store["written_bytes"] > 0
+    log = through_store["decode_log"]
     assert "kvpd store: request" in log and "hit external" in log
 
 
-def test_after_restart_the_same_prompt_is_served_from_the_store(mixed, reference) -> None:
+def test_after_restart_the_same_prompt_is_served_from_the_store(mixed, through_store) -> None:
     before = external_tokens(mixed["a"])
-    assert complete(mixed["a"], PROMPT_X) == reference[PROMPT_X]
+    assert complete(mixed["a"], PROMPT_X) == through_store["reference"]
     assert external_tokens(mixed["a"]) - before >= 64
 
 

@@ -12,10 +12,13 @@ import pytest
 
 from kvpd.bench import proof, runner
 from kvpd.bench.metrics import Delta
-from kvpd.bench.session import Deployer, Session
+from kvpd.bench.session import Session
 from kvpd.bench.settings import make_settings
+from kvpd.exec.service import Deployments
 from kvpd.exec.state import StateStore
+from kvpd.plan.bench import bench_spec
 from kvpd.plan.model import HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.profile.schema import Bench
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 
@@ -116,8 +119,8 @@ def _plan(ports: dict[str, int]) -> Plan:
         files=(), processes=(proc("prefill-0", "prefill"), proc("decode-0", "decode"),
                              proc("proxy", "proxy")),
         proxy_url=f"http://127.0.0.1:{ports['proxy']}", served_model="tiny", tokenizer="",
-        bench={"input_len": 128, "output_len": 16, "num_prompts": 20, "seed": 0,
-               "max_concurrency": 4},
+        bench=bench_spec(Bench(input_len=128, output_len=16, num_prompts=20, seed=0,
+                               max_concurrency=4)),
     )  # fmt: skip
 
 
@@ -161,7 +164,8 @@ def test_session_fails_when_decode_receives_no_kv(
             settings=make_settings(plan.bench),
             scenarios=[],
             out_dir=tmp_path / "out",
-            deployer=Deployer("fake-pd", StateStore(tmp_path / "state"), load=lambda p, s: plan),
+            service=Deployments(StateStore(tmp_path / "state")),
+            load=lambda sets: plan,
             vllm="vllm",
             run_client=_fake_client("seed"),
         )

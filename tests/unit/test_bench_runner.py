@@ -10,6 +10,8 @@ import pytest
 from kvpd.bench import runner
 from kvpd.bench.settings import Scenario, int_list, make_settings, resolve_scenarios
 from kvpd.errors import BenchError
+from kvpd.plan.bench import bench_spec
+from kvpd.profile.schema import Bench
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -24,7 +26,7 @@ def test_prefix_protocol_arithmetic_matches_the_guide() -> None:
     assert runner.seed_input_len(1, 0.5) == 1
     seed, measured = runner.protocol_phases(
         "prefix", input_len=32000, output_len=1000, num_prompts=128, seed=123456,
-        max_concurrency=128, prefix_ratio=0.8,
+        request_rate="inf", max_concurrency=128, ignore_eos=True, prefix_ratio=0.8,
     )  # fmt: skip
     assert (seed.name, seed.input_len, seed.output_len, seed.measured) == ("seed", 25600, 1, False)
     assert (measured.name, measured.input_len, measured.output_len) == ("measured", 32000, 1000)
@@ -44,7 +46,8 @@ def test_prefix_protocol_arithmetic_matches_the_guide() -> None:
 
 def test_argv_has_the_guide_flags_and_kvpd_metadata() -> None:
     (ph,) = runner.protocol_phases("plain", input_len=128, output_len=16, num_prompts=20, seed=0,
-                                   request_rate=2.5, max_concurrency=4)  # fmt: skip
+                                   request_rate=2.5, max_concurrency=4, ignore_eos=True,
+                                   prefix_ratio=0.8)  # fmt: skip
     argv = runner.build_argv(
         "/x/vllm", ph, base_url="http://127.0.0.1:18000/", model="tiny", tokenizer="/m/tiny",
         result_dir="/r", result_filename="f.json",
@@ -65,7 +68,8 @@ def test_argv_has_the_guide_flags_and_kvpd_metadata() -> None:
 
 def test_unlimited_rate_no_concurrency_no_ignore_eos() -> None:
     (ph,) = runner.protocol_phases("plain", input_len=8, output_len=8, num_prompts=1, seed=1,
-                                   ignore_eos=False)  # fmt: skip
+                                   request_rate="inf", max_concurrency=None, ignore_eos=False,
+                                   prefix_ratio=0.8)  # fmt: skip
     argv = runner.build_argv("v", ph, base_url="u", model="m", tokenizer="", result_dir="d",
                              result_filename="f")  # fmt: skip
     assert _flag(argv, "--request-rate") == "inf"
@@ -75,12 +79,16 @@ def test_unlimited_rate_no_concurrency_no_ignore_eos() -> None:
 
 def test_twice_is_cold_then_warm_with_the_same_prompts() -> None:
     cold, warm = runner.protocol_phases("twice", input_len=8000, output_len=1000,
-                                        num_prompts=10, seed=123456)  # fmt: skip
+                                        num_prompts=10, seed=123456, request_rate="inf",
+                                        max_concurrency=None, ignore_eos=True,
+                                        prefix_ratio=0.8)  # fmt: skip
     assert (cold.name, warm.name) == ("cold", "warm")
     assert cold.measured and warm.measured
     assert (cold.input_len, cold.seed) == (warm.input_len, warm.seed)
     with pytest.raises(BenchError, match="unknown bench protocol"):
-        runner.protocol_phases("thrice", input_len=1, output_len=1, num_prompts=1, seed=0)
+        runner.protocol_phases("thrice", input_len=1, output_len=1, num_prompts=1, seed=0,
+                               request_rate="inf", max_concurrency=None, ignore_eos=True,
+                               prefix_ratio=0.8)  # fmt: skip
 
 
 def test_missing_client_says_make_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -108,9 +116,7 @@ def test_client_env_is_offline_for_a_local_tokenizer(tmp_path: Path) -> None:
 
 
 def test_settings_sweep_and_overrides() -> None:
-    bench = {"input_len": 1024, "output_len": 128, "num_prompts": 10, "request_rate": "inf",
-             "max_concurrency": None, "seed": 1, "prefix_ratio": 0.8,
-             "protocol": "plain"}  # fmt: skip
+    bench = bench_spec(Bench(seed=1))  # the schema's defaults: 1024 in, 128 out, no limit
     s = make_settings(bench)
     assert [(p.input_len, p.output_len, p.max_concurrency) for p in s.points] == [(1024, 128, None)]
     s = make_settings(bench, protocol="prefix", input_lens=[128, 256], concurrencies=[1, 4],
@@ -120,7 +126,7 @@ def test_settings_sweep_and_overrides() -> None:
         (128, 1), (128, 4), (256, 1), (256, 4)
     ]  # fmt: skip
     assert s.points[0].request_rate == 2.0
-    s = make_settings({**bench, "sweep": {"input_len": [32, 64]}})
+    s = make_settings(bench_spec(Bench(sweep={"input_len": [32, 64]})))
     assert [p.input_len for p in s.points] == [32, 64]
     assert int_list("1, 2,3", "x") == [1, 2, 3]
     with pytest.raises(BenchError):
@@ -132,7 +138,9 @@ def test_settings_sweep_and_overrides() -> None:
 
 
 def test_scenarios_from_profile_presets_and_inline() -> None:
-    bench = {"scenarios": {"external": ["kv.ucm.enabled=true", "prefill.kv_connectors=[ucm]"]}}
+    bench = bench_spec(
+        Bench(scenarios={"external": ["kv.ucm.enabled=true", "prefill.kv_connectors=[ucm]"]})
+    )
     got = resolve_scenarios(
         ["recompute", "hbm", "external", "tuned:engine.max_num_seqs=8;engine.block_size=64"], bench
     )

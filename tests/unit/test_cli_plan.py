@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -73,7 +75,7 @@ def test_plan_rehearse_shows_substitutions() -> None:
 
 def test_import_kvpd_core_is_light() -> None:
     code = ("import sys, kvpd, kvpd.plan.build; "
-            "print(sorted(m for m in ('typer','rich','paramiko','fabric') if m in sys.modules))")
+            "print(sorted(m for m in ('typer','rich','paramiko') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
 
@@ -95,3 +97,11 @@ def test_plan_with_inventory_overlay(tmp_path: Path) -> None:
     assert hosts["p1"]["address"] == "10.9.9.1" and hosts["d1"]["user"] == "deploy"
     assert hosts["d1"]["port"] == 2222
     assert plan["proxy_url"] == "http://10.9.9.1:7805"
+
+
+def test_a_missing_command_module_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpd.cli import main
+
+    monkeypatch.setattr(main, "_COMMAND_MODULES", ("kvpd.cli.plan_cmd", "kvpd.cli.no_such_cmd"))
+    with pytest.raises(ModuleNotFoundError, match="no_such_cmd"):
+        main.build_app()

@@ -11,13 +11,14 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvpd.errors import DeployError, HealthTimeout, StateError
-from kvpd.exec.executor import Executor, down, status, up
+from kvpd.exec.executor import DownResult, Executor, ProcessStatus
 from kvpd.exec.local import LocalTransport, read_stat
-from kvpd.exec.state import StateStore
+from kvpd.exec.state import DeploymentState, StateStore
 from kvpd.exec.stop import is_running
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 
@@ -48,6 +49,19 @@ SERVICE = textwrap.dedent(
 )
 
 HOST = "local"
+
+
+def up(plan: Plan, transports: dict, *, profile: str = "", **kw: Any) -> DeploymentState:
+    return Executor(transports, **kw).up(plan, profile=profile)
+
+
+def down(state: DeploymentState | None, transports: dict, **kw: Any) -> DownResult:
+    assert state is not None
+    return Executor(transports, **kw).down(state)
+
+
+def status(state: DeploymentState, transports: dict) -> list[ProcessStatus]:
+    return Executor(transports).status(state)
 
 
 def free_port() -> int:
@@ -247,12 +261,12 @@ def test_down_after_up_killed_half_way(env, tmp_path: Path) -> None:
     code = textwrap.dedent(
         f"""
         import json
-        from kvpd.exec.executor import up
+        from kvpd.exec.executor import Executor
         from kvpd.exec.local import LocalTransport
         from kvpd.exec.state import StateStore
         from kvpd.plan.model import Plan
         plan = Plan.from_dict(json.load(open({str(tmp / "plan.json")!r})))
-        up(plan, {{"local": LocalTransport()}}, store=StateStore({str(store.root)!r}))
+        Executor({{"local": LocalTransport()}}, store=StateStore({str(store.root)!r})).up(plan)
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
@@ -328,7 +342,8 @@ def test_missing_executable_is_a_clear_failure_of_that_process(env) -> None:
     # the launch script names a command that does not exist on the host
     files = tuple(
         dataclasses.replace(f, content="exec /no/such/engine --serve\n")
-        if f.path == "svc-a.sh" else f
+        if f.path == "svc-a.sh"
+        else f
         for f in plan.files
     )
     plan = dataclasses.replace(plan, files=files)

@@ -9,14 +9,9 @@ import sys
 import pytest
 
 from kvpd.errors import PlanError
-from kvpd.exec.ssh import (
-    check_env,
-    command_line,
-    detached_command_line,
-    group_stats_snippet,
-    parse_jump,
-    quote_word,
-)
+from kvpd.exec.shellwords import check_env, quote_word
+from kvpd.exec.ssh.commands import command_line, detached_command_line, group_stats_snippet
+from kvpd.exec.ssh.config import parse_jump
 
 SHELLS = [s for s in ("sh", "dash", "bash") if shutil.which(s)]
 HOSTILE = [
@@ -112,12 +107,12 @@ def test_group_snippet_lists_own_group() -> None:
 
 
 def test_parse_jump() -> None:
-    hops = parse_jump("bastion, alice@gw:2222,[fd00::1]:23", "root")
+    hops = parse_jump("bastion, alice@gw:2222,[fd00::1]:23")
     assert [(h.user, h.address, h.port) for h in hops] == [
-        ("root", "bastion", 22),
+        (None, "bastion", None),  # unset: from ssh_config, else the target's user and 22
         ("alice", "gw", 2222),
-        ("root", "fd00::1", 23),
+        (None, "fd00::1", 23),
     ]
-    assert parse_jump(None, "root") == []
+    assert parse_jump(None) == []
     with pytest.raises(PlanError):
-        parse_jump("a@b:c", "root")
+        parse_jump("a@b:c")

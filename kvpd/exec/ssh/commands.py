@@ -1,0 +1,97 @@
+"""Shell command lines the SSH transport sends (pure): every plan value is quoted, and the
+snippets kvpd writes itself take only integers."""
+
+from __future__ import annotations
+
+import posixpath
+
+from kvpd.errors import PlanError
+from kvpd.exec.shellwords import check_env, quote_word
+
+# Exit code when the working directory or the command is unusable: what a shell gives for a
+# missing command and what LocalTransport returns for both.
+NOT_FOUND = 127
+
+# LISTEN lines of the TCP tables (header lines never match); procfs parses them.
+LISTENING_SNIPPET = "awk '$4 == \"0A\"' /proc/net/tcp /proc/net/tcp6 2>/dev/null; exit 0"
+
+
+def check_argv(argv: list[str]) -> None:
+    if not argv:
+        raise PlanError("empty command")
+    if argv[0].startswith("-"):
+        # `exec`/`setsid` would read it as an option of their own.
+        raise PlanError(f"command name must not start with '-': {argv[0]!r}")
+
+
+def command_line(
+    argv: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None
+) -> str:
+    """A POSIX shell command line running `argv` (no shell expansion of any part) with `env`
+    added to the login environment, in `cwd` (relative: to the login directory)."""
+    check_argv(argv)
+    parts = []
+    if cwd is not None:
+        parts.append(f"cd -- {quote_word(cwd)} || exit {NOT_FOUND}")
+    parts += [f"export {k}={quote_word(v)}" for k, v in check_env(env).items()]
+    parts.append("exec " + " ".join(quote_word(a) for a in argv))
+    return "; ".join(parts)
+
+
+def detached_command_line(
+    argv: list[str], *, log: str, cwd: str, env: dict[str, str] | None = None
+) -> str:
+    """Start `argv` in a new session, detached from the SSH channel; print its PID and stat.
+
+    `cd` is a separate statement (`;`, not `&&`): `cd x && cmd &` would background a subshell
+    that keeps the channel's stdout open and hangs the session (testbed.md §4.2). Only the
+    fully redirected `setsid` command is backgrounded; `setsid` execs in place because a
+    background job of a non-interactive shell is not a group leader, so $! is the new PID and
+    the new session and process group have that number.
+    """
+    check_argv(argv)
+    parts = [
+        f"mkdir -p -- {quote_word(posixpath.dirname(log) or '.')} || exit {NOT_FOUND}",
+        f"cd -- {quote_word(cwd)} || exit {NOT_FOUND}",
+    ]
+    parts += [f"export {k}={quote_word(v)}" for k, v in check_env(env).items()]
+    # Fail here, with a clear message, rather than leave "not found" in the log only.
+    parts.append(
+        f"command -v -- {quote_word(argv[0])} >/dev/null || "
+        f"{{ echo {quote_word('command not found: ' + argv[0])} >&2; exit {NOT_FOUND}; }}"
+    )
+    cmd = " ".join(quote_word(a) for a in argv)
+    parts.append(f"setsid {cmd} >>{quote_word(log)} 2>&1 </dev/null &")
+    # `&` already ends the statement; what follows runs in the foreground shell.
+    line = "; ".join(parts[:-1]) + "; " + parts[-1]
+    return line + ' p=$!; echo "$p"; cat "/proc/$p/stat" 2>/dev/null; exit 0'
+
+
+def stat_snippet(pid: int) -> str:
+    """Print /proc/<pid>/stat, nothing if there is no such process."""
+    return f"cat /proc/{int(pid)}/stat 2>/dev/null; exit 0"
+
+
+def group_stats_snippet(pgid: int) -> str:
+    """Print `L <stat>` for the process numbered `pgid` if it exists, then /proc/<pid>/stat of
+    every process whose process group is `pgid` (any state)."""
+    g = int(pgid)
+    # `read` is a builtin: no fork per process. The command name may contain spaces and ')',
+    # so the fields are taken after the last ") ".
+    return (
+        f'{{ read -r s </proc/{g}/stat && printf "L %s\\n" "$s"; }} 2>/dev/null; '
+        'for f in /proc/[0-9]*/stat; do { read -r s <"$f"; } 2>/dev/null || continue; '
+        'r=${s##*) }; set -- $r; [ "$3" = ' + str(g) + ' ] && printf "%s\\n" "$s"; done; exit 0'
+    )
+
+
+def signal_snippet(pgid: int, sig: int) -> str:
+    """Signal process group `pgid`; print `sent` or `gone`."""
+    return f"kill -{int(sig)} -{int(pgid)} 2>/dev/null && echo sent || echo gone; exit 0"
+
+
+def kill_later_snippet(pgid: int) -> str:
+    """TERM the group now, KILL it after 2 s from a fully redirected background job (so the
+    channel running this closes at once)."""
+    g = int(pgid)
+    return f"kill -15 -{g} 2>/dev/null; (sleep 2; kill -9 -{g}) >/dev/null 2>&1 </dev/null & exit 0"

@@ -1,0 +1,182 @@
+"""Opening one SSH connection along a Route: jump hosts tunnelled through direct-tcpip channels,
+TCP_NODELAY on the first socket, verified host keys, and an error a user can act on for every
+way a connect fails."""
+
+from __future__ import annotations
+
+import socket
+
+import paramiko
+
+from kvpd.errors import HostKeyError, TransportError
+from kvpd.exec.ssh.config import Hop, Route
+from kvpd.exec.ssh.hostkeys import changed_key_error, verify_with
+
+# Network-level failures while talking to a host (a dropped connection shows up as any of them).
+LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
+
+
+class Unstarted(Exception):
+    """The link was found dead before an operation reached the host: safe to retry."""
+
+
+class Connection:
+    """A connected client (plus the jump-host clients it tunnels through) and its SFTP."""
+
+    def __init__(self, client: paramiko.SSHClient, jumps: list[paramiko.SSHClient]) -> None:
+        self.client = client
+        self.jumps = jumps
+        self.sftp: paramiko.SFTPClient | None = None
+
+    @property
+    def active(self) -> bool:
+        t = self.client.get_transport()
+        return t is not None and t.is_active()
+
+    def session(self, timeout_s: float) -> paramiko.Channel:
+        """A new channel; Unstarted if the link is gone."""
+        try:
+            transport = self.client.get_transport()
+            if transport is None or not transport.is_active():
+                raise EOFError("connection closed")
+            return transport.open_session(timeout=timeout_s)
+        except LINK_ERRORS as e:
+            raise Unstarted() from e
+
+    def open_sftp(self) -> paramiko.SFTPClient:
+        """The connection's SFTP session (opened once); Unstarted if the link is gone."""
+        if not self.active:
+            raise Unstarted() from EOFError("connection closed")
+        if self.sftp is None:
+            try:
+                self.sftp = self.client.open_sftp()
+            except LINK_ERRORS as e:
+                raise Unstarted() from e
+        return self.sftp
+
+    def close(self) -> None:
+        for c in [self.client, *reversed(self.jumps)]:
+            try:
+                c.close()
+            except Exception:  # closing a dead connection may raise anything; it is gone
+                pass
+
+
+def connect(
+    route: Route, name: str, *, accept_unknown_host_key: bool, timeout_s: float
+) -> Connection:
+    """Connect to `route.target` (host `name`) through its jump hosts."""
+    jumps: list[paramiko.SSHClient] = []
+    sock: paramiko.Channel | None = None
+    hops = list(route.jumps)
+    try:
+        for i, hop in enumerate(hops):
+            nxt = hops[i + 1] if i + 1 < len(hops) else route.target
+            label = f"jump host {hop.address} (for {name})"
+            client = _client(
+                hop, sock, label, route.known_hosts, accept_unknown_host_key, timeout_s
+            )
+            jumps.append(client)
+            try:
+                transport = client.get_transport()
+                assert transport is not None  # just connected
+                sock = transport.open_channel(
+                    "direct-tcpip", (nxt.address, nxt.port), ("127.0.0.1", 0), timeout=timeout_s
+                )
+            except LINK_ERRORS as e:
+                raise TransportError(
+                    f"host {name}: jump host {hop.address} cannot reach "
+                    f"{nxt.address}:{nxt.port}: {e or type(e).__name__}. Fix: check the "
+                    "address and that the jump host allows TCP forwarding "
+                    "(AllowTcpForwarding in its sshd_config)."
+                ) from e
+        client = _client(
+            route.target,
+            sock,
+            f"host {name}",
+            route.known_hosts,
+            accept_unknown_host_key,
+            timeout_s,
+        )
+    except BaseException:
+        for c in reversed(jumps):
+            c.close()
+        raise
+    return Connection(client, jumps)
+
+
+def _client(
+    hop: Hop,
+    sock: paramiko.Channel | socket.socket | None,
+    label: str,
+    known_hosts: str,
+    accept: bool,
+    t: float,
+) -> paramiko.SSHClient:
+    where = f"{hop.user}@{hop.address}:{hop.port}"
+    client = paramiko.SSHClient()
+    verify_with(client, known_hosts, f"{label} ({where})", accept_unknown=accept)
+    try:
+        if sock is None:
+            sock = socket.create_connection((hop.address, hop.port), timeout=t)
+            # Without it, Nagle's algorithm and delayed ACKs add ~40 ms to every exchange.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client.connect(
+            hop.address,
+            port=hop.port,
+            username=hop.user,
+            # paramiko takes a list too (its stubs say str only)
+            key_filename=list(hop.keys) or None,  # type: ignore[arg-type]
+            look_for_keys=not hop.keys,
+            allow_agent=True,
+            sock=sock,
+            timeout=t,
+            banner_timeout=t,
+            auth_timeout=t,
+            channel_timeout=t,
+        )
+    except Exception as e:
+        client.close()
+        if sock is not None:
+            sock.close()
+        err = _connect_error(e, f"{label} ({where})", hop, known_hosts, t)
+        if err is None:
+            raise
+        raise err from e
+    transport = client.get_transport()
+    if transport is not None:
+        transport.set_keepalive(15)  # notices a dead peer between operations
+    return client
+
+
+def _connect_error(
+    e: Exception, label: str, hop: Hop, known_hosts: str, t: float
+) -> Exception | None:
+    """The user-facing error for a failed connect, or None to re-raise `e` as is."""
+    if isinstance(e, HostKeyError):
+        return None
+    if isinstance(e, paramiko.BadHostKeyException):
+        return changed_key_error(e, label, known_hosts, hop.address, hop.port)
+    if isinstance(e, paramiko.AuthenticationException):
+        how = f"key {', '.join(hop.keys)}" if hop.keys else "ssh-agent and ~/.ssh/id_* keys"
+        return TransportError(
+            f"{label}: authentication failed with {how}: {e}. Fix: put the "
+            f"public key in ~{hop.user}/.ssh/authorized_keys on the host, set the host's "
+            "`key`, or load a passphrase-protected key into ssh-agent (ssh-add)."
+        )
+    if isinstance(e, TimeoutError):
+        return TransportError(
+            f"{label}: timed out after {t:g}s connecting. Fix: check the "
+            "address and port, that the host is up, and firewalls on the path."
+        )
+    if isinstance(e, LINK_ERRORS):
+        if "authentication" in str(e).lower():  # e.g. no key and no agent at all
+            return TransportError(
+                f"{label}: {e}. Fix: set the host's `key` or start ssh-agent "
+                "with a key loaded (ssh-add)."
+            )
+        return TransportError(
+            f"{label}: cannot connect: {e or type(e).__name__}. Fix: check the "
+            "address and port and that sshd runs on the host."
+        )
+    return None

@@ -1,0 +1,308 @@
+"""The transport for remote hosts: one pooled paramiko connection per host, reconnected once
+when found dropped; commands quoted (commands.py), /proc text judged by procfs like locally."""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import paramiko
+
+from kvpd.errors import TransportError
+from kvpd.exec import procfs
+from kvpd.exec.ssh import commands, sftp
+from kvpd.exec.ssh.config import Route, load_ssh_config, route
+from kvpd.exec.ssh.connect import LINK_ERRORS, Connection, Unstarted, connect
+from kvpd.exec.ssh.timed import drive
+from kvpd.exec.transport import CommandResult, Started
+from kvpd.plan.model import HostSpec
+
+T = TypeVar("T")
+
+# OpenSSH allows 10 sessions per connection by default (MaxSessions); one is kept for SFTP.
+MAX_PARALLEL_CHANNELS = 8
+
+
+class SSHTransport:
+    """Operations on one host over one SSH connection, opened on first use and shared by all
+    threads (channels are multiplexed; at most MAX_PARALLEL_CHANNELS at a time). A connection
+    found dropped is re-opened once per operation. Relative paths are relative to the login
+    (home) directory. `ssh_config`: the file to read (default $KVPD_SSH_CONFIG or
+    ~/.ssh/config); the host's own fields win over it."""
+
+    def __init__(
+        self,
+        host: HostSpec,
+        *,
+        accept_unknown_host_key: bool = False,
+        connect_timeout_s: float = 10,
+        ssh_config: str | None = None,
+    ) -> None:
+        self.spec = host
+        self.host = host.name
+        self.route: Route = route(host, load_ssh_config(ssh_config))
+        self.user = self.route.target.user
+        self.known_hosts = self.route.known_hosts
+        self.accept_unknown_host_key = accept_unknown_host_key
+        self.connect_timeout_s = connect_timeout_s
+        self._lock = threading.Lock()  # guards _conn (connect / reconnect)
+        self._sftp_lock = threading.Lock()  # one SFTP request stream at a time
+        self._channels = threading.BoundedSemaphore(MAX_PARALLEL_CHANNELS)
+        self._conn: Connection | None = None
+        self._home: str | None = None
+
+    def __repr__(self) -> str:
+        return f"SSHTransport({self.host}: {self._where})"
+
+    @property
+    def _where(self) -> str:
+        t = self.route.target
+        via = " via " + ",".join(j.address for j in self.route.jumps) if self.route.jumps else ""
+        return f"{t.user}@{t.address}:{t.port}{via}"
+
+    # -- connection --------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Open the connection now (it is otherwise opened by the first operation)."""
+        self._connection()
+
+    def _connection(self, stale: Connection | None = None) -> Connection:
+        """The live connection; with `stale`, replace that one (if nobody did already)."""
+        with self._lock:
+            if self._conn is not None and (self._conn is stale or not self._conn.active):
+                self._conn.close()
+                self._conn = None
+            if self._conn is None:
+                self._conn = connect(
+                    self.route,
+                    self.host,
+                    accept_unknown_host_key=self.accept_unknown_host_key,
+                    timeout_s=self.connect_timeout_s,
+                )
+            return self._conn
+
+    def _with_retry(self, what: str, op: Callable[[Connection], T]) -> T:
+        """Run `op` on the connection; if the link is found dropped before the operation could
+        start, reconnect once and retry. `op` must raise Unstarted only when nothing reached
+        the host."""
+        conn = self._connection()
+        try:
+            return op(conn)
+        except Unstarted as e:
+            first = e.__cause__
+        try:
+            return op(self._connection(stale=conn))
+        except Unstarted as e:
+            cause = e.__cause__
+            raise TransportError(
+                f"host {self.host} ({self._where}): {what} failed, connection lost and "
+                f"re-opening it failed: {cause or first}. Fix: check the host is up and "
+                "reachable."
+            ) from cause
+
+    # -- commands ----------------------------------------------------------------------
+
+    def _exec(self, command: str, timeout_s: float) -> tuple[int, bytes, bytes, bool]:
+        """Run a shell command line; (exit code, stdout, stderr, timed out). On timeout the
+        remote command's process group is killed: closing the channel alone leaves it running."""
+        # sshd runs the login shell as the leader of a new session, and `exec` keeps that PID
+        # and group, so the first stderr line names the group to kill on timeout.
+        wrapped = "echo $$ >&2; " + command
+
+        def op(conn: Connection) -> tuple[int, bytes, bytes, bool]:
+            with self._channels:
+                chan = conn.session(self.connect_timeout_s)
+                try:
+                    code, out, err, timed_out = drive(chan, wrapped, timeout_s)
+                    first, _, err = err.partition(b"\n")
+                    if timed_out and first.strip().isdigit():
+                        self._kill_timed_out(int(first))
+                    return code, out, err, timed_out
+                except LINK_ERRORS as e:
+                    raise TransportError(
+                        f"host {self.host} ({self._where}): connection lost while running "
+                        f"{command[:200]!r}: {e or type(e).__name__}. The command may or may "
+                        "not have run; check the host."
+                    ) from e
+                finally:
+                    chan.close()
+
+        return self._with_retry("running a command", op)
+
+    def _kill_timed_out(self, pgid: int) -> None:
+        try:  # a timed-out command is already a failure: best effort
+            conn = self._connection()
+            drive(conn.session(self.connect_timeout_s), commands.kill_later_snippet(pgid), 10.0)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float = 60.0,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        command = commands.command_line(list(argv), env=env, cwd=cwd)
+        return self._result(tuple(argv), command, timeout_s)
+
+    def shell(self, script: str, *, timeout_s: float = 60.0) -> CommandResult:
+        """Run a trusted shell snippet written by kvpd itself (never built from plan values)."""
+        return self._result(("sh", "-c", script), script, timeout_s)
+
+    def _result(self, argv: tuple[str, ...], command: str, timeout_s: float) -> CommandResult:
+        code, out, err, timed_out = self._exec(command, timeout_s)
+        stderr = err.decode(errors="replace")
+        if timed_out:
+            # Closing the channel does not stop the remote command; it loses its output pipes.
+            stderr += f"\ntimed out after {timeout_s}s"
+        return CommandResult(argv, code, out.decode(errors="replace"), stderr)
+
+    def _snippet(self, script: str, what: str, timeout_s: float = 30.0) -> str:
+        r = self.shell(script, timeout_s=timeout_s)
+        if not r.ok:
+            raise TransportError(
+                f"host {self.host} ({self._where}): {what} failed (exit {r.exit_code}): "
+                f"{r.stderr.strip()[-500:]}"
+            )
+        return r.stdout
+
+    # -- paths and files ---------------------------------------------------------------
+
+    def home(self) -> str:
+        if self._home is None:
+            # The session starts in the login directory; cached, it never changes.
+            home = self._snippet("pwd", "finding the home directory").strip()
+            if not home.startswith("/"):
+                raise TransportError(f"host {self.host}: odd home directory {home!r}")
+            self._home = home
+        return self._home
+
+    def resolve(self, path: str) -> str:
+        if path == "~" or path.startswith("~/"):
+            path = path[2:]
+        if path.startswith("/"):
+            return posixpath.normpath(path)
+        return posixpath.normpath(posixpath.join(self.home(), path))
+
+    def put(self, path: str, content: bytes, *, mode: int = 0o644) -> None:
+        target = self.resolve(path)
+        tmp = sftp.temp_name(target)
+
+        def op(conn: Connection) -> None:
+            with self._sftp_lock:
+                client = conn.open_sftp()
+                try:
+                    sftp.write_temp(client, tmp, content, mode)
+                    try:
+                        client.posix_rename(tmp, target)
+                    except OSError:
+                        # Server without the posix-rename extension: rename(2) via the shell.
+                        r = self.run(["mv", "-f", "--", tmp, target])
+                        if not r.ok:
+                            raise OSError(r.stderr.strip() or "mv failed") from None
+                except PermissionError:
+                    sftp.discard(client, tmp)
+                    raise
+                except OSError as e:
+                    sftp.discard(client, tmp)
+                    if not conn.active:
+                        raise TransportError(
+                            f"host {self.host} ({self._where}): connection lost writing "
+                            f"{target}: {e}"
+                        ) from e
+                    raise TransportError(
+                        f"host {self.host}: cannot write {target}: {e}. Fix: check that the "
+                        f"directory is writable by {self.user} and the disk is not full."
+                    ) from e
+                except (paramiko.SSHException, EOFError) as e:
+                    raise TransportError(
+                        f"host {self.host} ({self._where}): writing {target} failed: {e}"
+                    ) from e
+
+        self._with_retry(f"writing {target}", op)
+
+    def read(self, path: str) -> bytes:
+        target = self.resolve(path)
+
+        def op(conn: Connection) -> bytes:
+            with self._sftp_lock:
+                client = conn.open_sftp()
+                try:
+                    return sftp.read_all(client, target)
+                except FileNotFoundError:
+                    raise FileNotFoundError(
+                        2, f"No such file on host {self.host}", target
+                    ) from None
+                except PermissionError:
+                    raise
+                except (OSError, EOFError, paramiko.SSHException) as e:
+                    raise TransportError(f"host {self.host}: cannot read {target}: {e}") from e
+
+        return self._with_retry(f"reading {target}", op)
+
+    # -- processes ---------------------------------------------------------------------
+
+    def start_detached(
+        self, argv: list[str], *, log: str, cwd: str, env: dict[str, str] | None = None
+    ) -> Started:
+        log_path = self.resolve(log)
+        cwd_path = self.resolve(cwd)
+        script = commands.detached_command_line(list(argv), log=log_path, cwd=cwd_path, env=env)
+        code, out, err, timed_out = self._exec(script, 30.0)
+        text = out.decode(errors="replace")
+        lines = text.splitlines()
+        if timed_out or code != 0 or not lines or not lines[0].strip().isdigit():
+            why = "timed out" if timed_out else f"exit {code}"
+            raise TransportError(
+                f"host {self.host}: starting {argv[0]!r} in {cwd_path} failed ({why}): "
+                f"{err.decode(errors='replace').strip()[-500:] or text.strip()[-500:]}. "
+                "Fix: check that the directory exists and the log directory is writable."
+            )
+        pid = int(lines[0])
+        st = procfs.parse_stat("\n".join(lines[1:])) if len(lines) > 1 else None
+        ticks = st.start_ticks if st is not None and st.pid == pid else 0
+        return Started(pid=pid, pgid=pid, start_ticks=ticks, log=log_path)
+
+    def _group(self, pgid: int) -> tuple[procfs.ProcStat | None, list[procfs.ProcStat]]:
+        """(the process numbered `pgid` if any, the live members of process group `pgid`)."""
+        out = self._snippet(commands.group_stats_snippet(pgid), f"listing process group {pgid}")
+        leader, members = None, []
+        for line in out.splitlines():
+            if line.startswith("L "):
+                leader = procfs.parse_stat(line[2:])
+            elif (st := procfs.parse_stat(line)) is not None:
+                members.append(st)
+        return leader, procfs.live_members(members, int(pgid))
+
+    def alive(self, pid: int, *, start_ticks: int | None = None) -> bool:
+        out = self._snippet(commands.stat_snippet(pid), f"reading the state of {pid}")
+        st = procfs.parse_stat(out) if out.strip() else None
+        return procfs.is_alive(st, start_ticks)
+
+    def group_alive(self, pgid: int) -> list[int]:
+        return sorted(s.pid for s in self._group(pgid)[1])
+
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
+        """Signal the group unless it can no longer be ours (procfs.may_signal_group)."""
+        leader, members = self._group(pgid)
+        if not procfs.may_signal_group(int(pgid), leader, members, start_ticks):
+            return False
+        out = self._snippet(commands.signal_snippet(pgid, sig), f"signalling process group {pgid}")
+        return out.strip() == "sent"
+
+    def ports_listening(self, ports: list[int]) -> list[int]:
+        out = self._snippet(commands.LISTENING_SNIPPET, "listing listening ports")
+        listening = procfs.listening_in([out])
+        return [p for p in ports if p in listening]
+
+    def close(self) -> None:
+        """Close the connection (a later operation opens a new one); detached processes keep
+        running."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

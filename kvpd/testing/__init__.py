@@ -1,0 +1,1 @@
+"""Public test doubles for code built on kvpd (transports, backends): stand-ins, named as such."""

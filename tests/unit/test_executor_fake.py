@@ -1,0 +1,140 @@
+"""The executor on the scripted fake transport: no real processes, a fake clock, so deadlines,
+rollbacks, stubborn processes and PID reuse are checked in milliseconds. The same paths run
+for real in test_executor.py (local processes) and the e2e tests (SSH test bed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpd.errors import DeployError, HealthTimeout, StateError
+from kvpd.exec.executor import Executor
+from kvpd.exec.state import StateStore
+from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.testing.transport import FakeProgram, FakeTransport
+
+HOSTS = ("h1", "h2")
+
+
+class FakeClock:
+    """Deadlines without waiting: each sleep advances the clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def plan(procs: list[tuple[str, str, int]], *, health: HealthCheck | None = None) -> Plan:
+    """procs: (name, host, stage); every process runs its own script `<name>.sh`."""
+    return Plan(
+        deployment="fk",
+        profile_digest="sha256:test",
+        hosts=tuple(HostSpec(h, f"10.0.0.{i + 1}", run_dir="run") for i, h in enumerate(HOSTS)),
+        files=tuple(FileSpec(host, f"{name}.sh", "exec engine\n") for name, host, _ in procs),
+        processes=tuple(
+            ProcessSpec(name, host, "prefill", stage, f"{name}.sh", ("engine",),
+                        ports=(9000 + i,), health=health, log=f"logs/{name}.log")
+            for i, (name, host, stage) in enumerate(procs)
+        ),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def hosts() -> dict[str, FakeTransport]:
+    fakes = {h: FakeTransport(h) for h in HOSTS}
+    for i, f in enumerate(fakes.values()):
+        for n in range(4):
+            f.script(f"p{i}{n}.sh", FakeProgram(output=f"p{i}{n} up\n", ports=(9000 + 2 * n + i,)))
+    return fakes
+
+
+def executor(hosts: dict[str, FakeTransport], tmp_path: Path, **kw: Any) -> Executor:
+    clock = FakeClock()
+    return Executor(
+        hosts, store=StateStore(tmp_path / "state"), clock=clock, sleep=clock.sleep, **kw
+    )
+
+
+PROCS = [("p00", "h1", 0), ("p10", "h2", 0), ("p01", "h1", 1), ("p11", "h2", 1)]
+
+
+def test_up_writes_files_starts_stages_and_down_stops_all(hosts, tmp_path) -> None:
+    ex = executor(hosts, tmp_path)
+    state = ex.up(plan(PROCS))
+    assert state.status == "up" and [r.name for r in state.processes] == [
+        "p00",
+        "p10",
+        "p01",
+        "p11",
+    ]
+    assert hosts["h1"].read("run/p00.sh") == b"exec engine\n"
+    assert b"=== kvpd: fk/p00 started" in hosts["h1"].read("run/logs/p00.log")
+    assert all(r.status == "healthy" for r in state.processes)
+    result = ex.down(state)
+    assert result.clean and all(o.how == "stopped" for o in result.stop.outcomes)
+    assert all(not f.processes for f in hosts.values())
+    assert ex.store.load("fk").status == "down"  # type: ignore[union-attr]
+
+
+def test_second_up_is_refused_while_running(hosts, tmp_path) -> None:
+    ex = executor(hosts, tmp_path)
+    ex.up(plan(PROCS[:1]))
+    with pytest.raises(StateError, match="already running"):
+        ex.up(plan(PROCS[:1]))
+
+
+def test_process_exiting_at_once_rolls_back_with_its_log(hosts, tmp_path) -> None:
+    hosts["h2"].script(
+        "p11.sh", FakeProgram(output="OSError: [Errno 98] Address already in use\n", exit_code=1)
+    )
+    ex = executor(hosts, tmp_path)
+    with pytest.raises(DeployError) as e:
+        ex.up(plan(PROCS))
+    msg = str(e.value)
+    assert "'p11' on host h2 exited before becoming healthy" in msg
+    assert "Likely cause: port clash" in msg and "| OSError: [Errno 98]" in msg
+    assert "Everything this run started (4 processes) is stopped." in msg
+    assert all(not f.processes for f in hosts.values())
+
+
+def test_health_deadline_uses_the_clock(hosts, tmp_path) -> None:
+    never = HealthCheck("http://127.0.0.1:9/health", timeout_s=600, interval_s=30)
+    ex = executor(hosts, tmp_path, probe_timeout_s=0.2)
+    with pytest.raises(HealthTimeout, match="did not become healthy within 600s"):
+        ex.up(plan(PROCS[:1], health=never))
+    assert not hosts["h1"].processes
+
+
+def test_stubborn_process_is_killed_after_the_grace(hosts, tmp_path) -> None:
+    hosts["h1"].script("p00.sh", FakeProgram(ports=(9000,), ignore_term=True))
+    ex = executor(hosts, tmp_path, grace_s=20)
+    state = ex.up(plan(PROCS[:1]))
+    result = ex.down(state)
+    assert [o.how for o in result.stop.outcomes] == ["killed"] and result.clean
+
+
+def test_down_never_signals_a_process_that_reused_the_pid(hosts, tmp_path) -> None:
+    ex = executor(hosts, tmp_path)
+    state = ex.up(plan(PROCS[:1]))
+    foreign = hosts["h1"].reuse_pid(state.processes[0].pid)  # ours died, the PID was reused
+    result = ex.down(state)
+    assert [o.how for o in result.stop.outcomes] == ["not running"]
+    assert hosts["h1"].processes[foreign.pid] is foreign
+
+
+def test_unreachable_host_status_and_refusal(hosts, tmp_path) -> None:
+    ex = executor(hosts, tmp_path)
+    state = ex.up(plan(PROCS[:2]))
+    hosts["h2"].unreachable = True
+    rows = {r.name: r for r in ex.status(state)}
+    assert rows["p00"].alive is True and rows["p10"].alive is None
+    assert "host unreachable" in rows["p10"].detail
+    with pytest.raises(StateError, match="already running"):  # unknown counts as running
+        ex.refuse_if_running("fk", "fk")

@@ -1,0 +1,137 @@
+"""One contract for every transport: the local one, the scripted fake and SSH on the test bed
+(`-m ssh`). What the executor relies on is asserted here once, so the fake cannot drift from
+the real transports."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvpd.errors import KvpdError
+from kvpd.exec.local import LocalTransport
+from kvpd.exec.transport import Transport
+from kvpd.testing.transport import FakeProgram, FakeTransport
+from tests.e2e.conftest import testbed  # noqa: F401  (session fixture, for the ssh case)
+
+# Listens on argv[1] and says so; with argv[2] == "stubborn" it ignores SIGTERM.
+LISTENER = (
+    "import signal, socket, sys, time\n"
+    "if sys.argv[2:] == ['stubborn']: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen()\n"
+    "print('listening', flush=True); time.sleep(600)\n"
+)
+
+
+@dataclass
+class Host:
+    t: Transport
+    workdir: str
+    # Tell a fake what `python3 LISTENER port [stubborn]` does; real hosts just run it.
+    script: Callable[[FakeProgram], None]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+@pytest.fixture(params=["local", "fake", pytest.param("ssh", marks=pytest.mark.ssh)])
+def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Host]:
+    if request.param == "local":
+        yield Host(LocalTransport(base_dir=str(tmp_path)), str(tmp_path), lambda p: None)
+    elif request.param == "fake":
+        fake = FakeTransport()
+        yield Host(fake, "/home/fake/work", lambda p: fake.script("python3", p))
+    else:
+        from kvpd.exec.ssh import SSHTransport
+
+        bed = request.getfixturevalue("testbed")
+        t = SSHTransport(bed.spec("h1"))
+        work = f"/tmp/kvpd-contract-{uuid.uuid4().hex[:8]}"
+        assert t.run(["mkdir", "-p", work]).ok
+        try:
+            yield Host(t, work, lambda p: None)
+        finally:
+            t.run(["rm", "-rf", "--", work])
+            t.close()
+
+
+def test_files_round_trip_and_resolve(host: Host) -> None:
+    t = host.t
+    path = f"{host.workdir}/sub/f.txt"
+    t.put(path, b"one\x00two\n", mode=0o600)
+    assert t.read(path) == b"one\x00two\n"
+    t.put(path, b"replaced")  # atomic replace
+    assert t.read(path) == b"replaced"
+    with pytest.raises(FileNotFoundError):
+        t.read(f"{host.workdir}/missing")
+    assert t.resolve("rel/x").startswith("/") and t.resolve("rel/x").endswith("/rel/x")
+
+
+def test_commands_report_exit_codes(host: Host) -> None:
+    t = host.t
+    assert t.run(["true"]).ok
+    assert t.run(["false"]).exit_code == 1
+    assert t.run(["kvpd-no-such-command-xyz"]).exit_code == 127
+    t.put(f"{host.workdir}/log", b"a\nb\nc\n")
+    r = t.run(["tail", "-n", "2", f"{host.workdir}/log"])
+    assert r.ok and r.stdout == "b\nc\n"
+    with pytest.raises(KvpdError):
+        t.run(["true"], env={"NOT A NAME": "x"})
+
+
+def test_detached_process_lifecycle_and_pid_reuse_guard(host: Host) -> None:
+    t, port = host.t, free_port()
+    host.script(FakeProgram(output="listening\n", ports=(port,)))
+    log = f"{host.workdir}/logs/listener.log"
+    s = t.start_detached(["python3", "-c", LISTENER, str(port)], log=log, cwd=host.workdir)
+    assert s.pid == s.pgid and s.start_ticks > 0
+    assert wait_for(lambda: t.ports_listening([port, 1]) == [port])
+    assert t.alive(s.pid) and t.alive(s.pid, start_ticks=s.start_ticks)
+    assert not t.alive(s.pid, start_ticks=s.start_ticks + 1)  # another process by that PID
+    assert not t.signal_group(s.pgid, signal.SIGTERM, start_ticks=s.start_ticks + 1)
+    assert s.pid in t.group_alive(s.pgid)
+    assert b"listening" in t.read(log)
+    assert t.signal_group(s.pgid, signal.SIGTERM, start_ticks=s.start_ticks)
+    assert wait_for(lambda: not t.alive(s.pid) and t.group_alive(s.pgid) == [])
+    assert not t.signal_group(s.pgid, signal.SIGTERM, start_ticks=s.start_ticks)
+    assert wait_for(lambda: t.ports_listening([port]) == [])
+
+
+def test_sigterm_ignored_needs_sigkill(host: Host) -> None:
+    t, port = host.t, free_port()
+    host.script(FakeProgram(output="listening\n", ports=(port,), ignore_term=True))
+    log = f"{host.workdir}/stubborn.log"
+    argv = ["python3", "-c", LISTENER, str(port), "stubborn"]
+    s = t.start_detached(argv, log=log, cwd=host.workdir)
+    assert wait_for(lambda: t.ports_listening([port]) == [port])
+    assert t.signal_group(s.pgid, signal.SIGTERM, start_ticks=s.start_ticks)
+    time.sleep(0.3)
+    assert t.alive(s.pid, start_ticks=s.start_ticks)
+    assert t.signal_group(s.pgid, signal.SIGKILL, start_ticks=s.start_ticks)
+    assert wait_for(lambda: not t.alive(s.pid))
+
+
+def test_starting_a_missing_program_fails_loudly(host: Host) -> None:
+    with pytest.raises((KvpdError, OSError)):
+        host.t.start_detached(
+            ["kvpd-no-such-command-xyz"], log=f"{host.workdir}/x.log", cwd=host.workdir
+        )
