@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+// AVX-512 row planner for kvpd.native._ascend_planner: 16 LRU entries / top-k positions per step
+// with gathers for the slot->token and bitmap lookups and in-register compress for the hit /
+// evictable split. Compiled for the avx512 target only (chosen at load time when the CPU has
+// it); tails, corrupt state and duplicate tokens inside one vector take the shared scalar code,
+// so every path gives the same result.
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include "ascend_planner_row.hpp"
+
+#define KVPD_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512cd,popcnt,bmi2")))
+
+namespace kvpd_ascend {
+
+namespace {
+
+// Population count of each 32-bit lane (AVX512-BW nibble lookup; VPOPCNTD is not on every
+// AVX-512 CPU).
+KVPD_AVX512 KVPD_INLINE __m512i popcount32(__m512i v) {
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4));
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  const __m512i lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, low));
+  const __m512i hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+  const __m512i bytes = _mm512_add_epi8(lo, hi);
+  const __m512i pairs = _mm512_maddubs_epi16(bytes, _mm512_set1_epi8(1));
+  return _mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
+}
+
+// Rank of each (valid) token among the row's distinct marked tokens.
+KVPD_AVX512 KVPD_INLINE __m512i rank16(__mmask16 valid, __m512i t, const uint32_t* mark,
+                                       const uint32_t* rank_base) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i w = _mm512_srli_epi32(t, 5);
+  const __m512i bits = _mm512_mask_i32gather_epi32(zero, valid, w, mark, 4);
+  const __m512i base = _mm512_mask_i32gather_epi32(zero, valid, w, rank_base, 4);
+  const __m512i below = _mm512_sub_epi32(
+      _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_and_si512(t, _mm512_set1_epi32(31))),
+      _mm512_set1_epi32(1));
+  return _mm512_add_epi32(base, popcount32(_mm512_and_si512(bits, below)));
+}
+
+KVPD_AVX512 KVPD_INLINE void store_n(int32_t* dst, __mmask16 keep, __m512i v) {
+  // Compress in a register, then one masked store: faster than a memory-form compress store.
+  const int n = __builtin_popcount(keep);
+  _mm512_mask_storeu_epi32(dst, static_cast<__mmask16>((1u << n) - 1),
+                           _mm512_maskz_compress_epi32(keep, v));
+}
+
+}  // namespace
+
+KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
+  int32_t stable = 0;
+  const uint32_t last_word = begin_row(io, ws, &stable);
+  const uint32_t* mark = ws.mark.data();
+  const uint32_t* rank_base = ws.rank_base.data();
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i minus1 = _mm512_set1_epi32(-1);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i v31 = _mm512_set1_epi32(31);
+  const __m512i vmax = _mm512_set1_epi32(io.max_token);
+
+  // Walk the LRU order 16 entries at a time.
+  const __m512i vcap = _mm512_set1_epi32(io.c);
+  const __m512i vstable = _mm512_set1_epi32(stable);
+  int32_t* hits = ws.hits.data();
+  int32_t* hit_tokens = ws.hit_tokens.data();
+  int32_t i = 0, ne = 0, nh = 0;
+  for (; i + 16 <= io.c; i += 16) {
+    const __m512i s = _mm512_loadu_si512(io.lru + i);
+    if (_mm512_cmplt_epu32_mask(s, vcap) != 0xFFFF) break;  // corrupt state: scalar from here
+    __m512i t = _mm512_i32gather_epi32(s, io.slot_to_token, 4);
+    __mmask16 valid = _mm512_cmplt_epu32_mask(t, vmax);
+    const __mmask16 spec = _mm512_mask_cmpge_epi32_mask(valid, t, vstable);
+    if (spec) {
+      _mm512_mask_i32scatter_epi32(io.slot_to_token, spec, s, minus1, 4);
+      valid &= static_cast<__mmask16>(~spec);
+      t = _mm512_mask_mov_epi32(t, spec, minus1);
+    }
+    const __m512i w = _mm512_mask_i32gather_epi32(zero, valid, _mm512_srli_epi32(t, 5), mark, 4);
+    const __m512i bit = _mm512_srlv_epi32(w, _mm512_and_si512(t, v31));
+    const __mmask16 hit = _mm512_mask_test_epi32_mask(valid, bit, one);
+    store_n(hits + nh, hit, s);
+    store_n(hit_tokens + nh, hit, t);
+    nh += __builtin_popcount(hit);
+    store_n(io.lru + ne, static_cast<__mmask16>(~hit), s);  // ne <= i: entries already read
+    ne += 16 - __builtin_popcount(hit);
+  }
+  walk_scalar(io, ws, stable, i, &ne, &nh);
+
+  // Hits keep their slots (scatter: for equal ranks the highest lane, i.e. the later, wins).
+  int32_t* sor = ws.slot_of_rank.data();
+  int32_t j = 0;
+  for (; j + 16 <= nh; j += 16) {
+    const __m512i t = _mm512_loadu_si512(hit_tokens + j);
+    const __m512i r = rank16(0xFFFF, t, mark, rank_base);
+    _mm512_i32scatter_epi32(sor, r, _mm512_loadu_si512(hits + j), 4);
+  }
+  record_hits_scalar(ws, j, nh);
+
+  // Resolve the top-k positions 16 at a time; vectors whose misses repeat a token, or that
+  // would run out of evictable slots, take the scalar path (same result).
+  int32_t p = 0, m = 0;
+  for (; p + 16 <= io.k; p += 16) {
+    const __m512i t = _mm512_loadu_si512(io.topk + p);
+    const __mmask16 valid = _mm512_cmplt_epu32_mask(t, vmax);
+    const __m512i r = rank16(valid, t, mark, rank_base);
+    const __m512i have = _mm512_mask_i32gather_epi32(minus1, valid, r, sor, 4);
+    const __mmask16 miss = _mm512_mask_cmplt_epi32_mask(valid, have, zero);
+    if (!miss) {
+      _mm512_storeu_si512(io.current_slots + p, _mm512_mask_mov_epi32(minus1, valid, have));
+      continue;
+    }
+    const int nm = __builtin_popcount(miss);
+    const __m512i conflicts = _mm512_maskz_conflict_epi32(miss, _mm512_mask_mov_epi32(minus1, miss, r));
+    const bool dup = _mm512_mask_test_epi32_mask(
+        miss, conflicts, _mm512_set1_epi32(static_cast<int32_t>(miss))) != 0;
+    if (dup || m + nm > ne) {
+      resolve_scalar(io, ws, p, p + 16, ne, &m);
+      continue;
+    }
+    const __m512i slots = _mm512_maskz_expandloadu_epi32(miss, io.lru + m);
+    _mm512_mask_i32scatter_epi32(sor, miss, r, slots, 4);
+    _mm512_mask_i32scatter_epi32(io.slot_to_token, miss, slots, t, 4);
+    store_n(io.miss_tokens + m, miss, t);
+    store_n(io.miss_slots + m, miss, slots);
+    m += nm;
+    const __m512i cur = _mm512_mask_mov_epi32(have, miss, slots);
+    _mm512_storeu_si512(io.current_slots + p, _mm512_mask_mov_epi32(minus1, valid, cur));
+  }
+  resolve_scalar(io, ws, p, io.k, ne, &m);
+  finish_row(io, ws, m, ne, nh, last_word);
+}
+
+}  // namespace kvpd_ascend
+
+#endif  // __x86_64__

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+// One row of lru_resident_compact, in phases that every ISA variant shares. The functions are
+// always_inline so that each variant (compiled with its own target attribute) gets its own copy
+// optimised for its instruction set; the AVX-512 variant replaces the walk and resolve loops
+// and falls back to these for tails and rare cases.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#define KVPD_INLINE inline __attribute__((always_inline))
+
+namespace kvpd_ascend {
+
+// One row's inputs, caller-owned state and in-place outputs (upstream layout and dtypes).
+struct RowIO {
+  const int32_t* topk;  // [k] token positions; outside [0, max_token) is padding
+  int64_t req_id;
+  int32_t stable_in;       // stable prefix length; resident tokens at or past it are dropped
+  int64_t* last_req_id;    // state: the request this row's residency belongs to
+  int32_t* slot_to_token;  // state [c]: token held by each slot, -1 empty
+  int32_t* lru;            // state [c]: slots, least recently used first
+  int32_t* current_slots;  // out [k]: slot of each top-k position, -1 for padding
+  int32_t* miss_tokens;    // out [k]: tokens to load, packed, -1 after miss_count
+  int32_t* miss_slots;     // out [k]: their slots, packed, -1 after miss_count
+  int32_t* miss_count;     // out [1]
+  int32_t k, c, max_token;
+};
+
+// Per-thread scratch. `mark` is a bitmap over token ids (all-zero between rows); `rank_base[w]`
+// counts marked tokens in words before w, so a marked token's rank among the row's distinct
+// top-k tokens is rank_base[w] + popcount(lower bits of word w), and `slot_of_rank` maps a rank
+// to its slot (-1: not resident). 16 KiB of bitmap for 128k tokens stays in L1, where upstream's
+// two max_token-sized int32 tables (1 MiB) do not. Buffers carry 16 entries of slack so SIMD
+// code may store whole vectors.
+struct Workspace {
+  std::vector<uint32_t> mark, rank_base;
+  std::vector<int32_t> slot_of_rank, hits, hit_tokens;
+
+  void fit(int64_t max_token, int64_t topk, int64_t capacity) {
+    const size_t words = static_cast<size_t>(max_token >> 5) + 2;
+    if (mark.size() < words) {
+      mark.assign(words, 0);
+      rank_base.assign(words, 0);
+    }
+    if (slot_of_rank.size() < static_cast<size_t>(topk) + 16) slot_of_rank.resize(topk + 16);
+    if (hits.size() < static_cast<size_t>(capacity) + 16) {
+      hits.resize(capacity + 16);
+      hit_tokens.resize(capacity + 16);
+    }
+  }
+};
+
+KVPD_INLINE uint32_t rank_of(const uint32_t* mark, const uint32_t* rank_base, uint32_t t) {
+  const uint32_t w = t >> 5;
+  return rank_base[w] + static_cast<uint32_t>(__builtin_popcount(mark[w] & ((1u << (t & 31)) - 1)));
+}
+
+// Reset on a new request, mark this step's top-k set and rank its distinct tokens. Returns the
+// last bitmap word used (to clear it afterwards) and the clamped stable prefix.
+KVPD_INLINE uint32_t begin_row(const RowIO& io, Workspace& ws, int32_t* stable) {
+  if (*io.last_req_id != io.req_id) {
+    std::fill(io.slot_to_token, io.slot_to_token + io.c, -1);
+    for (int32_t s = 0; s < io.c; ++s) io.lru[s] = s;
+    *io.last_req_id = io.req_id;
+  }
+  *stable = std::min(std::max(io.stable_in, 0), io.max_token);
+  uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  uint32_t last_word = 0;
+  for (int32_t p = 0; p < io.k; ++p) {
+    const uint32_t t = static_cast<uint32_t>(io.topk[p]);
+    if (t < umax) {
+      mark[t >> 5] |= 1u << (t & 31);
+      last_word = std::max(last_word, t >> 5);
+    }
+  }
+  uint32_t* __restrict__ rank_base = ws.rank_base.data();
+  uint32_t distinct = 0;
+  for (uint32_t w = 0; w <= last_word; ++w) {
+    rank_base[w] = distinct;
+    distinct += static_cast<uint32_t>(__builtin_popcount(mark[w]));
+  }
+  std::fill(ws.slot_of_rank.data(), ws.slot_of_rank.data() + distinct, -1);
+  return last_word;
+}
+
+// Walk the LRU order from entry i (oldest first): a resident token at or past the stable prefix
+// is dropped (it may be rewritten by speculative decoding); a resident token in this step's set
+// is a hit (set aside in LRU order); every other slot is evictable, compacted in place at the
+// front of `lru` in LRU order. Out-of-range slot entries (corrupt state) are skipped, as
+// upstream does.
+KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int32_t i,
+                             int32_t* n_evict, int32_t* n_hit) {
+  const uint32_t* __restrict__ mark = ws.mark.data();
+  int32_t* __restrict__ hits = ws.hits.data();
+  int32_t* __restrict__ hit_tokens = ws.hit_tokens.data();
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  int32_t ne = *n_evict, nh = *n_hit;
+  for (; i < io.c; ++i) {
+    const int32_t s = io.lru[i];
+    if (static_cast<uint32_t>(s) >= static_cast<uint32_t>(io.c)) continue;
+    int32_t t = io.slot_to_token[s];
+    bool valid = static_cast<uint32_t>(t) < umax;
+    if (valid && t >= stable) {
+      io.slot_to_token[s] = -1;
+      valid = false;
+    }
+    const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
+    const int32_t hit = valid & static_cast<int32_t>((mark[ti >> 5] >> (ti & 31)) & 1);
+    hits[nh] = s;
+    hit_tokens[nh] = t;
+    io.lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
+    nh += hit;
+    ne += 1 - hit;
+  }
+  *n_evict = ne;
+  *n_hit = nh;
+}
+
+// Hits keep their slots: slot_of_rank[rank(token)] = slot, in LRU order (a later duplicate of a
+// token in corrupt state wins, as upstream's token_pos overwrite does).
+KVPD_INLINE void record_hits_scalar(Workspace& ws, int32_t from, int32_t n_hit) {
+  const int32_t* hits = ws.hits.data();
+  const int32_t* toks = ws.hit_tokens.data();
+  for (int32_t j = from; j < n_hit; ++j) {
+    ws.slot_of_rank[rank_of(ws.mark.data(), ws.rank_base.data(), static_cast<uint32_t>(toks[j]))] =
+        hits[j];
+  }
+}
+
+// Resolve top-k positions from p: a hit takes its slot; a token's first miss takes the oldest
+// evictable slot and later duplicates share it. Misses beyond the evictable slots (only when
+// capacity < topk, which the configuration forbids) stay unplaced (-1).
+KVPD_INLINE void resolve_scalar(const RowIO& io, Workspace& ws, int32_t p, int32_t end,
+                                int32_t n_evict, int32_t* n_miss) {
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  int32_t* __restrict__ sor = ws.slot_of_rank.data();
+  int32_t m = *n_miss;
+  for (; p < end; ++p) {
+    const int32_t t = io.topk[p];
+    if (static_cast<uint32_t>(t) >= umax) {
+      io.current_slots[p] = -1;
+      continue;
+    }
+    const uint32_t r = rank_of(ws.mark.data(), ws.rank_base.data(), static_cast<uint32_t>(t));
+    int32_t s = sor[r];
+    if (s < 0 && m < n_evict) {
+      s = io.lru[m];
+      sor[r] = s;
+      io.slot_to_token[s] = t;
+      io.miss_tokens[m] = t;
+      io.miss_slots[m] = s;
+      ++m;
+    }
+    io.current_slots[p] = s;
+  }
+  *n_miss = m;
+}
+
+// Pad the miss lists, write the new LRU order (unused evictables in old order, filled misses,
+// hits in old order) and leave the bitmap all-zero for the next row.
+KVPD_INLINE void finish_row(const RowIO& io, Workspace& ws, int32_t m, int32_t n_evict,
+                            int32_t n_hit, uint32_t last_word) {
+  std::fill(io.miss_tokens + m, io.miss_tokens + io.k, -1);
+  std::fill(io.miss_slots + m, io.miss_slots + io.k, -1);
+  *io.miss_count = m;
+  std::memmove(io.lru, io.lru + m, sizeof(int32_t) * static_cast<size_t>(n_evict - m));
+  std::memcpy(io.lru + (n_evict - m), io.miss_slots, sizeof(int32_t) * static_cast<size_t>(m));
+  std::memcpy(io.lru + n_evict, ws.hits.data(), sizeof(int32_t) * static_cast<size_t>(n_hit));
+  std::memset(ws.mark.data(), 0, sizeof(uint32_t) * (static_cast<size_t>(last_word) + 1));
+}
+
+KVPD_INLINE void plan_row_generic(const RowIO& io, Workspace& ws) {
+  int32_t stable = 0;
+  const uint32_t last_word = begin_row(io, ws, &stable);
+  int32_t ne = 0, nh = 0, m = 0;
+  walk_scalar(io, ws, stable, 0, &ne, &nh);
+  record_hits_scalar(ws, 0, nh);
+  resolve_scalar(io, ws, 0, io.k, ne, &m);
+  finish_row(io, ws, m, ne, nh, last_word);
+}
+
+}  // namespace kvpd_ascend
