@@ -115,7 +115,9 @@ def compute_lru_resident_addrs(
     mt_ptr, (rows, k) = _array(miss_tokens, "miss_tokens", ("int32",), 2)
     ms_ptr, ms_shape = _array(miss_slots, "miss_slots", ("int32",), 2)
     if ms_shape != (rows, k):
-        raise ValueError(f"miss_slots must have the shape of miss_tokens {(rows, k)}, got {ms_shape}")
+        raise ValueError(
+            f"miss_slots must have the shape of miss_tokens {(rows, k)}, got {ms_shape}"
+        )
     if mc_n < rows:
         raise ValueError(f"miss_count must have at least {rows} entries, got {mc_n}")
     bt_ptr, (bt_rows, bt_cols) = _array(block_table, "block_table", ("int32", "int64"), 2)
@@ -124,7 +126,11 @@ def compute_lru_resident_addrs(
     bt64 = str(block_table.dtype).endswith("int64")
     need = 2 * rows * k
     outs = []
-    for value, name, dtype in ((gvas, "gvas", "int64"), (addr, "addr", "int64"), (size, "size", "int32")):
+    for value, name, dtype in (
+        (gvas, "gvas", "int64"),
+        (addr, "addr", "int64"),
+        (size, "size", "int32"),
+    ):
         ptr, (n,) = _array(value, name, (dtype,), 1)
         if n < need:
             raise ValueError(f"{name} must have at least {need} entries (2 x rows x topk), got {n}")

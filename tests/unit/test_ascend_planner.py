@@ -116,7 +116,8 @@ def test_plan_matches_reference(seed, rows, k, extra, wide, steps, dups, threads
         # Without repeated tokens kvpd is the description's algorithm exactly; with them,
         # kvpd's sharing is checked against the reference's `share_duplicates` mode.
         has_dups = any(
-            len(set(r[(r >= 0) & (r < max_token)].tolist())) < int(((r >= 0) & (r < max_token)).sum())
+            len(set(r[(r >= 0) & (r < max_token)].tolist()))
+            < int(((r >= 0) & (r < max_token)).sum())
             for r in topk[:n]
         )
         want.reference(req, topk, stable, n, share=has_dups)
@@ -210,18 +211,26 @@ def test_addresses_past_the_32bit_block_limit() -> None:
     assert size.tolist()[:4] == [1152, 1152, 128, 128]
 
 
+def _set(**kw):
+    return lambda a: a.update(kw)
+
+
+def _cast(name, dtype):
+    return lambda a: a.update({name: a[name].astype(dtype)})
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda a: a.update(miss_tokens=a["miss_tokens"].astype(np.int64)), "miss_tokens must have dtype int32"),
+        (_cast("miss_tokens", np.int64), "miss_tokens must have dtype int32"),
         (lambda a: a.update(gvas=a["gvas"][:3]), "gvas must have at least 8 entries"),
-        (lambda a: a.update(size=a["size"].astype(np.int64)), "size must have dtype int32"),
-        (lambda a: a.update(block_table=a["block_table"][:, ::2]), "block_table must be C-contiguous"),
-        (lambda a: a.update(miss_slots=a["miss_slots"][:, :1].copy()), "miss_slots must have the shape"),
-        (lambda a: a.update(gvas_k_base=-1), "gvas_k_base must be in [0, "),
-        (lambda a: a.update(num=[0]), "num must be a CPU tensor or numpy array, got list"),
+        (_cast("size", np.int64), "size must have dtype int32"),
+        (lambda a: a.update(block_table=a["block_table"][:, ::2]), "block_table must be C-contig"),
+        (lambda a: a.update(miss_slots=a["miss_slots"][:, :1].copy()), "miss_slots must have the"),
+        (_set(gvas_k_base=-1), "gvas_k_base must be in [0, "),
+        (_set(num=[0]), "num must be a CPU tensor or numpy array, got list"),
     ],
-)  # fmt: skip
+)
 def test_descriptor_argument_errors(change, message) -> None:
     gvas, addr, size, num = descriptor_buffers(2, 2)
     args = dict(
