@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kvpd.plan.kvconfig import memfabric_protocol
 from kvpd.plan.layout import Layout, dp_size_local, hardware_of, host_devices, merged
+from kvpd.plan.planner_rules import planner_findings
 from kvpd.plan.processes import Proc, proxy_flow
 from kvpd.plan.sizing import GiB, kv_bytes, parse_size
 from kvpd.profile.schema import ASCEND, Group, Profile
@@ -59,6 +60,7 @@ def check(
     c = Checker(profile, layout, procs, rehearse)
     for rule in RULES:
         rule(c)
+    c.findings += planner_findings(profile)
     for path, msg in layout.problems:
         c.err(path, msg)
     return c.findings
