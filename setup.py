@@ -127,7 +127,11 @@ setup(
         # compiled with target attributes and chosen at load time, so the baseline -march stays.
         Extension(
             "kvpd.native._ascend_planner",
-            ["kvpd/native/ascend_planner.cpp", "kvpd/native/ascend_planner_avx512.cpp"],
+            [
+                "kvpd/native/ascend_planner.cpp",
+                "kvpd/native/ascend_planner_args.cpp",
+                "kvpd/native/ascend_planner_avx512.cpp",
+            ],
             depends=["kvpd/native/ascend_planner_row.hpp"],
             language="c++",
         ),

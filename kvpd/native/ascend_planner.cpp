@@ -103,7 +103,8 @@ int usable_threads(int64_t rows, int64_t workspace_threads, int64_t requested_th
   if (workspace_threads > 0) n = std::min(n, workspace_threads);
   if (requested_threads > 0) n = std::min(n, requested_threads);
 #ifdef _OPENMP
-  n = std::min<int64_t>(n, omp_get_num_procs());
+  static const int procs = omp_get_num_procs();  // a syscall each time otherwise
+  n = std::min<int64_t>(n, procs);
 #else
   n = 1;
 #endif
@@ -160,7 +161,7 @@ void lru_resident_compact(uintptr_t req_ids, uintptr_t last_req_ids, uintptr_t t
   for (int64_t r = 0; r < num_reqs; ++r) row(r);
 }
 
-// ======  compute_lru_resident_addrs (raw pointers; the Python wrapper checks the tensors)  ======
+// ======  compute_lru_resident_addrs over raw pointers (checked in ascend_planner_args.cpp)  ======
 
 template <typename BlockT>
 int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int64_t rows,
@@ -168,52 +169,66 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
                    uint64_t tok_k, uint64_t tok_v, uint64_t src_k, uint64_t src_v, uint64_t dst_k,
                    uint64_t dst_v, int64_t capacity, int threads, uint64_t* gvas, uint64_t* addr,
                    int32_t* size, int32_t* num) {
-  // Pass 1: valid entries per row (so the rows can be written in place, packed, in parallel).
-  std::vector<int64_t> start(static_cast<size_t>(rows) + 1, 0);
-  auto valid = [&](int64_t r, int64_t i, int64_t* blk) {
-    const int64_t t = mt[r * k + i], s = ms[r * k + i];
-    if (t < 0 || s < 0 || s >= capacity) return false;
-    const int64_t b = t / block_size;
-    if (b >= blocks_per_row) return false;
-    *blk = static_cast<int64_t>(bt[r * blocks_per_row + b]);
-    return *blk >= 0;
-  };
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  // Rows start where upstream puts them (prefix sum of the clamped miss counts); a row writes
+  // its valid entries packed from there, and rows are packed together afterwards only when
+  // some entry was invalid (never, on the manager's inputs).
+  std::vector<int64_t> start(static_cast<size_t>(rows) + 1, 0), valid(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = std::min<int64_t>(std::max<int32_t>(mc[r], 0), k);
-    int64_t v = 0, blk = 0;
-    for (int64_t i = 0; i < n; ++i) v += valid(r, i, &blk);
-    start[r + 1] = v;
+    start[r + 1] = start[r] + std::min<int64_t>(std::max<int32_t>(mc[r], 0), k);
   }
-  for (int64_t r = 0; r < rows; ++r) start[r + 1] += start[r];
   const int64_t total = start[rows];
   const uint64_t bs = static_cast<uint64_t>(block_size);
+  const uint32_t bs32 = static_cast<uint32_t>(block_size);  // checked <= INT32_MAX
+  const int shift = (bs32 & (bs32 - 1)) == 0 ? __builtin_ctz(bs32) : -1;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = std::min<int64_t>(std::max<int32_t>(mc[r], 0), k);
+    const int64_t n = start[r + 1] - start[r];
+    const int32_t* toks = mt + r * k;
+    const int32_t* slots = ms + r * k;
+    const BlockT* row_bt = bt + r * blocks_per_row;
     uint64_t* gk = gvas + start[r];
     uint64_t* gv = gvas + total + start[r];
     uint64_t* ak = addr + start[r];
     uint64_t* av = addr + total + start[r];
     const uint64_t slot0 = static_cast<uint64_t>(r) * static_cast<uint64_t>(capacity);
-    int64_t j = 0, blk = 0;
+    int64_t j = 0;
     for (int64_t i = 0; i < n; ++i) {
-      if (!valid(r, i, &blk)) continue;
-      const uint64_t t = static_cast<uint64_t>(mt[r * k + i]);
+      const int32_t t = toks[i], s = slots[i];
+      if (t < 0 || s < 0 || s >= capacity) continue;
+      // One 32-bit division (a shift for the usual power-of-two block size), not two 64-bit.
+      const uint32_t q = shift >= 0 ? static_cast<uint32_t>(t) >> shift
+                                    : static_cast<uint32_t>(t) / bs32;
+      if (q >= static_cast<uint64_t>(blocks_per_row)) continue;
+      const int64_t blk = static_cast<int64_t>(row_bt[q]);
+      if (blk < 0) continue;
       // All in uint64: block ids past 2^14 and bases near 2^50 are normal here.
-      const uint64_t src_tok = static_cast<uint64_t>(blk) * bs + t % bs;
-      const uint64_t dst_tok = slot0 + static_cast<uint64_t>(ms[r * k + i]);
+      const uint64_t src_tok = static_cast<uint64_t>(blk) * bs + (static_cast<uint32_t>(t) - q * bs32);
+      const uint64_t dst_tok = slot0 + static_cast<uint64_t>(s);
       gk[j] = src_k + src_tok * tok_k;
       gv[j] = src_v + src_tok * tok_v;
       ak[j] = dst_k + dst_tok * tok_k;
       av[j] = dst_v + dst_tok * tok_v;
       ++j;
     }
+    valid[r] = j;
   }
-  std::fill(size, size + total, static_cast<int32_t>(tok_k));
-  std::fill(size + total, size + 2 * total, static_cast<int32_t>(tok_v));
-  num[0] = static_cast<int32_t>(2 * total);
-  return total;
+  int64_t kept = 0;
+  for (int64_t r = 0; r < rows; ++r) kept += valid[r];
+  if (kept != total) {  // pack out the invalid entries: K of all rows, then V
+    int64_t w = 0;
+    for (int half = 0; half < 2; ++half) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t from = half * total + start[r];
+        std::memmove(gvas + w, gvas + from, sizeof(uint64_t) * static_cast<size_t>(valid[r]));
+        std::memmove(addr + w, addr + from, sizeof(uint64_t) * static_cast<size_t>(valid[r]));
+        w += valid[r];
+      }
+    }
+  }
+  std::fill(size, size + kept, static_cast<int32_t>(tok_k));
+  std::fill(size + kept, size + 2 * kept, static_cast<int32_t>(tok_v));
+  num[0] = static_cast<int32_t>(2 * kept);
+  return kept;
 }
 
 int64_t compute_addrs_raw(uintptr_t miss_count, uintptr_t miss_tokens, uintptr_t miss_slots,
@@ -240,6 +255,15 @@ int64_t compute_addrs_raw(uintptr_t miss_count, uintptr_t miss_tokens, uintptr_t
                     blocks_per_row, block_size, tok_k, tok_v, src_k, src_v, dst_k, dst_v, capacity,
                     threads, g, a, sz, n);
 }
+
+// ascend_planner_args.cpp: the tensor checks in front of compute_addrs_raw.
+int64_t compute_lru_resident_addrs(py::handle miss_count, py::handle miss_tokens,
+                                   py::handle miss_slots, py::handle block_table,
+                                   py::handle block_size, py::handle tok_k, py::handle tok_v,
+                                   py::handle gvas_k_base, py::handle gvas_v_base,
+                                   py::handle addr_k_base, py::handle addr_v_base,
+                                   py::handle capacity, py::handle max_threads, py::handle gvas,
+                                   py::handle addr, py::handle size, py::handle num);
 
 // ======  Introspection  ======
 
@@ -275,8 +299,9 @@ PYBIND11_MODULE(_ascend_planner, m) {
   m.def("lru_resident_compact", &lru_resident_compact,
         "LRU residency of one layer's top-k rows over raw addresses of caller-owned state; "
         "outputs written in place.");
-  m.def("compute_addrs_raw", &compute_addrs_raw,
-        "Copy descriptors of the planned misses over raw addresses; returns S (num = 2S).");
+  m.def("compute_lru_resident_addrs", &compute_lru_resident_addrs,
+        "Host->device copy descriptors of the planned misses written in place into gvas, addr, "
+        "size and num (K of all rows, then V; num = 2S); returns S.");
   m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
   m.def("set_isa", &set_isa, py::arg("name"),
         "Use the named row planner (baseline|avx2|avx512) if the CPU has it; for tests and "

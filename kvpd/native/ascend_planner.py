@@ -26,17 +26,18 @@ Same results as upstream on valid inputs, with three deliberate differences:
    K/V either way; sharing saves copies and hot-buffer slots. The indexer's top-k rows hold
    distinct tokens, so in practice this never differs.
 
-Imports only the standard library and the compiled core; ImportError when the core is not built.
+Both functions are the compiled core's own (the tensor checks of compute_lru_resident_addrs
+included: they run for every layer of every step). Imports nothing else; ImportError when the
+core is not built.
 """
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 try:
     from kvpd.native._ascend_planner import (  # type: ignore[import-not-found]
-        compute_addrs_raw,
+        compute_lru_resident_addrs,
         isa_info,
         lru_resident_compact,
         set_isa,
@@ -48,128 +49,6 @@ except ImportError as e:  # the plugin reports this and leaves vLLM-Ascend's own
     ) from e
 
 __all__ = ["compute_lru_resident_addrs", "isa_info", "lru_resident_compact", "set_isa"]
-
-_U64 = 2**64
-
-
-def _array(value: Any, name: str, dtypes: tuple[str, ...], ndim: int) -> tuple[int, tuple]:
-    """(address, shape) of a C-contiguous CPU tensor or NumPy array with one of `dtypes`."""
-    dtype = getattr(value, "dtype", None)
-    if dtype is None:
-        raise ValueError(f"{name} must be a CPU tensor or numpy array, got {type(value).__name__}")
-    dname = str(dtype).removeprefix("torch.")
-    if dname not in dtypes:
-        raise ValueError(f"{name} must have dtype {' or '.join(dtypes)}, got {dname}")
-    shape = tuple(value.shape)
-    if len(shape) != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {shape}")
-    if hasattr(value, "data_ptr"):  # torch.Tensor
-        if value.device.type != "cpu":
-            raise ValueError(f"{name} must be on the CPU, got device {value.device}")
-        if not value.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-        return int(value.data_ptr()), shape
-    flags = value.flags
-    if not flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    return int(value.ctypes.data), shape
-
-
-def _int(value: Any, name: str, lo: int, hi: int) -> int:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {type(value).__name__}") from None
-    if not lo <= v <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
-    return v
-
-
-def _writable(value: Any, name: str) -> None:
-    flags = getattr(value, "flags", None)
-    if flags is not None and not flags.writeable:
-        raise ValueError(f"{name} is an output and must be writeable")
-
-
-def compute_lru_resident_addrs(
-    miss_count: Any,
-    miss_tokens: Any,
-    miss_slots: Any,
-    block_table: Any,
-    block_size: int,
-    tok_k: int,
-    tok_v: int,
-    gvas_k_base: int,
-    gvas_v_base: int,
-    addr_k_base: int,
-    addr_v_base: int,
-    capacity: int,
-    max_threads: int,
-    gvas: Any,
-    addr: Any,
-    size: Any,
-    num: Any,
-) -> int:
-    """Write the host->device copy descriptors of the planned misses in place; returns S."""
-    mc_ptr, (mc_n,) = _array(miss_count, "miss_count", ("int32",), 1)
-    mt_ptr, (rows, k) = _array(miss_tokens, "miss_tokens", ("int32",), 2)
-    ms_ptr, ms_shape = _array(miss_slots, "miss_slots", ("int32",), 2)
-    if ms_shape != (rows, k):
-        raise ValueError(
-            f"miss_slots must have the shape of miss_tokens {(rows, k)}, got {ms_shape}"
-        )
-    if mc_n < rows:
-        raise ValueError(f"miss_count must have at least {rows} entries, got {mc_n}")
-    bt_ptr, (bt_rows, bt_cols) = _array(block_table, "block_table", ("int32", "int64"), 2)
-    if bt_rows < rows:
-        raise ValueError(f"block_table must have at least {rows} rows, got {bt_rows}")
-    bt64 = str(block_table.dtype).endswith("int64")
-    need = 2 * rows * k
-    outs = []
-    for value, name, dtype in (
-        (gvas, "gvas", "int64"),
-        (addr, "addr", "int64"),
-        (size, "size", "int32"),
-    ):
-        ptr, (n,) = _array(value, name, (dtype,), 1)
-        if n < need:
-            raise ValueError(f"{name} must have at least {need} entries (2 x rows x topk), got {n}")
-        _writable(value, name)
-        outs.append(ptr)
-    num_ptr, (num_n,) = _array(num, "num", ("int32",), 1)
-    if num_n < 1:
-        raise ValueError("num must have at least 1 entry")
-    _writable(num, "num")
-    i32 = 2**31 - 1
-    bases = [
-        _int(b, n, 0, _U64 - 1)
-        for b, n in (
-            (gvas_k_base, "gvas_k_base"),
-            (gvas_v_base, "gvas_v_base"),
-            (addr_k_base, "addr_k_base"),
-            (addr_v_base, "addr_v_base"),
-        )
-    ]
-    return compute_addrs_raw(
-        mc_ptr,
-        mt_ptr,
-        ms_ptr,
-        rows,
-        k,
-        bt_ptr,
-        bt_cols,
-        bt64,
-        _int(block_size, "block_size", 1, i32),
-        _int(tok_k, "tok_k", 1, i32),
-        _int(tok_v, "tok_v", 1, i32),
-        *bases,
-        _int(capacity, "capacity", 1, i32),
-        _int(max_threads, "max_threads", -i32, i32),
-        outs[0],
-        outs[1],
-        outs[2],
-        num_ptr,
-    )
 
 
 def implementation() -> dict[str, Any]:

@@ -41,6 +41,31 @@ KVPD_AVX512 KVPD_INLINE __m512i rank16(__mmask16 valid, __m512i t, const uint32_
   return _mm512_add_epi32(base, popcount32(_mm512_and_si512(bits, below)));
 }
 
+// rank_base for words 0..last_word, 16 at a time (in-register prefix sum); returns the total.
+KVPD_AVX512 KVPD_INLINE uint32_t rank_prefix16(Workspace& ws, uint32_t last_word) {
+  const uint32_t* mark = ws.mark.data();
+  uint32_t* rank_base = ws.rank_base.data();
+  const __m512i zero = _mm512_setzero_si512();
+  __m512i base = zero;  // running total, broadcast
+  uint32_t w = 0;
+  for (; w + 16 <= last_word + 1; w += 16) {
+    const __m512i cnt = popcount32(_mm512_loadu_si512(mark + w));
+    __m512i inc = cnt;  // inclusive prefix sum across the 16 lanes
+    inc = _mm512_add_epi32(inc, _mm512_alignr_epi32(inc, zero, 15));
+    inc = _mm512_add_epi32(inc, _mm512_alignr_epi32(inc, zero, 14));
+    inc = _mm512_add_epi32(inc, _mm512_alignr_epi32(inc, zero, 12));
+    inc = _mm512_add_epi32(inc, _mm512_alignr_epi32(inc, zero, 8));
+    _mm512_storeu_si512(rank_base + w, _mm512_add_epi32(base, _mm512_sub_epi32(inc, cnt)));
+    base = _mm512_add_epi32(base, _mm512_permutexvar_epi32(_mm512_set1_epi32(15), inc));
+  }
+  uint32_t distinct = static_cast<uint32_t>(_mm_cvtsi128_si32(_mm512_castsi512_si128(base)));
+  for (; w <= last_word; ++w) {
+    rank_base[w] = distinct;
+    distinct += static_cast<uint32_t>(__builtin_popcount(mark[w]));
+  }
+  return distinct;
+}
+
 KVPD_AVX512 KVPD_INLINE void store_n(int32_t* dst, __mmask16 keep, __m512i v) {
   // Compress in a register, then one masked store: faster than a memory-form compress store.
   const int n = __builtin_popcount(keep);
@@ -51,8 +76,10 @@ KVPD_AVX512 KVPD_INLINE void store_n(int32_t* dst, __mmask16 keep, __m512i v) {
 }  // namespace
 
 KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
-  int32_t stable = 0;
-  const uint32_t last_word = begin_row(io, ws, &stable);
+  uint32_t n_valid = 0;
+  RowMarks marks = mark_row(io, ws, &n_valid);
+  begin_ranks(ws, &marks, n_valid, rank_prefix16(ws, marks.last_word));
+  const int32_t stable = marks.stable;
   const uint32_t* mark = ws.mark.data();
   const uint32_t* rank_base = ws.rank_base.data();
   const __m512i zero = _mm512_setzero_si512();
@@ -65,7 +92,7 @@ KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
   const __m512i vcap = _mm512_set1_epi32(io.c);
   const __m512i vstable = _mm512_set1_epi32(stable);
   int32_t* hits = ws.hits.data();
-  int32_t* hit_tokens = ws.hit_tokens.data();
+  int32_t* sor = ws.slot_of_rank.data();
   int32_t i = 0, ne = 0, nh = 0;
   for (; i + 16 <= io.c; i += 16) {
     const __m512i s = _mm512_loadu_si512(io.lru + i);
@@ -76,28 +103,25 @@ KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
     if (spec) {
       _mm512_mask_i32scatter_epi32(io.slot_to_token, spec, s, minus1, 4);
       valid &= static_cast<__mmask16>(~spec);
-      t = _mm512_mask_mov_epi32(t, spec, minus1);
     }
-    const __m512i w = _mm512_mask_i32gather_epi32(zero, valid, _mm512_srli_epi32(t, 5), mark, 4);
-    const __m512i bit = _mm512_srlv_epi32(w, _mm512_and_si512(t, v31));
-    const __mmask16 hit = _mm512_mask_test_epi32_mask(valid, bit, one);
+    const __m512i wi = _mm512_srli_epi32(t, 5);
+    const __m512i w = _mm512_mask_i32gather_epi32(zero, valid, wi, mark, 4);
+    const __m512i low = _mm512_and_si512(t, v31);
+    const __mmask16 hit = _mm512_mask_test_epi32_mask(valid, _mm512_srlv_epi32(w, low), one);
+    if (hit) {
+      // Hits keep their slots: slot_of_rank[rank(token)] = slot (for equal ranks, only in
+      // corrupt state, the highest lane, i.e. the later in LRU order, wins).
+      const __m512i base = _mm512_mask_i32gather_epi32(zero, hit, wi, rank_base, 4);
+      const __m512i below = _mm512_sub_epi32(_mm512_sllv_epi32(one, low), one);
+      const __m512i r = _mm512_add_epi32(base, popcount32(_mm512_and_si512(w, below)));
+      _mm512_mask_i32scatter_epi32(sor, hit, r, s, 4);
+    }
     store_n(hits + nh, hit, s);
-    store_n(hit_tokens + nh, hit, t);
     nh += __builtin_popcount(hit);
     store_n(io.lru + ne, static_cast<__mmask16>(~hit), s);  // ne <= i: entries already read
     ne += 16 - __builtin_popcount(hit);
   }
   walk_scalar(io, ws, stable, i, &ne, &nh);
-
-  // Hits keep their slots (scatter: for equal ranks the highest lane, i.e. the later, wins).
-  int32_t* sor = ws.slot_of_rank.data();
-  int32_t j = 0;
-  for (; j + 16 <= nh; j += 16) {
-    const __m512i t = _mm512_loadu_si512(hit_tokens + j);
-    const __m512i r = rank16(0xFFFF, t, mark, rank_base);
-    _mm512_i32scatter_epi32(sor, r, _mm512_loadu_si512(hits + j), 4);
-  }
-  record_hits_scalar(ws, j, nh);
 
   // Resolve the top-k positions 16 at a time; vectors whose misses repeat a token, or that
   // would run out of evictable slots, take the scalar path (same result).
@@ -113,15 +137,19 @@ KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
       continue;
     }
     const int nm = __builtin_popcount(miss);
-    const __m512i conflicts = _mm512_maskz_conflict_epi32(miss, _mm512_mask_mov_epi32(minus1, miss, r));
-    const bool dup = _mm512_mask_test_epi32_mask(
-        miss, conflicts, _mm512_set1_epi32(static_cast<int32_t>(miss))) != 0;
+    bool dup = false;
+    if (marks.duplicates) {  // only then can a token repeat within or across vectors
+      const __m512i conflicts =
+          _mm512_maskz_conflict_epi32(miss, _mm512_mask_mov_epi32(minus1, miss, r));
+      dup = _mm512_mask_test_epi32_mask(miss, conflicts,
+                                        _mm512_set1_epi32(static_cast<int32_t>(miss))) != 0;
+    }
     if (dup || m + nm > ne) {
       resolve_scalar(io, ws, p, p + 16, ne, &m);
       continue;
     }
     const __m512i slots = _mm512_maskz_expandloadu_epi32(miss, io.lru + m);
-    _mm512_mask_i32scatter_epi32(sor, miss, r, slots, 4);
+    if (marks.duplicates) _mm512_mask_i32scatter_epi32(sor, miss, r, slots, 4);
     _mm512_mask_i32scatter_epi32(io.slot_to_token, miss, slots, t, 4);
     store_n(io.miss_tokens + m, miss, t);
     store_n(io.miss_slots + m, miss, slots);
@@ -130,7 +158,7 @@ KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
     _mm512_storeu_si512(io.current_slots + p, _mm512_mask_mov_epi32(minus1, valid, cur));
   }
   resolve_scalar(io, ws, p, io.k, ne, &m);
-  finish_row(io, ws, m, ne, nh, last_word);
+  finish_row(io, ws, m, ne, nh, marks.last_word);
 }
 
 }  // namespace kvpd_ascend

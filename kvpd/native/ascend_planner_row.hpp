@@ -37,7 +37,7 @@ struct RowIO {
 // code may store whole vectors.
 struct Workspace {
   std::vector<uint32_t> mark, rank_base;
-  std::vector<int32_t> slot_of_rank, hits, hit_tokens;
+  std::vector<int32_t> slot_of_rank, hits;
 
   void fit(int64_t max_token, int64_t topk, int64_t capacity) {
     const size_t words = static_cast<size_t>(max_token >> 5) + 2;
@@ -46,10 +46,7 @@ struct Workspace {
       rank_base.assign(words, 0);
     }
     if (slot_of_rank.size() < static_cast<size_t>(topk) + 16) slot_of_rank.resize(topk + 16);
-    if (hits.size() < static_cast<size_t>(capacity) + 16) {
-      hits.resize(capacity + 16);
-      hit_tokens.resize(capacity + 16);
-    }
+    if (hits.size() < static_cast<size_t>(capacity) + 16) hits.resize(capacity + 16);
   }
 };
 
@@ -58,46 +55,67 @@ KVPD_INLINE uint32_t rank_of(const uint32_t* mark, const uint32_t* rank_base, ui
   return rank_base[w] + static_cast<uint32_t>(__builtin_popcount(mark[w] & ((1u << (t & 31)) - 1)));
 }
 
-// Reset on a new request, mark this step's top-k set and rank its distinct tokens. Returns the
-// last bitmap word used (to clear it afterwards) and the clamped stable prefix.
-KVPD_INLINE uint32_t begin_row(const RowIO& io, Workspace& ws, int32_t* stable) {
+// What begin_row learns about the row's top-k set.
+struct RowMarks {
+  int32_t stable;      // clamped stable prefix
+  uint32_t last_word;  // last bitmap word used (cleared afterwards)
+  bool duplicates;     // a token occurs more than once among the valid positions
+};
+
+// Reset on a new request and mark this step's top-k set in the bitmap. The ranks come next
+// (rank_prefix_scalar or a SIMD variant).
+KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid) {
   if (*io.last_req_id != io.req_id) {
     std::fill(io.slot_to_token, io.slot_to_token + io.c, -1);
     for (int32_t s = 0; s < io.c; ++s) io.lru[s] = s;
     *io.last_req_id = io.req_id;
   }
-  *stable = std::min(std::max(io.stable_in, 0), io.max_token);
   uint32_t* __restrict__ mark = ws.mark.data();
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
-  uint32_t last_word = 0;
+  uint32_t last_word = 0, valid = 0;
   for (int32_t p = 0; p < io.k; ++p) {
     const uint32_t t = static_cast<uint32_t>(io.topk[p]);
     if (t < umax) {
       mark[t >> 5] |= 1u << (t & 31);
       last_word = std::max(last_word, t >> 5);
+      ++valid;
     }
   }
+  *n_valid = valid;
+  return {std::min(std::max(io.stable_in, 0), io.max_token), last_word, false};
+}
+
+// rank_base[w] = marked tokens in words before w, for w <= last_word; returns the total.
+KVPD_INLINE uint32_t rank_prefix_scalar(Workspace& ws, uint32_t last_word) {
+  const uint32_t* __restrict__ mark = ws.mark.data();
   uint32_t* __restrict__ rank_base = ws.rank_base.data();
   uint32_t distinct = 0;
   for (uint32_t w = 0; w <= last_word; ++w) {
     rank_base[w] = distinct;
     distinct += static_cast<uint32_t>(__builtin_popcount(mark[w]));
   }
+  return distinct;
+}
+
+KVPD_INLINE void begin_ranks(Workspace& ws, RowMarks* marks, uint32_t n_valid, uint32_t distinct) {
+  marks->duplicates = distinct < n_valid;
   std::fill(ws.slot_of_rank.data(), ws.slot_of_rank.data() + distinct, -1);
-  return last_word;
 }
 
 // Walk the LRU order from entry i (oldest first): a resident token at or past the stable prefix
 // is dropped (it may be rewritten by speculative decoding); a resident token in this step's set
-// is a hit (set aside in LRU order); every other slot is evictable, compacted in place at the
-// front of `lru` in LRU order. Out-of-range slot entries (corrupt state) are skipped, as
-// upstream does.
+// is a hit: it keeps its slot (slot_of_rank[rank(token)] = slot; in LRU order, so for a token
+// held twice in corrupt state the later slot wins, as upstream's token_pos overwrite does) and
+// is set aside in LRU order; every other slot is evictable, compacted in place at the front of
+// `lru` in LRU order. Out-of-range slot entries (corrupt state) are skipped, as upstream does.
 KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int32_t i,
                              int32_t* n_evict, int32_t* n_hit) {
   const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ rank_base = ws.rank_base.data();
+  int32_t* __restrict__ sor = ws.slot_of_rank.data();
   int32_t* __restrict__ hits = ws.hits.data();
-  int32_t* __restrict__ hit_tokens = ws.hit_tokens.data();
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  const uint32_t trash = static_cast<uint32_t>(io.k);  // slot_of_rank has slack past k
   int32_t ne = *n_evict, nh = *n_hit;
   for (; i < io.c; ++i) {
     const int32_t s = io.lru[i];
@@ -110,25 +128,14 @@ KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int
     }
     const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
     const int32_t hit = valid & static_cast<int32_t>((mark[ti >> 5] >> (ti & 31)) & 1);
+    sor[hit ? rank_of(mark, rank_base, ti) : trash] = s;
     hits[nh] = s;
-    hit_tokens[nh] = t;
     io.lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
     nh += hit;
     ne += 1 - hit;
   }
   *n_evict = ne;
   *n_hit = nh;
-}
-
-// Hits keep their slots: slot_of_rank[rank(token)] = slot, in LRU order (a later duplicate of a
-// token in corrupt state wins, as upstream's token_pos overwrite does).
-KVPD_INLINE void record_hits_scalar(Workspace& ws, int32_t from, int32_t n_hit) {
-  const int32_t* hits = ws.hits.data();
-  const int32_t* toks = ws.hit_tokens.data();
-  for (int32_t j = from; j < n_hit; ++j) {
-    ws.slot_of_rank[rank_of(ws.mark.data(), ws.rank_base.data(), static_cast<uint32_t>(toks[j]))] =
-        hits[j];
-  }
 }
 
 // Resolve top-k positions from p: a hit takes its slot; a token's first miss takes the oldest
@@ -174,13 +181,13 @@ KVPD_INLINE void finish_row(const RowIO& io, Workspace& ws, int32_t m, int32_t n
 }
 
 KVPD_INLINE void plan_row_generic(const RowIO& io, Workspace& ws) {
-  int32_t stable = 0;
-  const uint32_t last_word = begin_row(io, ws, &stable);
+  uint32_t n_valid = 0;
+  RowMarks marks = mark_row(io, ws, &n_valid);
+  begin_ranks(ws, &marks, n_valid, rank_prefix_scalar(ws, marks.last_word));
   int32_t ne = 0, nh = 0, m = 0;
-  walk_scalar(io, ws, stable, 0, &ne, &nh);
-  record_hits_scalar(ws, 0, nh);
+  walk_scalar(io, ws, marks.stable, 0, &ne, &nh);
   resolve_scalar(io, ws, 0, io.k, ne, &m);
-  finish_row(io, ws, m, ne, nh, last_word);
+  finish_row(io, ws, m, ne, nh, marks.last_word);
 }
 
 }  // namespace kvpd_ascend
