@@ -8,6 +8,8 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "ascend_planner_row.hpp"
 
 #define KVPD_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512cd,popcnt,bmi2")))
@@ -88,20 +90,25 @@ KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
   const __m512i v31 = _mm512_set1_epi32(31);
   const __m512i vmax = _mm512_set1_epi32(io.max_token);
 
-  // Walk the LRU order 16 entries at a time.
   const __m512i vcap = _mm512_set1_epi32(io.c);
   const __m512i vstable = _mm512_set1_epi32(stable);
   int32_t* hits = ws.hits.data();
   int32_t* sor = ws.slot_of_rank.data();
-  int32_t i = 0, ne = 0, nh = 0;
-  for (; i + 16 <= io.c; i += 16) {
-    const __m512i s = _mm512_loadu_si512(io.lru + i);
-    if (_mm512_cmplt_epu32_mask(s, vcap) != 0xFFFF) break;  // corrupt state: scalar from here
-    __m512i t = _mm512_i32gather_epi32(s, io.slot_to_token, 4);
+  uint16_t* hit_slots = ws.hit_slots.data();  // bit per slot: its token is in this step's set
+  std::memset(hit_slots, 0, ws.hit_slots.size() * sizeof(uint16_t));
+
+  // Pass A, in slot order, so slot_to_token is read in sequence instead of gathered in LRU
+  // order: drop speculative tokens, find the hits, give each hit token its slot
+  // (slot_of_rank[rank(token)] = slot) and note the hit slots. A token is never held by two
+  // slots in the state this planner produces, so slot order and LRU order agree here.
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  int32_t s0 = 0;
+  for (; s0 + 16 <= io.c; s0 += 16) {
+    const __m512i t = _mm512_loadu_si512(io.slot_to_token + s0);
     __mmask16 valid = _mm512_cmplt_epu32_mask(t, vmax);
     const __mmask16 spec = _mm512_mask_cmpge_epi32_mask(valid, t, vstable);
     if (spec) {
-      _mm512_mask_i32scatter_epi32(io.slot_to_token, spec, s, minus1, 4);
+      _mm512_mask_storeu_epi32(io.slot_to_token + s0, spec, minus1);
       valid &= static_cast<__mmask16>(~spec);
     }
     const __m512i wi = _mm512_srli_epi32(t, 5);
@@ -109,19 +116,50 @@ KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
     const __m512i low = _mm512_and_si512(t, v31);
     const __mmask16 hit = _mm512_mask_test_epi32_mask(valid, _mm512_srlv_epi32(w, low), one);
     if (hit) {
-      // Hits keep their slots: slot_of_rank[rank(token)] = slot (for equal ranks, only in
-      // corrupt state, the highest lane, i.e. the later in LRU order, wins).
       const __m512i base = _mm512_mask_i32gather_epi32(zero, hit, wi, rank_base, 4);
       const __m512i below = _mm512_sub_epi32(_mm512_sllv_epi32(one, low), one);
       const __m512i r = _mm512_add_epi32(base, popcount32(_mm512_and_si512(w, below)));
-      _mm512_mask_i32scatter_epi32(sor, hit, r, s, 4);
+      _mm512_mask_i32scatter_epi32(sor, hit, r, _mm512_add_epi32(lanes, _mm512_set1_epi32(s0)), 4);
     }
+    hit_slots[s0 >> 4] = hit;
+  }
+  for (; s0 < io.c; ++s0) {
+    const int32_t t = io.slot_to_token[s0];
+    if (static_cast<uint32_t>(t) >= static_cast<uint32_t>(io.max_token)) continue;
+    if (t >= stable) {
+      io.slot_to_token[s0] = -1;
+      continue;
+    }
+    if ((mark[t >> 5] >> (t & 31)) & 1) {
+      sor[rank_of(mark, rank_base, static_cast<uint32_t>(t))] = s0;
+      hit_slots[s0 >> 4] = static_cast<uint16_t>(hit_slots[s0 >> 4] | (1u << (s0 & 15)));
+    }
+  }
+
+  // Pass B, in LRU order: hits are set aside and evictables compacted in place at the front of
+  // lru, both in LRU order. Out-of-range slot entries (corrupt state) are skipped, as upstream.
+  const __m512i v15 = _mm512_set1_epi32(15);
+  int32_t i = 0, ne = 0, nh = 0;
+  for (; i + 16 <= io.c; i += 16) {
+    const __m512i s = _mm512_loadu_si512(io.lru + i);
+    if (_mm512_cmplt_epu32_mask(s, vcap) != 0xFFFF) break;  // corrupt state: scalar from here
+    const __m512i hw = _mm512_i32gather_epi32(_mm512_srli_epi32(s, 4), hit_slots, 2);
+    const __mmask16 hit =
+        _mm512_test_epi32_mask(_mm512_srlv_epi32(hw, _mm512_and_si512(s, v15)), one);
     store_n(hits + nh, hit, s);
     nh += __builtin_popcount(hit);
     store_n(io.lru + ne, static_cast<__mmask16>(~hit), s);  // ne <= i: entries already read
     ne += 16 - __builtin_popcount(hit);
   }
-  walk_scalar(io, ws, stable, i, &ne, &nh);
+  for (; i < io.c; ++i) {
+    const int32_t s = io.lru[i];
+    if (static_cast<uint32_t>(s) >= static_cast<uint32_t>(io.c)) continue;
+    const int32_t hit = (hit_slots[s >> 4] >> (s & 15)) & 1;
+    hits[nh] = s;
+    io.lru[ne] = s;
+    nh += hit;
+    ne += 1 - hit;
+  }
 
   // Resolve the top-k positions 16 at a time; vectors whose misses repeat a token, or that
   // would run out of evictable slots, take the scalar path (same result).

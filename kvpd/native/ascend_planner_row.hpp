@@ -38,6 +38,7 @@ struct RowIO {
 struct Workspace {
   std::vector<uint32_t> mark, rank_base;
   std::vector<int32_t> slot_of_rank, hits;
+  std::vector<uint16_t> hit_slots;  // AVX-512 path: a bit per slot, 16 per entry
 
   void fit(int64_t max_token, int64_t topk, int64_t capacity) {
     const size_t words = static_cast<size_t>(max_token >> 5) + 2;
@@ -46,7 +47,10 @@ struct Workspace {
       rank_base.assign(words, 0);
     }
     if (slot_of_rank.size() < static_cast<size_t>(topk) + 16) slot_of_rank.resize(topk + 16);
-    if (hits.size() < static_cast<size_t>(capacity) + 16) hits.resize(capacity + 16);
+    if (hits.size() < static_cast<size_t>(capacity) + 16) {
+      hits.resize(capacity + 16);
+      hit_slots.resize(static_cast<size_t>(capacity / 16) + 2);  // +1: 32-bit gather reads
+    }
   }
 };
 
@@ -70,11 +74,14 @@ KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid)
     for (int32_t s = 0; s < io.c; ++s) io.lru[s] = s;
     *io.last_req_id = io.req_id;
   }
+  // Locals, so that the bitmap stores (uint32) cannot alias them in the compiler's eyes.
   uint32_t* __restrict__ mark = ws.mark.data();
+  const int32_t* __restrict__ topk = io.topk;
+  const int32_t k = io.k;
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
   uint32_t last_word = 0, valid = 0;
-  for (int32_t p = 0; p < io.k; ++p) {
-    const uint32_t t = static_cast<uint32_t>(io.topk[p]);
+  for (int32_t p = 0; p < k; ++p) {
+    const uint32_t t = static_cast<uint32_t>(topk[p]);
     if (t < umax) {
       mark[t >> 5] |= 1u << (t & 31);
       last_word = std::max(last_word, t >> 5);
