@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// AVX-512 row planner for kvpd.native._ascend_planner: 16 LRU entries / top-k positions per step
-// with gathers for the slot->token and bitmap lookups and in-register compress for the hit /
-// evictable split. Compiled for the avx512 target only (chosen at load time when the CPU has
-// it); tails, corrupt state and duplicate tokens inside one vector take the shared scalar code,
-// so every path gives the same result.
+// AVX-512 row planner for kvpd.native._ascend_planner: the phases of ascend_planner_row.hpp 16
+// slots / LRU entries / top-k positions at a time, with gathers for the bitmap and rank lookups
+// and in-register compress for the hit / evictable split. Compiled for the avx512 target only
+// (chosen at load time when the CPU has it); tails, corrupt state and tokens repeated within one
+// vector take the shared scalar code, so every path gives the same result.
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -97,10 +97,7 @@ KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
   uint16_t* hit_slots = ws.hit_slots.data();  // bit per slot: its token is in this step's set
   std::memset(hit_slots, 0, ws.hit_slots.size() * sizeof(uint16_t));
 
-  // Pass A, in slot order, so slot_to_token is read in sequence instead of gathered in LRU
-  // order: drop speculative tokens, find the hits, give each hit token its slot
-  // (slot_of_rank[rank(token)] = slot) and note the hit slots. A token is never held by two
-  // slots in the state this planner produces, so slot order and LRU order agree here.
+  // Pass A (classify_slots_scalar's work, 16 slots at a time).
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   int32_t s0 = 0;
   for (; s0 + 16 <= io.c; s0 += 16) {
@@ -123,21 +120,9 @@ KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
     }
     hit_slots[s0 >> 4] = hit;
   }
-  for (; s0 < io.c; ++s0) {
-    const int32_t t = io.slot_to_token[s0];
-    if (static_cast<uint32_t>(t) >= static_cast<uint32_t>(io.max_token)) continue;
-    if (t >= stable) {
-      io.slot_to_token[s0] = -1;
-      continue;
-    }
-    if ((mark[t >> 5] >> (t & 31)) & 1) {
-      sor[rank_of(mark, rank_base, static_cast<uint32_t>(t))] = s0;
-      hit_slots[s0 >> 4] = static_cast<uint16_t>(hit_slots[s0 >> 4] | (1u << (s0 & 15)));
-    }
-  }
+  classify_slots_scalar(io, ws, stable, s0);
 
-  // Pass B, in LRU order: hits are set aside and evictables compacted in place at the front of
-  // lru, both in LRU order. Out-of-range slot entries (corrupt state) are skipped, as upstream.
+  // Pass B (split_lru_scalar's work, 16 entries at a time).
   const __m512i v15 = _mm512_set1_epi32(15);
   int32_t i = 0, ne = 0, nh = 0;
   for (; i + 16 <= io.c; i += 16) {
@@ -151,15 +136,7 @@ KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
     store_n(io.lru + ne, static_cast<__mmask16>(~hit), s);  // ne <= i: entries already read
     ne += 16 - __builtin_popcount(hit);
   }
-  for (; i < io.c; ++i) {
-    const int32_t s = io.lru[i];
-    if (static_cast<uint32_t>(s) >= static_cast<uint32_t>(io.c)) continue;
-    const int32_t hit = (hit_slots[s >> 4] >> (s & 15)) & 1;
-    hits[nh] = s;
-    io.lru[ne] = s;
-    nh += hit;
-    ne += 1 - hit;
-  }
+  split_lru_scalar(io, ws, i, &ne, &nh);
 
   // Resolve the top-k positions 16 at a time; vectors whose misses repeat a token, or that
   // would run out of evictable slots, take the scalar path (same result).

@@ -38,7 +38,7 @@ struct RowIO {
 struct Workspace {
   std::vector<uint32_t> mark, rank_base;
   std::vector<int32_t> slot_of_rank, hits;
-  std::vector<uint16_t> hit_slots;  // AVX-512 path: a bit per slot, 16 per entry
+  std::vector<uint16_t> hit_slots;  // a bit per slot, 16 per entry
 
   void fit(int64_t max_token, int64_t topk, int64_t capacity) {
     const size_t words = static_cast<size_t>(max_token >> 5) + 2;
@@ -109,35 +109,52 @@ KVPD_INLINE void begin_ranks(Workspace& ws, RowMarks* marks, uint32_t n_valid, u
   std::fill(ws.slot_of_rank.data(), ws.slot_of_rank.data() + distinct, -1);
 }
 
-// Walk the LRU order from entry i (oldest first): a resident token at or past the stable prefix
-// is dropped (it may be rewritten by speculative decoding); a resident token in this step's set
-// is a hit: it keeps its slot (slot_of_rank[rank(token)] = slot; in LRU order, so for a token
-// held twice in corrupt state the later slot wins, as upstream's token_pos overwrite does) and
-// is set aside in LRU order; every other slot is evictable, compacted in place at the front of
-// `lru` in LRU order. Out-of-range slot entries (corrupt state) are skipped, as upstream does.
-KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int32_t i,
-                             int32_t* n_evict, int32_t* n_hit) {
+// Pass A, in slot order from slot s (slot_to_token read in sequence, not in LRU order): drop a
+// resident token at or past the stable prefix (speculative decoding may rewrite it); a resident
+// token in this step's set is a hit: it keeps its slot (slot_of_rank[rank(token)] = slot) and
+// the slot's bit is set in `hit_slots`. The state this planner produces never holds a token in
+// two slots, so visiting slots in slot order instead of LRU order changes nothing there.
+KVPD_INLINE void classify_slots_scalar(const RowIO& io, Workspace& ws, int32_t stable,
+                                       int32_t s) {
   const uint32_t* __restrict__ mark = ws.mark.data();
   const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   int32_t* __restrict__ sor = ws.slot_of_rank.data();
-  int32_t* __restrict__ hits = ws.hits.data();
+  uint16_t* __restrict__ hit_slots = ws.hit_slots.data();
+  int32_t* __restrict__ stt = io.slot_to_token;
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
   const uint32_t trash = static_cast<uint32_t>(io.k);  // slot_of_rank has slack past k
-  int32_t ne = *n_evict, nh = *n_hit;
-  for (; i < io.c; ++i) {
-    const int32_t s = io.lru[i];
-    if (static_cast<uint32_t>(s) >= static_cast<uint32_t>(io.c)) continue;
-    int32_t t = io.slot_to_token[s];
+  const int32_t c = io.c;
+  for (; s < c; ++s) {
+    const int32_t t = stt[s];
     bool valid = static_cast<uint32_t>(t) < umax;
-    if (valid && t >= stable) {
-      io.slot_to_token[s] = -1;
+    if (valid && t >= stable) {  // rare: one token per row and step
+      stt[s] = -1;
       valid = false;
     }
+    // Branch-free from here: about 40% of the slots hit, in no predictable pattern.
     const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
-    const int32_t hit = valid & static_cast<int32_t>((mark[ti >> 5] >> (ti & 31)) & 1);
+    const uint32_t hit = valid & ((mark[ti >> 5] >> (ti & 31)) & 1);
     sor[hit ? rank_of(mark, rank_base, ti) : trash] = s;
+    hit_slots[s >> 4] = static_cast<uint16_t>(hit_slots[s >> 4] | (hit << (s & 15)));
+  }
+}
+
+// Pass B, in LRU order from entry i: hits are set aside and every other slot is evictable,
+// compacted in place at the front of `lru`, both in LRU order. Out-of-range entries (corrupt
+// state) are skipped, as upstream does.
+KVPD_INLINE void split_lru_scalar(const RowIO& io, Workspace& ws, int32_t i, int32_t* n_evict,
+                                  int32_t* n_hit) {
+  const uint16_t* __restrict__ hit_slots = ws.hit_slots.data();
+  int32_t* __restrict__ hits = ws.hits.data();
+  int32_t* __restrict__ lru = io.lru;
+  const int32_t c = io.c;
+  int32_t ne = *n_evict, nh = *n_hit;
+  for (; i < c; ++i) {
+    const int32_t s = lru[i];
+    if (static_cast<uint32_t>(s) >= static_cast<uint32_t>(c)) continue;
+    const int32_t hit = (hit_slots[s >> 4] >> (s & 15)) & 1;
     hits[nh] = s;
-    io.lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
+    lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
     nh += hit;
     ne += 1 - hit;
   }
@@ -191,8 +208,10 @@ KVPD_INLINE void plan_row_generic(const RowIO& io, Workspace& ws) {
   uint32_t n_valid = 0;
   RowMarks marks = mark_row(io, ws, &n_valid);
   begin_ranks(ws, &marks, n_valid, rank_prefix_scalar(ws, marks.last_word));
+  std::fill(ws.hit_slots.begin(), ws.hit_slots.end(), 0);
+  classify_slots_scalar(io, ws, marks.stable, 0);
   int32_t ne = 0, nh = 0, m = 0;
-  walk_scalar(io, ws, marks.stable, 0, &ne, &nh);
+  split_lru_scalar(io, ws, 0, &ne, &nh);
   resolve_scalar(io, ws, 0, io.k, ne, &m);
   finish_row(io, ws, m, ne, nh, marks.last_word);
 }
