@@ -67,7 +67,43 @@ def scenario(case):
     from vllm_ascend.distributed.kv_transfer.sparse_kv_offload import sparse_kv_offload_manager as m
     cpp = m.SparseKVOffloadManager().sparse_kv_offload_cpp
     import kvpd
-    return {"planner": getattr(cpp, "__name__", cpp), "log": records, "kvpd": kvpd.__file__}
+    out = {"planner": getattr(cpp, "__name__", cpp), "log": records, "kvpd": kvpd.__file__}
+    if case.get("torch_call"):
+        out["torch_call"] = torch_call(cpp)
+    return out
+
+def torch_call(cpp):
+    # Call the planner the way the manager does: CPU torch tensors, the descriptor buffers as
+    # int64/int32 views of one int8 buffer, slices of per-layer state; return what it wrote.
+    import torch
+    rows, k, cap, mml, block = 3, 16, 32, 256, 16
+    g = torch.Generator().manual_seed(0)
+    topk = torch.stack([torch.randperm(mml, generator=g)[:k] for _ in range(rows)]).int()
+    req = torch.arange(rows, dtype=torch.int64)
+    last = torch.full([rows + 2], -1, dtype=torch.int64)
+    stt = torch.full([rows + 2, cap], -1, dtype=torch.int32)
+    lru = torch.arange(cap, dtype=torch.int32).repeat(rows + 2, 1)
+    stable = torch.full([rows], mml, dtype=torch.int32)
+    cur, mt, ms = (torch.empty([rows + 2, k], dtype=torch.int32) for _ in range(3))
+    mc = torch.empty([rows + 2], dtype=torch.int32)
+    ws = [torch.zeros([8, mml], dtype=torch.int32), torch.full([8, mml], -1, dtype=torch.int32),
+          torch.empty([8, 3 * cap], dtype=torch.int32), torch.empty([8, k], dtype=torch.int32),
+          torch.zeros([8], dtype=torch.int32)]
+    n = (rows + 2) * k * 2
+    buf = torch.zeros([n * 8 * 2 + n * 4 + 4], dtype=torch.int8)
+    gvas = buf[: n * 8].view(torch.int64)
+    addr = buf[n * 8 : n * 16].view(torch.int64)
+    size = buf[n * 16 : n * 20].view(torch.int32)
+    num = buf[n * 20 :].view(torch.int32)
+    bt = (torch.arange(rows * (mml // block), dtype=torch.int32) + 20000).reshape(rows, -1)
+    ptrs = [t.data_ptr() for t in (req, last, topk, stable, stt, lru, cur, mc, mt, ms, *ws)]
+    cpp.lru_resident_compact(*ptrs, rows, k, cap, mml, 8, 8)
+    s = cpp.compute_lru_resident_addrs(
+        mc[:rows], mt[:rows], ms[:rows], bt, block, 1024, 128, 2**50, 2**50 + 2**40, 2**44,
+        2**45, cap, 8, gvas, addr, size, num)
+    return {"S": s, "num": num.tolist(), "cur": cur[:rows].tolist(), "mc": mc[:rows].tolist(),
+            "mt": mt[:rows].tolist(), "ms": ms[:rows].tolist(), "gvas": gvas[: 2 * s].tolist(),
+            "addr": addr[: 2 * s].tolist(), "size": size[: 2 * s].tolist(), "topk": topk.tolist()}
 
 for case in json.loads(sys.argv[1]):
     out = os.path.join(sys.argv[3], case["name"] + ".json")
@@ -84,7 +120,7 @@ for case in json.loads(sys.argv[1]):
 """
 
 SCENARIOS = {
-    "on": {"env": {"KVPD_SPARSE_PLANNER": "kvpd"}, "trust_stand_in": True},
+    "on": {"env": {"KVPD_SPARSE_PLANNER": "kvpd"}, "trust_stand_in": True, "torch_call": True},
     "off": {"env": {}, "trust_stand_in": True},
     "upstream": {"env": {"KVPD_SPARSE_PLANNER": "upstream"}, "trust_stand_in": True},
     "unknown_version": {"env": {"KVPD_SPARSE_PLANNER": "kvpd"}},
@@ -157,6 +193,25 @@ def test_on_by_environment_through_the_bundle_folder(results) -> None:
     assert len(r["log"]) == 1 and r["log"][0].startswith(
         "INFO Sparse KV offload planner: kvpd's native core (kvpd.native.ascend_planner, "
     )
+
+
+def test_torch_tensors_like_the_manager_passes(results) -> None:
+    """The descriptors from torch tensors (views of one int8 buffer) match the reference."""
+    import numpy as np
+
+    from tests.unit import ascend_reference as ref
+
+    r = results["on"]["torch_call"]
+    rows, cap, block = 3, 32, 16
+    assert r["mc"] == [16, 16, 16] and r["S"] == 48 and r["num"] == [96]
+    bt = (np.arange(rows * (256 // block), dtype=np.int32) + 20000).reshape(rows, -1)
+    want = ref.compute_lru_resident_addrs(
+        np.array(r["mc"]), np.array(r["mt"]), np.array(r["ms"]), bt, block, 1024, 128,
+        2**50, 2**50 + 2**40, 2**44, 2**45, cap,
+    )  # fmt: skip
+    assert (r["gvas"], r["addr"], r["size"], r["S"]) == want
+    assert r["cur"] == r["ms"]  # a fresh row: position p misses into slot p, in order
+    assert r["mt"] == r["topk"]
 
 
 @pytest.mark.parametrize("name", ["off", "upstream"])
