@@ -109,11 +109,13 @@ KVPD_INLINE void begin_ranks(Workspace& ws, RowMarks* marks, uint32_t n_valid, u
   std::fill(ws.slot_of_rank.data(), ws.slot_of_rank.data() + distinct, -1);
 }
 
-// Pass A, in slot order from slot s (slot_to_token read in sequence, not in LRU order): drop a
-// resident token at or past the stable prefix (speculative decoding may rewrite it); a resident
-// token in this step's set is a hit: it keeps its slot (slot_of_rank[rank(token)] = slot) and
-// the slot's bit is set in `hit_slots`. The state this planner produces never holds a token in
-// two slots, so visiting slots in slot order instead of LRU order changes nothing there.
+// The AVX-512 path splits the walk below in two passes, because its gathers of slot_to_token in
+// LRU order cost more than reading it in sequence: pass A, in slot order from slot s, drops a
+// resident token at or past the stable prefix and gives each hit its slot
+// (slot_of_rank[rank(token)] = slot), noting hit slots in `hit_slots`; pass B splits the LRU
+// order from the bitmap. The state this planner produces never holds a token in two slots, so
+// slot order and LRU order give the same result (on corrupt state they may differ). These are
+// the scalar forms, for its tails.
 KVPD_INLINE void classify_slots_scalar(const RowIO& io, Workspace& ws, int32_t stable,
                                        int32_t s) {
   const uint32_t* __restrict__ mark = ws.mark.data();
@@ -124,6 +126,7 @@ KVPD_INLINE void classify_slots_scalar(const RowIO& io, Workspace& ws, int32_t s
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
   const uint32_t trash = static_cast<uint32_t>(io.k);  // slot_of_rank has slack past k
   const int32_t c = io.c;
+  uint32_t bits = s & 15 ? hit_slots[s >> 4] : 0;  // the group of 16 slots being filled
   for (; s < c; ++s) {
     const int32_t t = stt[s];
     bool valid = static_cast<uint32_t>(t) < umax;
@@ -135,13 +138,17 @@ KVPD_INLINE void classify_slots_scalar(const RowIO& io, Workspace& ws, int32_t s
     const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
     const uint32_t hit = valid & ((mark[ti >> 5] >> (ti & 31)) & 1);
     sor[hit ? rank_of(mark, rank_base, ti) : trash] = s;
-    hit_slots[s >> 4] = static_cast<uint16_t>(hit_slots[s >> 4] | (hit << (s & 15)));
+    bits |= hit << (s & 15);
+    if ((s & 15) == 15) {  // one store per 16 slots, not a read-modify-write per slot
+      hit_slots[s >> 4] = static_cast<uint16_t>(bits);
+      bits = 0;
+    }
   }
+  if (c & 15) hit_slots[c >> 4] = static_cast<uint16_t>(bits);
 }
 
 // Pass B, in LRU order from entry i: hits are set aside and every other slot is evictable,
-// compacted in place at the front of `lru`, both in LRU order. Out-of-range entries (corrupt
-// state) are skipped, as upstream does.
+// compacted in place at the front of `lru`, both in LRU order (out-of-range entries skipped).
 KVPD_INLINE void split_lru_scalar(const RowIO& io, Workspace& ws, int32_t i, int32_t* n_evict,
                                   int32_t* n_hit) {
   const uint16_t* __restrict__ hit_slots = ws.hit_slots.data();
@@ -155,6 +162,42 @@ KVPD_INLINE void split_lru_scalar(const RowIO& io, Workspace& ws, int32_t i, int
     const int32_t hit = (hit_slots[s >> 4] >> (s & 15)) & 1;
     hits[nh] = s;
     lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
+    nh += hit;
+    ne += 1 - hit;
+  }
+  *n_evict = ne;
+  *n_hit = nh;
+}
+
+// Walk the LRU order from entry i (oldest first): a resident token at or past the stable prefix
+// is dropped (it may be rewritten by speculative decoding); a resident token in this step's set
+// is a hit: it keeps its slot (slot_of_rank[rank(token)] = slot; in LRU order, so for a token
+// held twice in corrupt state the later slot wins, as upstream's token_pos overwrite does) and
+// is set aside in LRU order; every other slot is evictable, compacted in place at the front of
+// `lru` in LRU order. Out-of-range slot entries (corrupt state) are skipped, as upstream does.
+KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int32_t i,
+                             int32_t* n_evict, int32_t* n_hit) {
+  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ rank_base = ws.rank_base.data();
+  int32_t* __restrict__ sor = ws.slot_of_rank.data();
+  int32_t* __restrict__ hits = ws.hits.data();
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  const uint32_t trash = static_cast<uint32_t>(io.k);  // slot_of_rank has slack past k
+  int32_t ne = *n_evict, nh = *n_hit;
+  for (; i < io.c; ++i) {
+    const int32_t s = io.lru[i];
+    if (static_cast<uint32_t>(s) >= static_cast<uint32_t>(io.c)) continue;
+    int32_t t = io.slot_to_token[s];
+    bool valid = static_cast<uint32_t>(t) < umax;
+    if (valid && t >= stable) {
+      io.slot_to_token[s] = -1;
+      valid = false;
+    }
+    const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
+    const int32_t hit = valid & static_cast<int32_t>((mark[ti >> 5] >> (ti & 31)) & 1);
+    sor[hit ? rank_of(mark, rank_base, ti) : trash] = s;
+    hits[nh] = s;
+    io.lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
     nh += hit;
     ne += 1 - hit;
   }
@@ -208,10 +251,8 @@ KVPD_INLINE void plan_row_generic(const RowIO& io, Workspace& ws) {
   uint32_t n_valid = 0;
   RowMarks marks = mark_row(io, ws, &n_valid);
   begin_ranks(ws, &marks, n_valid, rank_prefix_scalar(ws, marks.last_word));
-  std::fill(ws.hit_slots.begin(), ws.hit_slots.end(), 0);
-  classify_slots_scalar(io, ws, marks.stable, 0);
   int32_t ne = 0, nh = 0, m = 0;
-  split_lru_scalar(io, ws, 0, &ne, &nh);
+  walk_scalar(io, ws, marks.stable, 0, &ne, &nh);
   resolve_scalar(io, ws, 0, io.k, ne, &m);
   finish_row(io, ws, m, ne, nh, marks.last_word);
 }
