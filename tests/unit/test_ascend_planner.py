@@ -18,7 +18,7 @@ ap = pytest.importorskip(
 )
 
 FAST = settings(
-    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 ISAS = ap.isa_info()["available"]
 
@@ -60,6 +60,16 @@ class State:
         ]
 
 
+def fresh_tokens(rng, max_token: int, taken: np.ndarray, n: int) -> np.ndarray:
+    """Up to n distinct tokens in [0, max_token) not in `taken`, in random order."""
+    if max_token <= 4 * (taken.size + n):  # small range: enumerate it
+        return rng.permutation(np.setdiff1d(np.arange(max_token), taken))[:n]
+    draw = rng.integers(0, max_token, 2 * n + 8)
+    draw = draw[~np.isin(draw, taken)]
+    _, first = np.unique(draw, return_index=True)
+    return draw[np.sort(first)][:n]
+
+
 def trace(seed: int, steps: int, rows: int, k: int, max_token: int, dups: bool):
     """Steps of (req_ids, topk, stable_prefix_lens, num_reqs): overlapping top-k sets, padding
     (-1 and >= max_token), request changes and stable prefixes that drop resident tokens."""
@@ -71,10 +81,8 @@ def trace(seed: int, steps: int, rows: int, k: int, max_token: int, dups: bool):
         cur = prev.copy()
         for r in range(rows):
             fresh = rng.random(k) < rng.choice([0.05, 0.2, 0.9])
-            pool = np.setdiff1d(np.arange(max_token), cur[r])
-            take = min(int(fresh.sum()), pool.size)
-            idx = np.flatnonzero(fresh)[:take]
-            cur[r, idx] = rng.permutation(pool)[:take]
+            pool = fresh_tokens(rng, max_token, cur[r], int(fresh.sum()))
+            cur[r, np.flatnonzero(fresh)[: pool.size]] = pool
             if dups and k > 1 and rng.random() < 0.5:
                 a, b = rng.integers(0, k, 2)
                 cur[r, a] = cur[r, b]
