@@ -68,6 +68,40 @@ KVPD_AVX512 KVPD_INLINE uint32_t rank_prefix16(Workspace& ws, uint32_t last_word
   return distinct;
 }
 
+// mark_row with the valid count and the last word found 16 positions at a time, so that the
+// scalar loop left does only the bit setting (a scatter cannot OR).
+KVPD_AVX512 KVPD_INLINE RowMarks mark_row16(const RowIO& io, Workspace& ws, uint32_t* n_valid) {
+  reset_on_new_request(io);
+  const int32_t* topk = io.topk;
+  const int32_t k = io.k;
+  const __m512i vmax = _mm512_set1_epi32(io.max_token);
+  __m512i top = _mm512_setzero_si512();
+  uint32_t valid = 0;
+  int32_t p = 0;
+  for (; p + 16 <= k; p += 16) {
+    const __m512i t = _mm512_loadu_si512(topk + p);
+    const __mmask16 ok = _mm512_cmplt_epu32_mask(t, vmax);
+    valid += static_cast<uint32_t>(__builtin_popcount(ok));
+    top = _mm512_mask_max_epu32(top, ok, top, t);
+  }
+  uint32_t last = static_cast<uint32_t>(_mm512_reduce_max_epu32(top));
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  for (int32_t q = p; q < k; ++q) {
+    const uint32_t t = static_cast<uint32_t>(topk[q]);
+    if (t < umax) {
+      ++valid;
+      last = std::max(last, t);
+    }
+  }
+  uint32_t* __restrict__ mark = ws.mark.data();
+  for (int32_t q = 0; q < k; ++q) {
+    const uint32_t t = static_cast<uint32_t>(topk[q]);
+    if (t < umax) mark[t >> 5] |= 1u << (t & 31);
+  }
+  *n_valid = valid;
+  return {std::min(std::max(io.stable_in, 0), io.max_token), last >> 5, false};
+}
+
 KVPD_AVX512 KVPD_INLINE void store_n(int32_t* dst, __mmask16 keep, __m512i v) {
   // Compress in a register, then one masked store: faster than a memory-form compress store.
   const int n = __builtin_popcount(keep);
@@ -79,7 +113,7 @@ KVPD_AVX512 KVPD_INLINE void store_n(int32_t* dst, __mmask16 keep, __m512i v) {
 
 KVPD_AVX512 void plan_row_avx512(const RowIO& io, Workspace& ws) {
   uint32_t n_valid = 0;
-  RowMarks marks = mark_row(io, ws, &n_valid);
+  RowMarks marks = mark_row16(io, ws, &n_valid);
   begin_ranks(ws, &marks, n_valid, rank_prefix16(ws, marks.last_word));
   const int32_t stable = marks.stable;
   const uint32_t* mark = ws.mark.data();

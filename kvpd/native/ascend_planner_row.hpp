@@ -68,12 +68,16 @@ struct RowMarks {
 
 // Reset on a new request and mark this step's top-k set in the bitmap. The ranks come next
 // (rank_prefix_scalar or a SIMD variant).
-KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid) {
+KVPD_INLINE void reset_on_new_request(const RowIO& io) {
   if (*io.last_req_id != io.req_id) {
     std::fill(io.slot_to_token, io.slot_to_token + io.c, -1);
     for (int32_t s = 0; s < io.c; ++s) io.lru[s] = s;
     *io.last_req_id = io.req_id;
   }
+}
+
+KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid) {
+  reset_on_new_request(io);
   // Locals, so that the bitmap stores (uint32) cannot alias them in the compiler's eyes.
   uint32_t* __restrict__ mark = ws.mark.data();
   const int32_t* __restrict__ topk = io.topk;
