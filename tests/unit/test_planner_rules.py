@@ -89,3 +89,9 @@ def test_planner_variable_is_set_through_the_profile_field() -> None:
 
 def test_unknown_planner_value_is_a_schema_error() -> None:
     assert "decode.sparse_offload.planner" in error("decode.sparse_offload.planner=jit")
+
+
+def test_rehearsal_decode_environment_carries_the_planner() -> None:
+    p = load_plan(LW, rehearse=True, base_dir="/srv/kvpd")
+    assert decode_env(p)["KVPD_SPARSE_PLANNER"] == "kvpd"
+    assert "KVPD_SPARSE_PLANNER" not in dict(p.process("prefill-0").env)
