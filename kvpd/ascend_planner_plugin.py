@@ -12,7 +12,8 @@ Rules, because this runs inside someone else's server:
   blob id), or the planner source next to it must be the recorded one and the manager must still
   have `_build_cpp` and `_onload_topk_kv_cpu` (the interface kvpd implements is that .cpp's);
 - on any doubt it leaves vLLM-Ascend's own path, and says so in one log line; when it does act,
-  one line says that kvpd's planner runs.
+  one line says that kvpd's planner runs; with `KVPD_SPARSE_PLANNER=upstream` one line says
+  that vLLM-Ascend's runs (in the process that loads the manager).
 - Import time touches only the standard library; the manager is patched when vLLM-Ascend imports
   it (an import hook), so loading this plugin imports neither torch nor vLLM-Ascend.
 """
@@ -60,8 +61,11 @@ def register() -> None:
 
 def _register() -> None:
     want = os.environ.get(ENV, "").strip().lower()
-    if want in ("", "upstream"):
-        log.debug("kvpd sparse planner not requested (%s=%r)", ENV, want)
+    if not want:
+        log.debug("kvpd sparse planner not requested (%s unset)", ENV)
+        return
+    if want == "upstream":  # say so where the manager loads, not in every vLLM process
+        _install_hook(log_only=True)
         return
     if want != "kvpd":
         log.warning(
@@ -70,12 +74,23 @@ def _register() -> None:
             want,
         )
         return
+    _install_hook(log_only=False)
+
+
+def _install_hook(log_only: bool) -> None:
     module = sys.modules.get(MANAGER_MODULE)
-    if module is not None:  # already imported: decide now
-        patch_manager(module, getattr(module, "__file__", None))
+    if module is not None:  # already imported: act now
+        _on_manager(module, getattr(module, "__file__", None), log_only)
         return
     if not any(isinstance(f, _ManagerImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _ManagerImportHook())
+        sys.meta_path.insert(0, _ManagerImportHook(log_only))
+
+
+def _on_manager(module: ModuleType, origin: str | None, log_only: bool) -> None:
+    if log_only:
+        log.info("Sparse KV offload planner: vLLM-Ascend's own (JIT build; %s=upstream)", ENV)
+        return
+    patch_manager(module, origin)
 
 
 def version_gate(origin: str | None) -> str | None:
@@ -147,6 +162,9 @@ def _make_build_cpp(original: Any, planner: ModuleType) -> Any:
 class _ManagerImportHook(importlib.abc.MetaPathFinder):
     """Finds the manager module through the other finders and patches it right after it runs."""
 
+    def __init__(self, log_only: bool) -> None:
+        self._log_only = log_only
+
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname != MANAGER_MODULE:
             return None
@@ -154,7 +172,7 @@ class _ManagerImportHook(importlib.abc.MetaPathFinder):
             spec = importlib.machinery.PathFinder.find_spec(fullname, path)
             if spec is None or spec.loader is None:
                 return None
-            spec.loader = _PatchingLoader(spec.loader, spec.origin)
+            spec.loader = _PatchingLoader(spec.loader, spec.origin, self._log_only)
             return spec
         except Exception as e:  # noqa: BLE001
             log.warning("Sparse KV offload planner: vLLM-Ascend's own; kvpd import hook: %r", e)
@@ -162,15 +180,18 @@ class _ManagerImportHook(importlib.abc.MetaPathFinder):
 
 
 class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, origin: str | None) -> None:
-        self._inner, self._origin = inner, origin
+    def __init__(self, inner: Any, origin: str | None, log_only: bool) -> None:
+        self._inner, self._origin, self._log_only = inner, origin, log_only
 
     def create_module(self, spec: Any) -> Any:
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._inner.exec_module(module)  # the manager's own errors are the manager's
-        patch_manager(module, self._origin)
+        try:
+            _on_manager(module, self._origin, self._log_only)
+        except Exception as e:  # noqa: BLE001 - never break the manager's import
+            log.warning("Sparse KV offload planner: vLLM-Ascend's own; kvpd: %r", e)
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_code, ... for inspect/linecache
         return getattr(self._inner, name)

@@ -214,9 +214,13 @@ def test_torch_tensors_like_the_manager_passes(results) -> None:
     assert r["mt"] == r["topk"]
 
 
-@pytest.mark.parametrize("name", ["off", "upstream"])
-def test_off_unless_requested(results, name) -> None:
-    assert results[name] == {**results[name], "planner": UPSTREAM, "log": []}
+def test_off_unless_requested(results) -> None:
+    assert results["off"] == {**results["off"], "planner": UPSTREAM, "log": []}
+    assert results["upstream"]["planner"] == UPSTREAM
+    assert results["upstream"]["log"] == [
+        "INFO Sparse KV offload planner: vLLM-Ascend's own (JIT build; "
+        "KVPD_SPARSE_PLANNER=upstream)"
+    ]
 
 
 def test_unknown_manager_version_keeps_upstream(results) -> None:
