@@ -172,6 +172,15 @@ def bundle_folder(root: Path) -> Path:
 def results(tmp_path_factory) -> dict:
     if not ENGINE_PY.exists():
         pytest.skip(f"the CPU engine venv ({ENGINE_PY}) is absent: vLLM's plugin loader is needed")
+    engine_version = subprocess.run(
+        [str(ENGINE_PY), "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    if engine_version != str(sys.version_info[:2]):
+        pytest.skip(
+            f"the engine venv runs Python {engine_version}, this checkout's native core was "
+            f"built for {sys.version_info[:2]}"
+        )
     root = tmp_path_factory.mktemp("plugin")
     folder = bundle_folder(root)
     manager = folder / "vllm_ascend/distributed/kv_transfer/sparse_kv_offload"
