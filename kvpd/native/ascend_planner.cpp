@@ -12,7 +12,10 @@
 //   it into a slot per occurrence); attention reads the same K/V either way.
 //
 // Speed: one row is planned by a function chosen once at load time from the CPU's features
-// (AVX-512, AVX2, baseline), so one portable wheel runs the best path the host has.
+// (AVX-512, AVX2, baseline), so one portable wheel runs the best path the host has. Threads are
+// min(rows, workspace_threads, requested_threads) as upstream, also capped by the processors
+// OpenMP may use; results do not depend on them. Unlike upstream, the GIL is released while
+// planning (the arguments are plain integers; each layer's state is the caller's).
 
 #include <pybind11/pybind11.h>
 
