@@ -169,7 +169,14 @@ class _ManagerImportHook(importlib.abc.MetaPathFinder):
         if fullname != MANAGER_MODULE:
             return None
         try:
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            spec = None
+            for finder in sys.meta_path:  # whoever would find it (path, editable installs)
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
             if spec is None or spec.loader is None:
                 return None
             spec.loader = _PatchingLoader(spec.loader, spec.origin, self._log_only)
