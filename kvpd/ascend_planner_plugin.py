@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.abc
-import importlib.machinery
 import importlib.util
 import logging
 import os
