@@ -1,4 +1,4 @@
-"""Builds kvpd's optional native core (kvpd.native._sparse_lru); metadata lives in pyproject.toml.
+"""Builds kvpd's optional native core (kvpd.native._sparse_lru, ._ascend_planner); metadata lives in pyproject.toml.
 
 The extension is optional: without a C++17 compiler with OpenMP (or without pybind11), the build
 prints why and installs kvpd without it, and kvpd.native falls back to NumPy.
@@ -121,6 +121,20 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("kvpd.native._sparse_lru", [_SOURCE], language="c++")],
+    ext_modules=[
+        Extension("kvpd.native._sparse_lru", [_SOURCE], language="c++"),
+        # vLLM-Ascend's sparse-offload planner interface; its AVX2/AVX-512 row planners are
+        # compiled with target attributes and chosen at load time, so the baseline -march stays.
+        Extension(
+            "kvpd.native._ascend_planner",
+            [
+                "kvpd/native/ascend_planner.cpp",
+                "kvpd/native/ascend_planner_args.cpp",
+                "kvpd/native/ascend_planner_avx512.cpp",
+            ],
+            depends=["kvpd/native/ascend_planner_row.hpp"],
+            language="c++",
+        ),
+    ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -31,6 +31,15 @@ def register(app: typer.Typer) -> None:
             ("ISA flags", facts.get("isa_flags") or "-"),
             ("ISA features", facts.get("isa_features") or "-"),
         ]
+        planner = facts.get("ascend_planner")
+        rows.append(
+            (
+                "vLLM-Ascend planner",
+                f"kvpd.native.ascend_planner ({planner} row planner)"
+                if planner
+                else f"unavailable: {facts.get('ascend_planner_reason')}",
+            )
+        )
         if facts.get("module"):
             rows.append(("module", facts["module"]))
         if facts.get("reason"):

@@ -49,4 +49,12 @@ def implementation_info() -> dict[str, Any]:
         info["module"] = _sparse_lru.__file__
     else:
         info.update(compiler=None, openmp=None, isa_flags=None, isa_features=None, max_threads=1)
+    # vLLM-Ascend's planner interface (the kvpd sparse-offload planner): its own extension.
+    try:
+        from kvpd.native._ascend_planner import isa_info  # type: ignore[import-not-found]
+
+        info["ascend_planner"] = isa_info()["isa"]
+    except ImportError as e:
+        info["ascend_planner"] = None
+        info["ascend_planner_reason"] = f"extension not built or not loadable ({e})"
     return info

@@ -15,6 +15,7 @@ from kvpd.plan.kvconfig import (
     ucm_config_path,
 )
 from kvpd.plan.layout import EngineProc, Layout, hardware_of, merged
+from kvpd.plan.sparse_planner import planner_env
 from kvpd.profile.schema import ASCEND, Group, Profile, ServeOptions
 
 STAGE = {"metaservice": 0, "mooncake": 0, "prefill": 1, "decode": 1, "mixed": 1, "proxy": 2}
@@ -140,6 +141,7 @@ def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> P
         files.append(MOONCAKE_CONFIG)
     if "ucm" in comps:
         files.append(ucm_config_path(profile))
+    env.update(planner_env(group) if ep.role == "decode" else {})
     env.update(profile.env)
     env.update(opts.env or {})
     devs = ",".join(str(d) for d in ep.devices)

@@ -13,6 +13,7 @@ import json
 
 from kvpd.plan.layout import EngineProc
 from kvpd.plan.processes import Proc, addr
+from kvpd.plan.sparse_planner import planner_env
 from kvpd.profile.schema import Group, Profile
 
 # Lean CPU flags (cpu-engine.md §7): eager, tiny KV cache, no chunked prefill (ExampleConnector
@@ -71,6 +72,8 @@ def rehearsal_engine(
         *CPU_ENV,
         ("VLLM_HOST_IP", a),
         ("VLLM_CPU_OMP_THREADS_BIND", str(index % rh.cores)),
+        # as on the real decode: the kvpd plugin reads it (no sparse offload manager on CPU)
+        *(planner_env(group).items() if ep.role == "decode" else ()),
     )
     return Proc(
         name=ep.name,

@@ -12,6 +12,7 @@ from kvpd.plan.layout import hardware_of
 from kvpd.plan.model import HostRequirements, Interpreter, PackageNeed
 from kvpd.plan.processes import Proc
 from kvpd.plan.sizing import GiB, parse_size
+from kvpd.plan.sparse_planner import sparse_planner
 from kvpd.profile.schema import ASCEND, Profile
 
 
@@ -106,7 +107,8 @@ def build_requirements(
                 created_on_use.add(kv.example_path)
             so = g.sparse_offload
             if p.role == "decode" and so is not None and so.enabled:
-                h.clang_omp = True
+                # vLLM-Ascend JIT-compiles its planner at start; kvpd's ships prebuilt.
+                h.clang_omp = h.clang_omp or sparse_planner(g) == "upstream"
                 dp_ranks = max(1, len(p.devices) // max(1, g.tp * g.pp))
                 h.memory_gb += so.dram_size_per_dp_gb * dp_ranks
         elif p.role == "metaservice":

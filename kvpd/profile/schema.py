@@ -134,6 +134,12 @@ class SparseOffload(_Model):
     topk_buffer_size: int = Field(4096, description="device hot-buffer token slots per row")
     dram_size_per_dp_gb: int = Field(128, ge=1)
     keep_device_kv_cache: bool = False
+    planner: Literal["auto", "kvpd", "upstream"] = Field(
+        "auto",
+        description="host-side LRU planner: kvpd's prebuilt native core (vLLM plugin, no JIT "
+        "build, 64-bit addresses), vLLM-Ascend's JIT-compiled one, or auto (kvpd when the "
+        "bundle has the native core)",
+    )
 
 
 class ServeOptions(_Model):

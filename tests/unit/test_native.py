@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpd.native import fallback
-from kvpd.native.reference import ReferencePlanner, reference_copy_descriptors
+from tests.unit.native_reference import ReferencePlanner, reference_copy_descriptors
 
 try:
     from kvpd.native import _sparse_lru as native

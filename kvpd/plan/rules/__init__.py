@@ -10,7 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kvpd.plan.facts import Facts
-from kvpd.plan.rules import connectors, env, kvservices, memcache, offload, ports, topology
+from kvpd.plan.rules import (
+    connectors,
+    env,
+    kvservices,
+    memcache,
+    offload,
+    planner,
+    ports,
+    topology,
+)
 from kvpd.plan.rules.base import Checker, Finding
 
 Rule = Callable[[Checker], None]
@@ -30,6 +39,7 @@ RULES: tuple[Rule, ...] = (
     env.rule_numeric_ips,
     offload.rule_layerwise,
     offload.rule_sparse,
+    planner.rule_planner,
     offload.rule_memfabric,
     memcache.rule_memcache,
     kvservices.rule_mooncake,

@@ -1,4 +1,4 @@
-"""Plain-Python reference of the sparse-KV LRU planner and copy descriptors (spec, not speed).
+"""Plain-Python reference of kvpd's SparseLRUPlanner and copy descriptors (test-only spec).
 
 Written to follow the algorithm text step by step; the tests check the native core and the
 NumPy fallback against it. Inputs are sequences of ints (or NumPy arrays), outputs lists.

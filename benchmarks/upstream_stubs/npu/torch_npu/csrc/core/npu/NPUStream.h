@@ -1,0 +1,2 @@
+// kvpd stand-in: empty; the planner .cpp needs nothing from it on the CPU.
+#pragma once

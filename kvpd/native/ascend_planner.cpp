@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: Apache-2.0
+// kvpd native core behind vLLM-Ascend's sparse-offload planner interface (`sparse_kv_offload_cpp`):
+// lru_resident_compact over raw addresses of caller-owned state, and the copy descriptors of its
+// misses written in place. Built as kvpd.native._ascend_planner; no libtorch, no NPU headers.
+//
+// Semantics follow the upstream description (docs: README "Native planner"), with three choices:
+// - descriptor addresses are computed in 64 bits (upstream multiplies block id by block bytes in
+//   int32 and wraps for block ids >= 2^31 / (block_size * token_bytes));
+// - descriptors of invalid misses are packed out (upstream leaves their address slots stale while
+//   counting them in num);
+// - a token repeated in one top-k row takes one slot, shared by all its positions (upstream loads
+//   it into a slot per occurrence); attention reads the same K/V either way.
+//
+// Speed: one row is planned by a function chosen once at load time from the CPU's features
+// (AVX-512, AVX2, baseline), so one portable wheel runs the best path the host has. Threads are
+// min(rows, workspace_threads, requested_threads) as upstream, also capped by the processors
+// OpenMP may use; results do not depend on them. Unlike upstream, the GIL is released while
+// planning (the arguments are plain integers; each layer's state is the caller's).
+
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define KVPD_X86 1
+#endif
+
+#include "ascend_planner_row.hpp"
+
+namespace py = pybind11;
+
+namespace kvpd_ascend {
+
+// ======  Per-ISA row planners  ======
+
+void plan_row_baseline(const RowIO& io, Workspace& ws) { plan_row_generic(io, ws); }
+
+#ifdef KVPD_X86
+__attribute__((target("avx2,bmi,bmi2,popcnt,lzcnt,fma"))) void plan_row_avx2(const RowIO& io,
+                                                                              Workspace& ws) {
+  plan_row_generic(io, ws);
+}
+void plan_row_avx512(const RowIO& io, Workspace& ws);  // ascend_planner_avx512.cpp
+#endif
+
+using RowFn = void (*)(const RowIO&, Workspace&);
+
+struct Isa {
+  const char* name;
+  RowFn fn;
+};
+
+bool cpu_has(const char* isa) {
+#ifdef KVPD_X86
+  __builtin_cpu_init();
+  if (std::strcmp(isa, "avx512") == 0) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("popcnt");
+  }
+  if (std::strcmp(isa, "avx2") == 0) {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
+           __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("fma");
+  }
+#endif
+  return std::strcmp(isa, "baseline") == 0;
+}
+
+Isa isa_named(const std::string& name) {
+#ifdef KVPD_X86
+  if (name == "avx512") return {"avx512", plan_row_avx512};
+  if (name == "avx2") return {"avx2", plan_row_avx2};
+#endif
+  (void)name;
+  return {"baseline", plan_row_baseline};
+}
+
+// Best path this CPU runs; KVPD_NATIVE_ISA=baseline|avx2 caps it (for comparisons and tests).
+Isa choose_isa() {
+  const char* cap = std::getenv("KVPD_NATIVE_ISA");
+  const std::string want = cap ? cap : "avx512";
+  if (want == "avx512" && cpu_has("avx512")) return isa_named("avx512");
+  if ((want == "avx512" || want == "avx2") && cpu_has("avx2")) return isa_named("avx2");
+  return isa_named("baseline");
+}
+
+Isa g_isa = choose_isa();
+
+// ======  Thread count and workspaces  ======
+
+int usable_threads(int64_t rows, int64_t workspace_threads, int64_t requested_threads) {
+  // Upstream: min(rows, workspace_threads, requested_threads) with <= 0 meaning "no limit".
+  // Also capped by the processors OpenMP may use: more threads than cores only adds waiting.
+  if (rows <= 1) return 1;
+  int64_t n = rows;
+  if (workspace_threads > 0) n = std::min(n, workspace_threads);
+  if (requested_threads > 0) n = std::min(n, requested_threads);
+#ifdef _OPENMP
+  static const int procs = omp_get_num_procs();  // a syscall each time otherwise
+  n = std::min<int64_t>(n, procs);
+#else
+  n = 1;
+#endif
+  return static_cast<int>(std::max<int64_t>(n, 1));
+}
+
+Workspace& thread_workspace(int64_t max_token, int64_t topk, int64_t capacity) {
+  // Owned per OS thread (OpenMP reuses its pool, so this is allocated once per thread).
+  thread_local Workspace ws;
+  ws.fit(max_token, topk, capacity);
+  return ws;
+}
+
+// ======  lru_resident_compact  ======
+
+void lru_resident_compact(uintptr_t req_ids, uintptr_t last_req_ids, uintptr_t topk,
+                          uintptr_t stable_prefix_lens, uintptr_t slot_to_token,
+                          uintptr_t lru_slots, uintptr_t current_slots, uintptr_t miss_count,
+                          uintptr_t miss_tokens, uintptr_t miss_slots, uintptr_t token_mark,
+                          uintptr_t token_pos, uintptr_t slot_ws, uintptr_t miss_pos,
+                          uintptr_t epochs, int64_t num_reqs, int64_t topk_len, int64_t capacity,
+                          int64_t max_token, int64_t workspace_threads,
+                          int64_t requested_threads) {
+  // The upstream workspaces (token_mark .. epochs) are accepted for the interface and left
+  // untouched: kvpd's per-thread scratch is a bitmap that stays in L1 instead.
+  (void)token_mark, (void)token_pos, (void)slot_ws, (void)miss_pos, (void)epochs;
+  if (num_reqs <= 0 || topk_len <= 0 || capacity <= 0 || max_token <= 0) return;
+  if (topk_len > INT32_MAX || capacity > INT32_MAX || max_token > INT32_MAX) return;
+  const auto* req = reinterpret_cast<const int64_t*>(req_ids);
+  auto* last = reinterpret_cast<int64_t*>(last_req_ids);
+  const auto* tk = reinterpret_cast<const int32_t*>(topk);
+  const auto* stable = reinterpret_cast<const int32_t*>(stable_prefix_lens);
+  auto* stt = reinterpret_cast<int32_t*>(slot_to_token);
+  auto* lru = reinterpret_cast<int32_t*>(lru_slots);
+  auto* cur = reinterpret_cast<int32_t*>(current_slots);
+  auto* mc = reinterpret_cast<int32_t*>(miss_count);
+  auto* mt = reinterpret_cast<int32_t*>(miss_tokens);
+  auto* ms = reinterpret_cast<int32_t*>(miss_slots);
+  const int threads = usable_threads(num_reqs, workspace_threads, requested_threads);
+  const RowFn fn = g_isa.fn;
+  const int32_t k = static_cast<int32_t>(topk_len), c = static_cast<int32_t>(capacity);
+  const int32_t mtok = static_cast<int32_t>(max_token);
+  auto row = [&](int64_t r) {
+    const RowIO io{tk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
+                   cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, mtok};
+    fn(io, thread_workspace(max_token, topk_len, capacity));
+  };
+  py::gil_scoped_release nogil;
+  if (threads == 1) {
+    for (int64_t r = 0; r < num_reqs; ++r) row(r);
+    return;
+  }
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
+  for (int64_t r = 0; r < num_reqs; ++r) row(r);
+}
+
+// ======  compute_lru_resident_addrs over raw pointers (checked in ascend_planner_args.cpp)  ======
+
+template <typename BlockT>
+int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int64_t rows,
+                   int64_t k, const BlockT* bt, int64_t blocks_per_row, int64_t block_size,
+                   uint64_t tok_k, uint64_t tok_v, uint64_t src_k, uint64_t src_v, uint64_t dst_k,
+                   uint64_t dst_v, int64_t capacity, int threads, uint64_t* gvas, uint64_t* addr,
+                   int32_t* size, int32_t* num) {
+  // Rows start where upstream puts them (prefix sum of the clamped miss counts); a row writes
+  // its valid entries packed from there, and rows are packed together afterwards only when
+  // some entry was invalid (never, on the manager's inputs).
+  std::vector<int64_t> start(static_cast<size_t>(rows) + 1, 0), valid(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    start[r + 1] = start[r] + std::min<int64_t>(std::max<int32_t>(mc[r], 0), k);
+  }
+  const int64_t total = start[rows];
+  const uint64_t bs = static_cast<uint64_t>(block_size);
+  const uint32_t bs32 = static_cast<uint32_t>(block_size);  // checked <= INT32_MAX
+  const int shift = (bs32 & (bs32 - 1)) == 0 ? __builtin_ctz(bs32) : -1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = start[r + 1] - start[r];
+    const int32_t* toks = mt + r * k;
+    const int32_t* slots = ms + r * k;
+    const BlockT* row_bt = bt + r * blocks_per_row;
+    uint64_t* gk = gvas + start[r];
+    uint64_t* gv = gvas + total + start[r];
+    uint64_t* ak = addr + start[r];
+    uint64_t* av = addr + total + start[r];
+    const uint64_t slot0 = static_cast<uint64_t>(r) * static_cast<uint64_t>(capacity);
+    int64_t j = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t t = toks[i], s = slots[i];
+      if (t < 0 || s < 0 || s >= capacity) continue;
+      // One 32-bit division (a shift for the usual power-of-two block size), not two 64-bit.
+      const uint32_t q = shift >= 0 ? static_cast<uint32_t>(t) >> shift
+                                    : static_cast<uint32_t>(t) / bs32;
+      if (q >= static_cast<uint64_t>(blocks_per_row)) continue;
+      const int64_t blk = static_cast<int64_t>(row_bt[q]);
+      if (blk < 0) continue;
+      // All in uint64: block ids past 2^14 and bases near 2^50 are normal here.
+      const uint64_t src_tok = static_cast<uint64_t>(blk) * bs + (static_cast<uint32_t>(t) - q * bs32);
+      const uint64_t dst_tok = slot0 + static_cast<uint64_t>(s);
+      gk[j] = src_k + src_tok * tok_k;
+      gv[j] = src_v + src_tok * tok_v;
+      ak[j] = dst_k + dst_tok * tok_k;
+      av[j] = dst_v + dst_tok * tok_v;
+      ++j;
+    }
+    valid[r] = j;
+  }
+  int64_t kept = 0;
+  for (int64_t r = 0; r < rows; ++r) kept += valid[r];
+  if (kept != total) {  // pack out the invalid entries: K of all rows, then V
+    int64_t w = 0;
+    for (int half = 0; half < 2; ++half) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t from = half * total + start[r];
+        std::memmove(gvas + w, gvas + from, sizeof(uint64_t) * static_cast<size_t>(valid[r]));
+        std::memmove(addr + w, addr + from, sizeof(uint64_t) * static_cast<size_t>(valid[r]));
+        w += valid[r];
+      }
+    }
+  }
+  std::fill(size, size + kept, static_cast<int32_t>(tok_k));
+  std::fill(size + kept, size + 2 * kept, static_cast<int32_t>(tok_v));
+  num[0] = static_cast<int32_t>(2 * kept);
+  return kept;
+}
+
+int64_t compute_addrs_raw(uintptr_t miss_count, uintptr_t miss_tokens, uintptr_t miss_slots,
+                          int64_t rows, int64_t k, uintptr_t block_table, int64_t blocks_per_row,
+                          bool block_table_int64, int64_t block_size, int64_t tok_k, int64_t tok_v,
+                          uint64_t src_k, uint64_t src_v, uint64_t dst_k, uint64_t dst_v,
+                          int64_t capacity, int64_t max_threads, uintptr_t gvas, uintptr_t addr,
+                          uintptr_t size, uintptr_t num) {
+  const int threads = usable_threads(rows, 0, max_threads);
+  const auto* mc = reinterpret_cast<const int32_t*>(miss_count);
+  const auto* mt = reinterpret_cast<const int32_t*>(miss_tokens);
+  const auto* ms = reinterpret_cast<const int32_t*>(miss_slots);
+  auto* g = reinterpret_cast<uint64_t*>(gvas);
+  auto* a = reinterpret_cast<uint64_t*>(addr);
+  auto* sz = reinterpret_cast<int32_t*>(size);
+  auto* n = reinterpret_cast<int32_t*>(num);
+  py::gil_scoped_release nogil;
+  if (block_table_int64) {
+    return addrs_impl(mc, mt, ms, rows, k, reinterpret_cast<const int64_t*>(block_table),
+                      blocks_per_row, block_size, tok_k, tok_v, src_k, src_v, dst_k, dst_v,
+                      capacity, threads, g, a, sz, n);
+  }
+  return addrs_impl(mc, mt, ms, rows, k, reinterpret_cast<const int32_t*>(block_table),
+                    blocks_per_row, block_size, tok_k, tok_v, src_k, src_v, dst_k, dst_v, capacity,
+                    threads, g, a, sz, n);
+}
+
+// ascend_planner_args.cpp: the tensor checks in front of compute_addrs_raw.
+int64_t compute_lru_resident_addrs(py::handle miss_count, py::handle miss_tokens,
+                                   py::handle miss_slots, py::handle block_table,
+                                   py::handle block_size, py::handle tok_k, py::handle tok_v,
+                                   py::handle gvas_k_base, py::handle gvas_v_base,
+                                   py::handle addr_k_base, py::handle addr_v_base,
+                                   py::handle capacity, py::handle max_threads, py::handle gvas,
+                                   py::handle addr, py::handle size, py::handle num);
+
+// ======  Introspection  ======
+
+py::dict isa_info() {
+  py::dict d;
+  d["isa"] = g_isa.name;
+  py::list avail;
+  for (const char* name : {"avx512", "avx2", "baseline"}) {
+    if (cpu_has(name)) avail.append(name);
+  }
+  d["available"] = avail;
+#ifdef _OPENMP
+  d["openmp"] = static_cast<long>(_OPENMP);
+  d["num_procs"] = omp_get_num_procs();
+#else
+  d["openmp"] = py::none();
+  d["num_procs"] = 1;
+#endif
+  return d;
+}
+
+bool set_isa(const std::string& name) {
+  if (!cpu_has(name.c_str())) return false;
+  g_isa = isa_named(name);
+  return true;
+}
+
+}  // namespace kvpd_ascend
+
+PYBIND11_MODULE(_ascend_planner, m) {
+  using namespace kvpd_ascend;
+  m.doc() = "kvpd native core behind vLLM-Ascend's sparse_kv_offload_cpp interface.";
+  m.def("lru_resident_compact", &lru_resident_compact,
+        "LRU residency of one layer's top-k rows over raw addresses of caller-owned state; "
+        "outputs written in place.");
+  m.def("compute_lru_resident_addrs", &compute_lru_resident_addrs,
+        "Host->device copy descriptors of the planned misses written in place into gvas, addr, "
+        "size and num (K of all rows, then V; num = 2S); returns S.");
+  m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
+  m.def("set_isa", &set_isa, py::arg("name"),
+        "Use the named row planner (baseline|avx2|avx512) if the CPU has it; for tests and "
+        "benchmarks. Returns whether it switched.");
+}

@@ -1,0 +1,264 @@
+// SPDX-License-Identifier: Apache-2.0
+// One row of lru_resident_compact, in phases that every ISA variant shares. The functions are
+// always_inline so that each variant (compiled with its own target attribute) gets its own copy
+// optimised for its instruction set; the AVX-512 variant replaces the walk and resolve loops
+// and falls back to these for tails and rare cases.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#define KVPD_INLINE inline __attribute__((always_inline))
+
+namespace kvpd_ascend {
+
+// One row's inputs, caller-owned state and in-place outputs (upstream layout and dtypes).
+struct RowIO {
+  const int32_t* topk;  // [k] token positions; outside [0, max_token) is padding
+  int64_t req_id;
+  int32_t stable_in;       // stable prefix length; resident tokens at or past it are dropped
+  int64_t* last_req_id;    // state: the request this row's residency belongs to
+  int32_t* slot_to_token;  // state [c]: token held by each slot, -1 empty
+  int32_t* lru;            // state [c]: slots, least recently used first
+  int32_t* current_slots;  // out [k]: slot of each top-k position, -1 for padding
+  int32_t* miss_tokens;    // out [k]: tokens to load, packed, -1 after miss_count
+  int32_t* miss_slots;     // out [k]: their slots, packed, -1 after miss_count
+  int32_t* miss_count;     // out [1]
+  int32_t k, c, max_token;
+};
+
+// Per-thread scratch. `mark` is a bitmap over token ids (all-zero between rows); `rank_base[w]`
+// counts marked tokens in words before w, so a marked token's rank among the row's distinct
+// top-k tokens is rank_base[w] + popcount(lower bits of word w), and `slot_of_rank` maps a rank
+// to its slot (-1: not resident). 16 KiB of bitmap for 128k tokens stays in L1, where upstream's
+// two max_token-sized int32 tables (1 MiB) do not. Buffers carry 16 entries of slack so SIMD
+// code may store whole vectors.
+struct Workspace {
+  std::vector<uint32_t> mark, rank_base;
+  std::vector<int32_t> slot_of_rank, hits;
+  std::vector<uint16_t> hit_slots;  // a bit per slot, 16 per entry
+
+  void fit(int64_t max_token, int64_t topk, int64_t capacity) {
+    const size_t words = static_cast<size_t>(max_token >> 5) + 2;
+    if (mark.size() < words) {
+      mark.assign(words, 0);
+      rank_base.assign(words, 0);
+    }
+    if (slot_of_rank.size() < static_cast<size_t>(topk) + 16) slot_of_rank.resize(topk + 16);
+    if (hits.size() < static_cast<size_t>(capacity) + 16) {
+      hits.resize(capacity + 16);
+      hit_slots.resize(static_cast<size_t>(capacity / 16) + 2);  // +1: 32-bit gather reads
+    }
+  }
+};
+
+KVPD_INLINE uint32_t rank_of(const uint32_t* mark, const uint32_t* rank_base, uint32_t t) {
+  const uint32_t w = t >> 5;
+  return rank_base[w] + static_cast<uint32_t>(__builtin_popcount(mark[w] & ((1u << (t & 31)) - 1)));
+}
+
+// What begin_row learns about the row's top-k set.
+struct RowMarks {
+  int32_t stable;      // clamped stable prefix
+  uint32_t last_word;  // last bitmap word used (cleared afterwards)
+  bool duplicates;     // a token occurs more than once among the valid positions
+};
+
+// Reset on a new request and mark this step's top-k set in the bitmap. The ranks come next
+// (rank_prefix_scalar or a SIMD variant).
+KVPD_INLINE void reset_on_new_request(const RowIO& io) {
+  if (*io.last_req_id != io.req_id) {
+    std::fill(io.slot_to_token, io.slot_to_token + io.c, -1);
+    for (int32_t s = 0; s < io.c; ++s) io.lru[s] = s;
+    *io.last_req_id = io.req_id;
+  }
+}
+
+KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid) {
+  reset_on_new_request(io);
+  // Locals, so that the bitmap stores (uint32) cannot alias them in the compiler's eyes.
+  uint32_t* __restrict__ mark = ws.mark.data();
+  const int32_t* __restrict__ topk = io.topk;
+  const int32_t k = io.k;
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  uint32_t last_word = 0, valid = 0;
+  for (int32_t p = 0; p < k; ++p) {
+    const uint32_t t = static_cast<uint32_t>(topk[p]);
+    if (t < umax) {
+      mark[t >> 5] |= 1u << (t & 31);
+      last_word = std::max(last_word, t >> 5);
+      ++valid;
+    }
+  }
+  *n_valid = valid;
+  return {std::min(std::max(io.stable_in, 0), io.max_token), last_word, false};
+}
+
+// rank_base[w] = marked tokens in words before w, for w <= last_word; returns the total.
+KVPD_INLINE uint32_t rank_prefix_scalar(Workspace& ws, uint32_t last_word) {
+  const uint32_t* __restrict__ mark = ws.mark.data();
+  uint32_t* __restrict__ rank_base = ws.rank_base.data();
+  uint32_t distinct = 0;
+  for (uint32_t w = 0; w <= last_word; ++w) {
+    rank_base[w] = distinct;
+    distinct += static_cast<uint32_t>(__builtin_popcount(mark[w]));
+  }
+  return distinct;
+}
+
+KVPD_INLINE void begin_ranks(Workspace& ws, RowMarks* marks, uint32_t n_valid, uint32_t distinct) {
+  marks->duplicates = distinct < n_valid;
+  std::fill(ws.slot_of_rank.data(), ws.slot_of_rank.data() + distinct, -1);
+}
+
+// The AVX-512 path splits the walk below in two passes, because its gathers of slot_to_token in
+// LRU order cost more than reading it in sequence: pass A, in slot order from slot s, drops a
+// resident token at or past the stable prefix and gives each hit its slot
+// (slot_of_rank[rank(token)] = slot), noting hit slots in `hit_slots`; pass B splits the LRU
+// order from the bitmap. The state this planner produces never holds a token in two slots, so
+// slot order and LRU order give the same result (on corrupt state they may differ). These are
+// the scalar forms, for its tails.
+KVPD_INLINE void classify_slots_scalar(const RowIO& io, Workspace& ws, int32_t stable,
+                                       int32_t s) {
+  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ rank_base = ws.rank_base.data();
+  int32_t* __restrict__ sor = ws.slot_of_rank.data();
+  uint16_t* __restrict__ hit_slots = ws.hit_slots.data();
+  int32_t* __restrict__ stt = io.slot_to_token;
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  const uint32_t trash = static_cast<uint32_t>(io.k);  // slot_of_rank has slack past k
+  const int32_t c = io.c;
+  uint32_t bits = s & 15 ? hit_slots[s >> 4] : 0;  // the group of 16 slots being filled
+  for (; s < c; ++s) {
+    const int32_t t = stt[s];
+    bool valid = static_cast<uint32_t>(t) < umax;
+    if (valid && t >= stable) {  // rare: one token per row and step
+      stt[s] = -1;
+      valid = false;
+    }
+    // Branch-free from here: about 40% of the slots hit, in no predictable pattern.
+    const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
+    const uint32_t hit = valid & ((mark[ti >> 5] >> (ti & 31)) & 1);
+    sor[hit ? rank_of(mark, rank_base, ti) : trash] = s;
+    bits |= hit << (s & 15);
+    if ((s & 15) == 15) {  // one store per 16 slots, not a read-modify-write per slot
+      hit_slots[s >> 4] = static_cast<uint16_t>(bits);
+      bits = 0;
+    }
+  }
+  if (c & 15) hit_slots[c >> 4] = static_cast<uint16_t>(bits);
+}
+
+// Pass B, in LRU order from entry i: hits are set aside and every other slot is evictable,
+// compacted in place at the front of `lru`, both in LRU order (out-of-range entries skipped).
+KVPD_INLINE void split_lru_scalar(const RowIO& io, Workspace& ws, int32_t i, int32_t* n_evict,
+                                  int32_t* n_hit) {
+  const uint16_t* __restrict__ hit_slots = ws.hit_slots.data();
+  int32_t* __restrict__ hits = ws.hits.data();
+  int32_t* __restrict__ lru = io.lru;
+  const int32_t c = io.c;
+  int32_t ne = *n_evict, nh = *n_hit;
+  for (; i < c; ++i) {
+    const int32_t s = lru[i];
+    if (static_cast<uint32_t>(s) >= static_cast<uint32_t>(c)) continue;
+    const int32_t hit = (hit_slots[s >> 4] >> (s & 15)) & 1;
+    hits[nh] = s;
+    lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
+    nh += hit;
+    ne += 1 - hit;
+  }
+  *n_evict = ne;
+  *n_hit = nh;
+}
+
+// Walk the LRU order from entry i (oldest first): a resident token at or past the stable prefix
+// is dropped (it may be rewritten by speculative decoding); a resident token in this step's set
+// is a hit: it keeps its slot (slot_of_rank[rank(token)] = slot; in LRU order, so for a token
+// held twice in corrupt state the later slot wins, as upstream's token_pos overwrite does) and
+// is set aside in LRU order; every other slot is evictable, compacted in place at the front of
+// `lru` in LRU order. Out-of-range slot entries (corrupt state) are skipped, as upstream does.
+KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int32_t i,
+                             int32_t* n_evict, int32_t* n_hit) {
+  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ rank_base = ws.rank_base.data();
+  int32_t* __restrict__ sor = ws.slot_of_rank.data();
+  int32_t* __restrict__ hits = ws.hits.data();
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  const uint32_t trash = static_cast<uint32_t>(io.k);  // slot_of_rank has slack past k
+  int32_t ne = *n_evict, nh = *n_hit;
+  for (; i < io.c; ++i) {
+    const int32_t s = io.lru[i];
+    if (static_cast<uint32_t>(s) >= static_cast<uint32_t>(io.c)) continue;
+    int32_t t = io.slot_to_token[s];
+    bool valid = static_cast<uint32_t>(t) < umax;
+    if (valid && t >= stable) {
+      io.slot_to_token[s] = -1;
+      valid = false;
+    }
+    const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
+    const int32_t hit = valid & static_cast<int32_t>((mark[ti >> 5] >> (ti & 31)) & 1);
+    sor[hit ? rank_of(mark, rank_base, ti) : trash] = s;
+    hits[nh] = s;
+    io.lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
+    nh += hit;
+    ne += 1 - hit;
+  }
+  *n_evict = ne;
+  *n_hit = nh;
+}
+
+// Resolve top-k positions from p: a hit takes its slot; a token's first miss takes the oldest
+// evictable slot and later duplicates share it. Misses beyond the evictable slots (only when
+// capacity < topk, which the configuration forbids) stay unplaced (-1).
+KVPD_INLINE void resolve_scalar(const RowIO& io, Workspace& ws, int32_t p, int32_t end,
+                                int32_t n_evict, int32_t* n_miss) {
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  int32_t* __restrict__ sor = ws.slot_of_rank.data();
+  int32_t m = *n_miss;
+  for (; p < end; ++p) {
+    const int32_t t = io.topk[p];
+    if (static_cast<uint32_t>(t) >= umax) {
+      io.current_slots[p] = -1;
+      continue;
+    }
+    const uint32_t r = rank_of(ws.mark.data(), ws.rank_base.data(), static_cast<uint32_t>(t));
+    int32_t s = sor[r];
+    if (s < 0 && m < n_evict) {
+      s = io.lru[m];
+      sor[r] = s;
+      io.slot_to_token[s] = t;
+      io.miss_tokens[m] = t;
+      io.miss_slots[m] = s;
+      ++m;
+    }
+    io.current_slots[p] = s;
+  }
+  *n_miss = m;
+}
+
+// Pad the miss lists, write the new LRU order (unused evictables in old order, filled misses,
+// hits in old order) and leave the bitmap all-zero for the next row.
+KVPD_INLINE void finish_row(const RowIO& io, Workspace& ws, int32_t m, int32_t n_evict,
+                            int32_t n_hit, uint32_t last_word) {
+  std::fill(io.miss_tokens + m, io.miss_tokens + io.k, -1);
+  std::fill(io.miss_slots + m, io.miss_slots + io.k, -1);
+  *io.miss_count = m;
+  std::memmove(io.lru, io.lru + m, sizeof(int32_t) * static_cast<size_t>(n_evict - m));
+  std::memcpy(io.lru + (n_evict - m), io.miss_slots, sizeof(int32_t) * static_cast<size_t>(m));
+  std::memcpy(io.lru + n_evict, ws.hits.data(), sizeof(int32_t) * static_cast<size_t>(n_hit));
+  std::memset(ws.mark.data(), 0, sizeof(uint32_t) * (static_cast<size_t>(last_word) + 1));
+}
+
+KVPD_INLINE void plan_row_generic(const RowIO& io, Workspace& ws) {
+  uint32_t n_valid = 0;
+  RowMarks marks = mark_row(io, ws, &n_valid);
+  begin_ranks(ws, &marks, n_valid, rank_prefix_scalar(ws, marks.last_word));
+  int32_t ne = 0, nh = 0, m = 0;
+  walk_scalar(io, ws, marks.stable, 0, &ne, &nh);
+  resolve_scalar(io, ws, 0, io.k, ne, &m);
+  finish_row(io, ws, m, ne, nh, marks.last_word);
+}
+
+}  // namespace kvpd_ascend
