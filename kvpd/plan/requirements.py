@@ -110,7 +110,9 @@ def build_requirements(
                 dp_ranks = max(1, len(p.devices) // max(1, g.tp * g.pp))
                 h.memory_gb += so.dram_size_per_dp_gb * dp_ranks
         elif p.role == "metaservice":
-            py = Interpreter(path=rh.python if rehearse else profile.kv.memcache.python)
+            mc = profile.kv.memcache
+            assert mc is not None  # a MetaService is planned only with memcache configured
+            py = Interpreter(path=rh.python if rehearse else mc.python)
             h.pkg(py, "memcache-hybrid")
             h.pkg(py, "memfabric-hybrid")
     # Folders kvpd itself creates in a host's run dir before start are not preconditions.
