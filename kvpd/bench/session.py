@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvpd.bench import metrics as m
 from kvpd.bench import proof, results, runner
@@ -155,7 +155,7 @@ class Session:
         target = self._target(plan)
         health = HealthCheck(target.base_url.rstrip("/") + "/health")
         proxy = next((p for p in plan.processes if p.role == "proxy" and p.health), None)
-        if proxy is not None:
+        if proxy is not None and proxy.health is not None:
             health = proxy.health
         pr = probe(health, timeout_s=5.0)
         if not pr.ok:
@@ -168,7 +168,9 @@ class Session:
 
     # -- phases --------------------------------------------------------------------------
 
-    def _run_points(self, scenario: str, target: Target, run: BenchRun, *, expect_external: bool):
+    def _run_points(
+        self, scenario: str, target: Target, run: BenchRun, *, expect_external: bool
+    ) -> None:
         from kvpd.bench.runner import protocol_phases
 
         s = self.settings
@@ -229,7 +231,7 @@ class Session:
         after = m.scrape(target.metrics)
         delta = m.delta(target.metrics, before, after)
         raw_path = result_dir / f"{stem}.json"
-        raw: dict = {}
+        raw: dict[str, Any] = {}
         if raw_path.is_file():
             try:
                 raw = results.load_json(raw_path)

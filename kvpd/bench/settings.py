@@ -108,9 +108,8 @@ def make_settings(
         raise BenchError(f"prefix ratio must be between 0 and 1 (exclusive), got {ratio}.")
     ins = input_lens or list(sweep.input_len if sweep else ()) or [bench.input_len]
     outs = output_lens or list(sweep.output_len if sweep else ()) or [bench.output_len]
-    concs: list[int | None] = list(
-        concurrencies or (sweep.max_concurrency if sweep else ()) or [bench.max_concurrency]
-    )
+    concs: list[int | None] = []  # None: no concurrency limit
+    concs += concurrencies or (sweep.max_concurrency if sweep else ()) or [bench.max_concurrency]
     rate = parse_rate(request_rate if request_rate is not None else bench.request_rate)
     return Settings(
         protocol=proto,
