@@ -250,7 +250,7 @@ def start_processes(
     ports = {"prefill": free_port(), "decode": free_port(), "proxy": free_port()}
     procs = []
     backends = subprocess.Popen(
-        [py, "-m", "kvpd.proxy.fake_backend", "--prefill-port", str(ports["prefill"]),
+        [py, "-m", "kvpd.testing.backend", "--prefill-port", str(ports["prefill"]),
          "--decode-port", str(ports["decode"]), "--delay-ms", "20", "--chunks", "16",
          "--chunk-gap-ms", str(chunk_gap_ms)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,

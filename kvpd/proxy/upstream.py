@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 from typing import Protocol
 
 from kvpd.proxy.http1 import MAX_HEAD_BYTES, ChunkedReader, HttpParseError, parse_response_head
@@ -228,7 +229,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._timer = None
         if self.sink is None:
             return
-        if self._ticks != self._seen_ticks:
+        if self._ticks != self._seen_ticks or self._paused:
+            # progress, or no reads because the client is slow (its own timeout covers that)
             self._seen_ticks = self._ticks
             self._timer = self.pool.loop.call_later(self._timeout, self._tick)
             return
@@ -273,6 +275,11 @@ class UpstreamConnection(asyncio.Protocol):
         self.sink = None
         self.abort()
 
+    def at_chunk_boundary(self) -> bool:
+        """The body bytes received so far end between chunks (a chunk can be appended)."""
+        reader = self._chunked
+        return self._mode == _CHUNKED and reader is not None and reader.between_chunks()
+
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed and not self._paused:
             self._paused = True
@@ -294,15 +301,23 @@ class HostPool:
     """Idle keep-alive connections to one host:port, most recently used first."""
 
     def __init__(
-        self, host: str, port: int, loop: asyncio.AbstractEventLoop, connect_timeout: float
+        self,
+        host: str,
+        port: int,
+        loop: asyncio.AbstractEventLoop,
+        connect_timeout: float,
+        name: str = "",
     ) -> None:
         self.host = host
         self.port = port
-        self.name = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # What messages and metrics call it: the public name (e.g. decode-0), so answers to
+        # clients never reveal backend addresses; logs map names to addresses at start.
+        self.name = name or self.address
         self.loop = loop
         self.connect_timeout = connect_timeout
         self._idle: collections.deque[UpstreamConnection] = collections.deque()
-        self.host_header = f"Host: {self.name}\r\n".encode()
+        self.host_header = f"Host: {self.address}\r\n".encode()
 
     async def acquire(self) -> UpstreamConnection:
         idle = self._idle
@@ -327,7 +342,9 @@ class HostPool:
                 f"connecting to {self.name} timed out after {self.connect_timeout:g} s"
             ) from None
         except OSError as e:
-            raise ConnectFailed(f"cannot connect to {self.name}: {e.strerror or e}") from None
+            # only the errno's text: asyncio's message repeats the address
+            reason = os.strerror(e.errno) if e.errno else type(e).__name__
+            raise ConnectFailed(f"cannot connect to {self.name}: {reason}") from None
         conn.reused = False
         return conn
 

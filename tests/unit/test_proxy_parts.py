@@ -31,8 +31,8 @@ def test_vllm_ascend_style_flags() -> None:
          "--prefiller-ports", "8001", "8002", "--decoder-hosts", "10.0.0.3",
          "--decoder-ports", "8003", "--max-retries", "1", "--flow", "layerwise"]
     )  # fmt: skip
-    assert cfg.prefillers == [("10.0.0.1", 8001), ("10.0.0.2", 8002)]
-    assert cfg.decoders == [("10.0.0.3", 8003)]
+    assert cfg.prefillers == (("10.0.0.1", 8001), ("10.0.0.2", 8002))
+    assert cfg.decoders == (("10.0.0.3", 8003),)
     assert cfg.max_retries == 1 and cfg.flow == "layerwise"
     assert cfg.metaserver == "http://10.0.0.5:9000/v1/metaserver"
 
@@ -94,7 +94,7 @@ def _pool(n: int) -> BackendPool:
     loop = asyncio.new_event_loop()
     try:
         return BackendPool("decode", [Backend(HostPool("h", 8000 + i, loop, 1.0))
-                                      for i in range(n)])  # fmt: skip
+                                      for i in range(n)], loop)  # fmt: skip
     finally:
         loop.close()
 
@@ -154,7 +154,7 @@ def _get(url: str) -> int:
 def test_process_readiness_and_prompt_sigterm() -> None:
     port, p_port, d_port = _free_port(), _free_port(), _free_port()
     fakes = subprocess.Popen(
-        [sys.executable, "-m", "kvpd.proxy.fake_backend", "--prefill-port", str(p_port),
+        [sys.executable, "-m", "kvpd.testing.backend", "--prefill-port", str(p_port),
          "--decode-port", str(d_port)], stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     proxy = subprocess.Popen(
