@@ -134,7 +134,7 @@ def _body_length(headers: dict[bytes, bytes], version: bytes) -> int:
         if version != b"HTTP/1.1":
             raise HttpParseError("Transfer-Encoding in an HTTP/1.0 request")
         if te.lower() != b"chunked":
-            raise HttpParseError("only Transfer-Encoding: chunked is supported", 501)
+            raise HttpParseError("only Transfer-Encoding: chunked is supported")
         return -1
     if cl is None:
         return 0

@@ -227,9 +227,9 @@ class ClientConnection(asyncio.Protocol):
         buf = self._buf
         try:
             end = find_head_end(buf)
+            if end > MAX_HEAD_BYTES or (end < 0 and len(buf) > MAX_HEAD_BYTES):
+                raise HttpParseError("request head too large", 431)
             if end < 0:
-                if len(buf) > MAX_HEAD_BYTES:
-                    raise HttpParseError("request head too large", 431)
                 return
             head = parse_request_head(buf[:end])
         except HttpParseError as e:
