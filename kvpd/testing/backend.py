@@ -61,7 +61,7 @@ class StandInBackend:
         self.trickle_s = 0.0
         self.served = 0
         self.server: asyncio.AbstractServer | None = None
-        self._events: dict[bytes, list[bytes]] = {}
+        self._events: dict[tuple[bytes, int], list[bytes]] = {}
         router = Router()
         router.add("GET", "/health", self._health)
         router.add("GET", "/v1/models", self._models)
@@ -184,7 +184,7 @@ class StandInBackend:
         client.send_json(200, json.dumps(answer).encode())
 
     def _event_chunks(self, path: bytes) -> list[bytes]:
-        events = self._events.get(path)
+        events = self._events.get((path, self.chunks))
         if events is None:
             chat = path.endswith(b"chat/completions")
             events = []
@@ -198,7 +198,7 @@ class StandInBackend:
                 obj["choices"] = [choice]
                 events.append(encode_chunk(b"data: " + json.dumps(obj).encode() + b"\n\n"))
             events.append(encode_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-            self._events[path] = events
+            self._events[(path, self.chunks)] = events
         return events
 
     async def _stream(self, client: ClientConnection, path: bytes) -> None:
