@@ -397,10 +397,11 @@ class ClientConnection(asyncio.Protocol):
             self.transport.close()
 
     def abort(self) -> None:
-        """Drop the connection: the only honest signal once a non-SSE response has broken."""
+        """Drop the connection: the only honest signal once a non-SSE response has broken.
+        `on_lost` still runs (from connection_lost), so a relayed stream's backend connection
+        is dropped too."""
         self.busy = False
         self.relay = None
-        self.on_lost = None
         self.task = None
         if self.transport is not None and not self.closed:
             self.transport.abort()
