@@ -191,6 +191,7 @@ def read_admin_token(path: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvpd proxy",
+        allow_abbrev=False,  # `--admin-token SECRET` must fail, not read a file named SECRET
         description=(
             "Prefill/decode-disaggregated OpenAI proxy. prefill-first: prefill on a prefiller "
             "with max_tokens=1, then decode with its kv_transfer_params. layerwise: decode "
