@@ -215,6 +215,9 @@ class HealthChecker:
 
     async def run_once(self) -> None:
         await asyncio.gather(*(self.check(p, b) for p in self.pools for b in p.backends))
+        for pool in self.pools:
+            for b in pool.backends:
+                b.pool.prune()
         self.rounds += 1
         self._round_done.set()
         self._round_done = asyncio.Event()

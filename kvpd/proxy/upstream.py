@@ -357,6 +357,14 @@ class HostPool:
         conn.idle_since = self.loop.time()
         self._idle.append(conn)
 
+    def prune(self) -> None:
+        """Close idle connections past their time (otherwise only noticed on reuse), so that
+        a burst's connections do not hold file descriptors for ever."""
+        idle = self._idle
+        now = self.loop.time()
+        while idle and (idle[0].closed or now - idle[0].idle_since >= IDLE_TTL_S):
+            idle.popleft().abort()
+
     def close(self) -> None:
         while self._idle:
             self._idle.pop().abort()
