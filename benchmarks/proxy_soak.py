@@ -92,6 +92,8 @@ class Stream(asyncio.Protocol):
             w.set_result((self.status, clean))
 
     async def call(self, request: bytes, timeout: float) -> tuple[int, bool]:
+        if self.lost:
+            raise ConnectionError("connection closed by the server")
         self.first_at = 0.0
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(request)  # type: ignore[union-attr]
@@ -301,14 +303,16 @@ def soak(name: str, cmd: list[str], port: int, ports: dict, args: argparse.Names
         time.sleep(2.0)
         rss1, fds1 = sampler.sample()
         peak_rss, peak_fds = sampler.peak
-        during = [s[1] for s in sampler.samples[2 : 2 + int(args.hold)]]
+        t0 = sampler.samples[0][0]
+        # RSS every 10 s of the streaming phase: bounded means flat after the ramp-up
+        timeline = [rss for t, rss, _ in sampler.samples if t - t0 <= args.hold + 2][::10]
     finally:
         stop([proc])
     notes = [ln for ln in log.read_text().splitlines() if "open-files" in ln]
     log.unlink()
     return {"name": name, "phase": phase, "floor": floor, "rss": (rss0, peak_rss, rss1),
             "fds": (fds0, peak_fds, fds1), "idle": idle, "cpu": cpu, "notes": notes,
-            "rss_first_last": (during[0], during[-1]) if during else (0, 0)}  # fmt: skip
+            "timeline": timeline}  # fmt: skip
 
 
 def report(r: dict, args: argparse.Namespace) -> None:
@@ -325,9 +329,9 @@ def report(r: dict, args: argparse.Namespace) -> None:
         print(f"  {label:12} floor p50 {fp50:8.1f} p99 {fp99:8.1f} | proxy p50 {pp50:8.1f} "
               f"p99 {pp99:8.1f} | {added}")  # fmt: skip
     (r0, rp, r1), (f0, fp, f1) = r["rss"], r["fds"]
-    a, b = r["rss_first_last"]
-    print(f"  proxy RSS MiB start {r0:.0f} peak {rp:.0f} end {r1:.0f} (streaming: first "
-          f"{a:.0f}, last {b:.0f}); open files start {f0} peak {fp} end {f1}")  # fmt: skip
+    timeline = " ".join(f"{x:.0f}" for x in r["timeline"])
+    print(f"  proxy RSS MiB start {r0:.0f} peak {rp:.0f} end {r1:.0f}; open files start {f0} "
+          f"peak {fp} end {f1}; RSS every 10 s while streaming: {timeline}")  # fmt: skip
     idle = r["idle"]
     print(
         f"  idle: {args.idle} connections held with RSS {idle['rss_held']:.0f} MiB, "
@@ -377,8 +381,9 @@ def main() -> None:
               *map(str, ports["prefill"]), "--decoder-hosts", "127.0.0.1", "127.0.0.1",
               "--decoder-ports", *map(str, ports["decode"])]  # fmt: skip
         port = free_port()
+        most = max(args.idle, args.streams) + 1000
         kvpd = [sys.executable, "-m", "kvpd.proxy", "--port", str(port), *hp,
-                "--max-connections", str(args.idle + 1000), "--log-level", "INFO"]  # fmt: skip
+                "--max-connections", str(most), "--log-level", "INFO"]  # fmt: skip
         results.append(soak("kvpd proxy", kvpd, port, ports, args, stream_s, floor))
         if not args.example_proxy:
             print("\nvLLM-Ascend example proxy: skipped (no --example-proxy PATH given; fetch "

@@ -19,7 +19,8 @@ _REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _TARGET = re.compile(rb"/[\x21-\x7e]*")  # origin-form only: the proxy is no forward proxy
-_FORBIDDEN_IN_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+# name ":" OWS value OWS, the value without control characters (HTAB allowed inside)
+_HEADER_LINE = re.compile(rb"([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*)")
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 # Headers whose repetition would make two readers disagree (framing, routing, credentials):
 # refused, never "last one wins".
@@ -71,11 +72,9 @@ def find_head_end(buf: bytes) -> int:
     """Index of the blank line ending a request head, -1 if incomplete. A bare LF anywhere in
     the head is refused at once (some parsers end lines at LF alone: a smuggling shape)."""
     end = buf.find(b"\r\n\r\n")
-    lf = buf.find(b"\n")
-    while 0 <= lf and (end < 0 or lf < end):
-        if lf == 0 or buf[lf - 1] != 13:  # 13 = CR
-            raise HttpParseError("bare LF in the request head (lines must end with CRLF)")
-        lf = buf.find(b"\n", lf + 1)
+    stop = len(buf) if end < 0 else end
+    if buf.count(b"\n", 0, stop) != buf.count(b"\r\n", 0, stop):
+        raise HttpParseError("bare LF in the request head (lines must end with CRLF)")
     return end
 
 
@@ -101,13 +100,13 @@ def parse_request_head(head: bytes) -> RequestHead:
         raise HttpParseError(f"more than {MAX_HEADERS} header lines", 431)
     headers: dict[bytes, bytes] = {}
     for hline in lines[1:]:
-        name, sep, value = hline.partition(b":")
-        if not sep or _TOKEN.fullmatch(name) is None:
-            # includes obs-fold (a line starting with SP/HTAB) and space before the colon
-            raise HttpParseError("malformed header line")
-        value = value.strip(b" \t")
-        if _FORBIDDEN_IN_VALUE.search(value) is not None:
-            raise HttpParseError("control character in a header value")
+        m = _HEADER_LINE.fullmatch(hline)
+        if m is None:
+            # obs-fold (a line starting with SP/HTAB), space before the colon, no colon, a bad
+            # name, or a control character in the value
+            raise HttpParseError("malformed header line or control character in a value")
+        name, value = m.groups()
+        value = value.rstrip(b" \t")
         if not value.isascii():
             try:
                 value.decode()
