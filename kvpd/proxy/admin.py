@@ -17,7 +17,8 @@ from kvpd.proxy.relay import error_body
 
 if TYPE_CHECKING:
     from kvpd.proxy.backends import Backend, BackendPool
-    from kvpd.proxy.server import AsyncHandler, ClientConnection, Request
+    from kvpd.proxy.routing import AsyncHandler, Request
+    from kvpd.proxy.server import ClientConnection
 
 
 def is_loopback(peer: object) -> bool:

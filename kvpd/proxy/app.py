@@ -15,12 +15,14 @@ from kvpd.proxy.admin import Admin
 from kvpd.proxy.backends import Backend, BackendPool, HealthChecker
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
 from kvpd.proxy.flows import BackendAuth, Generation, make_flow
+from kvpd.proxy.hostpool import HostPool, fetch
 from kvpd.proxy.layerwise import Layerwise
 from kvpd.proxy.metrics import ProxyMetrics
 from kvpd.proxy.relay import error_body
-from kvpd.proxy.server import ClientConnection, Limits, Request, Router, ServerState
+from kvpd.proxy.routing import Request, Router
+from kvpd.proxy.server import ClientConnection, Limits, ServerState
 from kvpd.proxy.steps import Steps
-from kvpd.proxy.upstream import HostPool, UpstreamError, fetch
+from kvpd.proxy.upstream import UpstreamError
 
 log = logging.getLogger("kvpd.proxy")
 

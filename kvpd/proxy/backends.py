@@ -17,7 +17,8 @@ import asyncio
 import logging
 from collections import Counter
 
-from kvpd.proxy.upstream import HostPool, UpstreamError, fetch
+from kvpd.proxy.hostpool import HostPool, fetch
+from kvpd.proxy.upstream import UpstreamError
 
 log = logging.getLogger("kvpd.proxy")
 

@@ -26,7 +26,8 @@ from kvpd.proxy.rewrite import (
 
 if TYPE_CHECKING:
     from kvpd.proxy.metrics import ProxyMetrics
-    from kvpd.proxy.server import AsyncHandler, ClientConnection, Request
+    from kvpd.proxy.routing import AsyncHandler, Request
+    from kvpd.proxy.server import ClientConnection
     from kvpd.proxy.steps import Steps
 
 log = logging.getLogger("kvpd.proxy")

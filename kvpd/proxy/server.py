@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from kvpd.proxy.http1 import (
@@ -18,51 +18,12 @@ from kvpd.proxy.http1 import (
     find_head_end,
     parse_request_head,
 )
+from kvpd.proxy.routing import AsyncHandler, Request, Router
 
 if TYPE_CHECKING:
     from kvpd.proxy.upstream import UpstreamConnection
 
 log = logging.getLogger("kvpd.proxy")
-
-
-class Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "started")
-
-    def __init__(
-        self,
-        method: bytes,
-        path: bytes,
-        query: bytes,
-        headers: dict[bytes, bytes],
-        keep_alive: bool,
-        started: float,
-    ) -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = b""
-        self.keep_alive = keep_alive
-        self.started = started
-
-
-SyncHandler = Callable[["ClientConnection", Request], None]
-AsyncHandler = Callable[["ClientConnection", Request], Awaitable[None]]
-
-
-class Router:
-    def __init__(self) -> None:
-        self.sync: dict[tuple[bytes, bytes], SyncHandler] = {}
-        self.async_: dict[tuple[bytes, bytes], AsyncHandler] = {}
-        self.paths: set[bytes] = set()
-
-    def add(self, method: str, path: str, handler: SyncHandler) -> None:
-        self.sync[(method.encode(), path.encode())] = handler
-        self.paths.add(path.encode())
-
-    def add_async(self, method: str, path: str, handler: AsyncHandler) -> None:
-        self.async_[(method.encode(), path.encode())] = handler
-        self.paths.add(path.encode())
 
 
 class Limits:

@@ -9,21 +9,16 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kvpd.proxy.hostpool import build_request, fetch
 from kvpd.proxy.relay import ClientGone, DecodeRelay, Failure
-from kvpd.proxy.upstream import (
-    ConnectFailed,
-    ConnectionLost,
-    ReadTimeout,
-    UpstreamError,
-    build_request,
-    fetch,
-)
+from kvpd.proxy.upstream import ConnectFailed, ConnectionLost, ReadTimeout, UpstreamError
 
 if TYPE_CHECKING:
     from kvpd.proxy.backends import Backend, BackendPool
     from kvpd.proxy.config import ProxyConfig
     from kvpd.proxy.metrics import ProxyMetrics
-    from kvpd.proxy.server import ClientConnection, Request
+    from kvpd.proxy.routing import Request
+    from kvpd.proxy.server import ClientConnection
 
 log = logging.getLogger("kvpd.proxy")
 

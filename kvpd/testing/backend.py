@@ -21,7 +21,8 @@ import sys
 from typing import Any
 
 from kvpd.proxy.http1 import encode_chunk
-from kvpd.proxy.server import ClientConnection, Request, Router, ServerState
+from kvpd.proxy.routing import Request, Router
+from kvpd.proxy.server import ClientConnection, ServerState
 
 _SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpd.proxy.server import ClientConnection, Limits, Request, Router, ServerState
+from kvpd.proxy.routing import Request, Router
+from kvpd.proxy.server import ClientConnection, Limits, ServerState
 from tests.unit.proxy_cluster import COMPLETION, Cluster, run_cluster
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,9 +17,9 @@ import pytest
 
 from kvpd.proxy.backends import Backend, BackendPool
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
+from kvpd.proxy.hostpool import HostPool
 from kvpd.proxy.http1 import ChunkedReader, HttpParseError, encode_chunk, parse_response_head
 from kvpd.proxy.rewrite import child_request_ids, decode_tokens, estimate_prompt_tokens
-from kvpd.proxy.upstream import HostPool
 
 pytestmark = pytest.mark.timeout(60)
 
