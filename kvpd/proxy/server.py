@@ -99,6 +99,7 @@ class ClientConnection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.since = state.loop.time()  # start of the current phase (idle, reading, paused)
         self.paused = False
+        self._held = False  # reading paused: pipelined requests wait for the current one
         self._buf = b""
         self._req: Request | None = None  # head parsed, body incomplete
         self._need = 0
@@ -156,6 +157,11 @@ class ClientConnection(asyncio.Protocol):
                 self.since = self.state.loop.time()  # a new request starts arriving
         if not self.busy:
             self._parse()
+        elif len(self._buf) > MAX_HEAD_BYTES and not self._held:
+            # Pipelined bytes beyond one head while a response runs: stop reading (TCP pushes
+            # back on the client) instead of buffering without bound.
+            self._held = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
 
     # --- timeouts ----------------------------------------------------------------------------
     def stalled(self, now: float, lim: Limits) -> str:
@@ -333,6 +339,9 @@ class ClientConnection(asyncio.Protocol):
         if not self.keep_alive:
             self.transport.close()  # type: ignore[union-attr]
             return
+        if self._held:
+            self._held = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
         if self._buf:
             # Next pipelined request: on a fresh stack, so a long pipeline cannot recurse.
             self.state.loop.call_soon(self._parse_next)

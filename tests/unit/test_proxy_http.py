@@ -152,6 +152,30 @@ def test_slow_loris_head_times_out_and_idle_connections_close() -> None:
     run_cluster(t, client_timeout=0.5, idle_timeout=1.0)
 
 
+def test_a_flood_of_pipelined_requests_is_not_buffered_without_bound() -> None:
+    async def t(c: Cluster) -> None:
+        c.d[0].chunk_gap_s = 0.05
+        c.d[0].chunks = 40  # a 2 s stream
+        body = json.dumps(COMPLETION).encode()
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))  # fmt: skip
+        await reader.readuntil(b"data: ")
+        n = 30_000
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * n)  # 1 MB, pipelined
+        await asyncio.sleep(0.3)
+        (conn,) = c.app.state.connections
+        assert conn.busy and len(conn._buf) < 512 * 1024  # the rest waits in TCP buffers
+        served, tail = 0, b""
+        while served < n:  # and all are served, in order, once the stream is done
+            data = tail + await reader.read(1 << 20)
+            served += data.count(b'{"status":"ok"}')
+            tail = data[-14:]  # (shorter than the marker: nothing is counted twice)
+        writer.close()
+
+    run_cluster(t)
+
+
 def test_connections_beyond_the_limit_get_503_and_are_closed() -> None:
     async def t(c: Cluster) -> None:
         held = [await asyncio.open_connection("127.0.0.1", c.port) for _ in range(3)]
