@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -217,10 +218,12 @@ async def stream_phase(
     return phase
 
 
-async def idle_phase(port: int, n: int, idle_s: float, sampler: Sampler) -> dict[str, float]:
+async def idle_phase(
+    port: int, n: int, idle_s: float, sampler: Sampler, path: str
+) -> dict[str, float]:
     """n keep-alive connections, each served once, idle for idle_s, then served again."""
     conns = await open_many(port, n)
-    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    health = b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode()
     out = {"errors": 0.0}
 
     async def one(c: Stream) -> None:
@@ -289,7 +292,7 @@ def stop(procs: list) -> None:
 
 
 def soak(name: str, cmd: list[str], port: int, ports: dict, args: argparse.Namespace,
-         stream_s: float, floor: Phase) -> dict:  # fmt: skip
+         stream_s: float, floor: Phase, health: str) -> dict:  # fmt: skip
     log = Path(tempfile.mkstemp(suffix=".log", prefix="soak-proxy-")[1])
     proc = start_proxy(cmd, port, log)
     try:
@@ -299,7 +302,8 @@ def soak(name: str, cmd: list[str], port: int, ports: dict, args: argparse.Names
         phase = asyncio.run(stream_phase(name, ports, port, args.streams, args.hold, stream_s,
                                          sampler))  # fmt: skip
         cpu = proc_cpu_seconds(proc.pid) - cpu0
-        idle = asyncio.run(idle_phase(port, args.idle, args.idle_hold, sampler))
+        counters = proxy_counters(port)
+        idle = asyncio.run(idle_phase(port, args.idle, args.idle_hold, sampler, health))
         time.sleep(2.0)
         rss1, fds1 = sampler.sample()
         peak_rss, peak_fds = sampler.peak
@@ -308,11 +312,26 @@ def soak(name: str, cmd: list[str], port: int, ports: dict, args: argparse.Names
         timeline = [rss for t, rss, _ in sampler.samples if t - t0 <= args.hold + 2][::10]
     finally:
         stop([proc])
-    notes = [ln for ln in log.read_text().splitlines() if "open-files" in ln]
+    lines = log.read_text().splitlines()
+    notes = [ln for ln in lines if "open-files" in ln]
+    warnings = [ln for ln in lines if " WARNING " in ln and "open-files" not in ln]
+    notes += [f"{len(warnings)} warnings, e.g. {w.split(': ', 1)[-1]}" for w in warnings[:1]]
     log.unlink()
     return {"name": name, "phase": phase, "floor": floor, "rss": (rss0, peak_rss, rss1),
             "fds": (fds0, peak_fds, fds1), "idle": idle, "cpu": cpu, "notes": notes,
-            "timeline": timeline}  # fmt: skip
+            "timeline": timeline, "counters": counters}  # fmt: skip
+
+
+def proxy_counters(port: int) -> str:
+    """Retries and failures from kvpd's /metrics (other proxies have none)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return ""
+    keep = ("kvpd_proxy_retries_total ", "kvpd_proxy_failures_total", "transitions_total")
+    rows = [ln for ln in text.splitlines() if ln.startswith(keep) and not ln.endswith(" 0")]
+    return "; ".join(r.replace("kvpd_proxy_", "") for r in rows) or "no retries, no failures"
 
 
 def report(r: dict, args: argparse.Namespace) -> None:
@@ -338,6 +357,8 @@ def report(r: dict, args: argparse.Namespace) -> None:
         f"{idle['fds_held']} open files; lost while idle {idle['lost_while_idle']:.0f}; "
         f"errors {idle['errors']:.0f}; proxy CPU {r['cpu']:.1f} s over the streaming phase"
     )
+    if r["counters"]:
+        print(f"  proxy /metrics after streaming: {r['counters']}")
     for note in r["notes"]:
         print(f"  proxy log: {note.split(': ', 1)[-1]}")
 
@@ -384,7 +405,7 @@ def main() -> None:
         most = max(args.idle, args.streams) + 1000
         kvpd = [sys.executable, "-m", "kvpd.proxy", "--port", str(port), *hp,
                 "--max-connections", str(most), "--log-level", "INFO"]  # fmt: skip
-        results.append(soak("kvpd proxy", kvpd, port, ports, args, stream_s, floor))
+        results.append(soak("kvpd proxy", kvpd, port, ports, args, stream_s, floor, "/health"))
         if not args.example_proxy:
             print("\nvLLM-Ascend example proxy: skipped (no --example-proxy PATH given; fetch "
                   "load_balance_proxy_server_example.py from vllm-ascend's "
@@ -400,7 +421,7 @@ def main() -> None:
             ex = [args.example_python, args.example_proxy, "--host", "127.0.0.1", "--port",
                   str(port), *hp]  # fmt: skip
             results.append(soak("vLLM-Ascend example proxy", ex, port, ports, args, stream_s,
-                                floor))  # fmt: skip
+                                floor, "/healthcheck"))  # fmt: skip
     finally:
         stop(backends)
     load1 = Path("/proc/loadavg").read_text().split()[:3]
