@@ -21,7 +21,7 @@ _TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
 _TARGET = re.compile(rb"/[\x21-\x7e]*")  # origin-form only: the proxy is no forward proxy
 # name ":" OWS value OWS, the value without control characters (HTAB allowed inside)
 _HEADER_LINE = re.compile(rb"([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*)")
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 # Headers whose repetition would make two readers disagree (framing, routing, credentials):
 # refused, never "last one wins".
 SINGLE_HEADERS = frozenset(
@@ -259,16 +259,27 @@ class ChunkedReader:
                 if len(self._pending) > 1024:
                     raise HttpParseError("chunk size line too long")
                 return n - carried
-            size_text = data[pos:eol].split(b";", 1)[0]
-            if _HEX.fullmatch(size_text) is None:
-                raise HttpParseError(f"bad chunk size {size_text[:40]!r}")
+            size_text = data[pos:eol]
+            # plain hex digits only: int() would also take a sign, "0x", "_" and spaces
+            if size_text.translate(None, _HEX_DIGITS) or not 0 < len(size_text) <= 16:
+                size_text = size_text.split(b";", 1)[0]  # a chunk extension is ignored
+                if size_text.translate(None, _HEX_DIGITS) or not 0 < len(size_text) <= 16:
+                    raise HttpParseError(f"bad chunk size {size_text[:40]!r}")
             size = int(size_text, 16)
-            self._total += size
-            if self._limit and self._total > self._limit:
-                raise HttpParseError(f"body larger than {self._limit} bytes", 413)
+            if self._limit:
+                self._total += size
+                if self._total > self._limit:
+                    raise HttpParseError(f"body larger than {self._limit} bytes", 413)
             pos = eol + 2
             if size == 0:
                 self._trailer = True
+            elif pos + size + 2 <= n:  # the whole chunk is here (the usual case): one step
+                end = pos + size
+                if data[end : end + 2] != b"\r\n":
+                    raise HttpParseError("chunk data not followed by CRLF")
+                if parts is not None:
+                    parts.append(data[pos:end])
+                pos = end + 2
             else:
                 self._left = size
                 self._crlf = 2
