@@ -153,7 +153,7 @@ def _get(url: str) -> int:
 
 def test_process_readiness_and_prompt_sigterm() -> None:
     port, p_port, d_port = _free_port(), _free_port(), _free_port()
-    fakes = subprocess.Popen(
+    backends = subprocess.Popen(
         [sys.executable, "-m", "kvpd.testing.backend", "--prefill-port", str(p_port),
          "--decode-port", str(d_port)], stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -163,7 +163,7 @@ def test_process_readiness_and_prompt_sigterm() -> None:
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert fakes.stdout.readline().startswith("prefill=")  # type: ignore[union-attr]
+        assert backends.stdout.readline().startswith("prefill=")  # type: ignore[union-attr]
         deadline = time.monotonic() + 20
         status = 0
         while time.monotonic() < deadline:
@@ -176,8 +176,8 @@ def test_process_readiness_and_prompt_sigterm() -> None:
             time.sleep(0.05)
         assert status == 200
         assert _get(f"http://127.0.0.1:{port}/healthcheck") == 200
-        fakes.send_signal(signal.SIGTERM)  # backends gone: the proxy stops being ready
-        fakes.wait(10)
+        backends.send_signal(signal.SIGTERM)  # backends gone: the proxy stops being ready
+        backends.wait(10)
         while time.monotonic() < deadline and status == 200:
             status = _get(f"http://127.0.0.1:{port}/health")
             time.sleep(0.05)
@@ -188,7 +188,7 @@ def test_process_readiness_and_prompt_sigterm() -> None:
         assert time.monotonic() - t0 < 5
         assert "Traceback" not in proxy.stderr.read()  # type: ignore[union-attr]
     finally:
-        for p in (proxy, fakes):
+        for p in (proxy, backends):
             if p.poll() is None:
                 p.kill()
                 p.wait()
