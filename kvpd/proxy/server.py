@@ -76,10 +76,14 @@ class ServerState:
             await asyncio.sleep(period)
             now = self.loop.time()
             for conn in list(self.connections):
-                verdict = conn.stalled(now, lim)
-                if verdict:
-                    self.timed_out += 1
-                    conn.time_out(verdict)
+                try:
+                    verdict = conn.stalled(now, lim)
+                    if verdict:
+                        self.timed_out += 1
+                        conn.time_out(verdict)
+                except Exception:  # noqa: BLE001 - one bad connection must not stop the sweeps
+                    log.exception("sweeping a client connection failed")
+                    conn.abort()
 
 
 class ClientConnection(asyncio.Protocol):
