@@ -1,8 +1,8 @@
 """Proxy overhead: latency and throughput through `kvpd proxy` against the floor (the client
-calling the prefill backend, then the decode backend itself), with fake backends (prefill: JSON
-with kv_transfer_params; decode: 20 ms wait, then 16 SSE chunks), at 1, 16 and 128 concurrent
-streams. Reports medians over repetitions, the proxy's CPU time per 1,000 requests and, with
---profile, where the proxy's CPU goes.
+calling the prefill backend, then the decode backend itself), with stand-in backends
+(kvpd.testing.backend; prefill: JSON with kv_transfer_params; decode: 20 ms wait, then 16 SSE
+chunks), at 1, 16 and 128 concurrent streams. Reports medians over repetitions, the proxy's
+CPU time per 1,000 requests and, with --profile, where the proxy's CPU goes.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--reps 3] [--duration 2] [--profile]
 """
@@ -250,7 +250,7 @@ def start_processes(
     ports = {"prefill": free_port(), "decode": free_port(), "proxy": free_port()}
     procs = []
     backends = subprocess.Popen(
-        [py, "-m", "kvpd.proxy.fake_backend", "--prefill-port", str(ports["prefill"]),
+        [py, "-m", "kvpd.testing.backend", "--prefill-port", str(ports["prefill"]),
          "--decode-port", str(ports["decode"]), "--delay-ms", "20", "--chunks", "16",
          "--chunk-gap-ms", str(chunk_gap_ms)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,

@@ -1,21 +1,28 @@
-"""The proxy process: wires config, backend pools, health checks, flows and routes; serves until
-SIGTERM/SIGINT and then shuts down within the grace period."""
+"""The proxy process: builds its parts from one ProxyConfig and passes each what it needs
+(pools, metrics, loop, the chosen flow); serves until SIGTERM/SIGINT and then shuts down
+within the grace period."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import resource
 import signal
 import sys
 
+from kvpd.proxy.admin import Admin
 from kvpd.proxy.backends import Backend, BackendPool, HealthChecker
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
-from kvpd.proxy.flows import Flows
+from kvpd.proxy.flows import BackendAuth, Generation, make_flow
+from kvpd.proxy.hostpool import HostPool, fetch
+from kvpd.proxy.layerwise import Layerwise
 from kvpd.proxy.metrics import ProxyMetrics
 from kvpd.proxy.relay import error_body
-from kvpd.proxy.server import ClientConnection, Request, Router, ServerState
-from kvpd.proxy.upstream import HostPool, UpstreamError, fetch
+from kvpd.proxy.routing import Request, Router
+from kvpd.proxy.server import ClientConnection, Limits, ServerState
+from kvpd.proxy.steps import Steps
+from kvpd.proxy.upstream import UpstreamError
 
 log = logging.getLogger("kvpd.proxy")
 
@@ -23,33 +30,41 @@ log = logging.getLogger("kvpd.proxy")
 class ProxyApp:
     def __init__(self, cfg: ProxyConfig, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.cfg = cfg
-        self.loop = loop or asyncio.get_running_loop()
-        self.metrics = ProxyMetrics()
+        self.loop = loop = loop or asyncio.get_running_loop()
+        self.metrics = metrics = ProxyMetrics()
 
-        def pool(role: str, addrs: list[tuple[str, int]]) -> BackendPool:
-            return BackendPool(
-                role, [Backend(HostPool(h, p, self.loop, cfg.connect_timeout)) for h, p in addrs]
-            )
+        def pool(role: str, addrs: tuple[tuple[str, int], ...]) -> BackendPool:
+            backends = [
+                Backend(HostPool(h, p, loop, cfg.connect_timeout, f"{role}-{i}"))
+                for i, (h, p) in enumerate(addrs)
+            ]
+            return BackendPool(role, backends, loop, cfg.breaker_failures, cfg.breaker_cooldown)
 
         self.prefillers = pool("prefill", cfg.prefillers)
         self.decoders = pool("decode", cfg.decoders)
-        self.health = HealthChecker(
-            [self.prefillers, self.decoders], cfg.health_path, cfg.health_interval,
-            cfg.health_timeout,
-        )  # fmt: skip
-        self.flows = Flows(self)
+        pools = [self.prefillers, self.decoders]
+        self.health = HealthChecker(pools, cfg.health_path, cfg.health_interval, cfg.health_timeout)
         router = Router()
-        router.add_async("POST", "/v1/completions", self.flows.completions)
-        router.add_async("POST", "/v1/chat/completions", self.flows.chat_completions)
-        router.add_async("POST", "/v1/metaserver", self.flows.layerwise.metaserver)
+        limits = Limits(cfg.client_timeout, cfg.idle_timeout, cfg.max_connections)
+        self.state = ServerState(router, loop, cfg.access_log, limits)
+        steps = Steps(cfg, self.prefillers, self.decoders, metrics, loop)
+        self.flow = make_flow(
+            cfg.flow, steps, metrics, self.state.spawn, cfg.prefill_timeout, cfg.metaserver
+        )
+        self.auth = BackendAuth(cfg.api_key)
+        self.admin = Admin(pools, cfg.admin_token, cfg.drain_timeout, loop)
+        gen = Generation(self.flow, self.auth, metrics, loop)
+        router.add_async("POST", "/v1/completions", gen.completions)
+        router.add_async("POST", "/v1/chat/completions", gen.chat_completions)
+        for method, path, handler in (*self.flow.routes, *self.admin.routes):
+            router.add_async(method, path, handler)
         router.add_async("GET", "/v1/models", self.models)
         router.add_async("POST", "/reset_prefix_cache", self.reset_prefix_cache)
         router.add("GET", "/health", self.health_endpoint)
         router.add("GET", "/healthcheck", self.healthcheck)
         router.add("GET", "/metrics", self.metrics_endpoint)
-        self.state = ServerState(router, self.loop, cfg.access_log)
         self.server: asyncio.AbstractServer | None = None
-        self._health_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
 
     @property
@@ -59,19 +74,19 @@ class ProxyApp:
 
     async def start(self) -> None:
         self.server = await self.loop.create_server(
-            lambda: ClientConnection(self.state), self.cfg.host, self.cfg.port, backlog=2048
+            lambda: ClientConnection(self.state), self.cfg.host, self.cfg.port, backlog=4096
         )
-        if self.cfg.port == 0 and self.cfg.flow == "layerwise" and not self.cfg.metaserver_url:
-            self.cfg.port = self.port  # the metaserver URL needs the real port
-            self.flows.layerwise.set_metaserver(self.cfg.metaserver)
-        self._health_task = self.loop.create_task(self.health.run())
+        if self.cfg.port == 0 and isinstance(self.flow, Layerwise) and not self.cfg.metaserver_url:
+            self.flow.set_metaserver(self.cfg.with_port(self.port).metaserver)
+        self._tasks = [self.loop.create_task(self.health.run()),
+                       self.loop.create_task(self.state.sweep())]  # fmt: skip
 
     async def stop(self) -> None:
         """Stop listening, let in-flight requests finish for the grace period, then cut."""
         if self.server is not None:
             self.server.close()
-        if self._health_task is not None:
-            self._health_task.cancel()
+        for t in self._tasks:
+            t.cancel()
         tasks = list(self.state.tasks)
         if tasks:
             await asyncio.wait(tasks, timeout=self.cfg.shutdown_grace)
@@ -84,9 +99,13 @@ class ProxyApp:
         await asyncio.sleep(0)
 
     # --- small endpoints ---------------------------------------------------------------------
+    def _ready(self) -> tuple[bool, bool]:
+        return self.cfg.flow == "mixed" or self.prefillers.any_healthy(), (
+            self.decoders.any_healthy()
+        )
+
     def health_endpoint(self, client: ClientConnection, req: Request) -> None:
-        p_ok = self.cfg.flow == "mixed" or self.prefillers.any_healthy()
-        d_ok = self.decoders.any_healthy()
+        p_ok, d_ok = self._ready()
         if p_ok and d_ok:
             client.send_json(200, b'{"status":"ok"}')
             return
@@ -97,9 +116,7 @@ class ProxyApp:
         )
 
     def healthcheck(self, client: ClientConnection, req: Request) -> None:
-        ready = (
-            self.cfg.flow == "mixed" or self.prefillers.any_healthy()
-        ) and self.decoders.any_healthy()
+        ready = all(self._ready())
         body = {
             "status": "ok" if ready else "unavailable",
             "flow": self.cfg.flow,
@@ -113,13 +130,13 @@ class ProxyApp:
     def metrics_endpoint(self, client: ClientConnection, req: Request) -> None:
         client.send(
             200,
-            self.metrics.render(self.prefillers, self.decoders),
+            self.metrics.render(self.prefillers, self.decoders, self.state),
             b"text/plain; version=0.0.4; charset=utf-8",
         )
 
     async def models(self, client: ClientConnection, req: Request) -> None:
         """GET /v1/models from a healthy decoder (then any prefiller)."""
-        extra = self.flows.auth_header(req)
+        extra = self.auth.header(req)
         problems = []
         candidates = [b for b in self.decoders.backends if b.usable]
         candidates += [b for b in self.prefillers.backends if b.usable]
@@ -137,7 +154,7 @@ class ProxyApp:
         client.send_json(503, error_body(msg, "no_backend", 503))
 
     async def reset_prefix_cache(self, client: ClientConnection, req: Request) -> None:
-        extra = self.flows.auth_header(req)
+        extra = self.auth.header(req)
         backends = self.prefillers.backends + self.decoders.backends
 
         async def one(b: Backend) -> str:
@@ -152,6 +169,29 @@ class ProxyApp:
             client.send_json(500, error_body("; ".join(failed), "reset_failed", 500))
         else:
             client.send_json(200, b'{"status":"ok"}')
+
+
+def raise_open_files(max_connections: int) -> tuple[int, int]:
+    """Raise the soft open-files limit to the hard one and say if that still cannot hold the
+    configured concurrency (each stream holds a client and a backend connection)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.info("open-files limit raised from %d to %d", soft, target)
+            soft = target
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open-files limit from %d: %s", soft, e)
+    need = 2 * max_connections + 64
+    if soft < need:
+        log.warning(
+            "the open-files limit (%d) holds about %d streams, below --max-connections %d "
+            "(each stream needs a client and a backend connection): raise the hard limit "
+            "(ulimit -Hn / LimitNOFILE=) or lower --max-connections",
+            soft, (soft - 64) // 2, max_connections,
+        )  # fmt: skip
+    return soft, need
 
 
 def _install_loop() -> None:
@@ -175,13 +215,14 @@ async def serve(cfg: ProxyConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, app.stopping.set)
     log.info(
-        "kvpd proxy (%s) listening on %s:%d; prefillers %s; decoders %s",
+        "kvpd proxy (%s) listening on %s:%d; %s; admin: %s",
         cfg.flow,
         cfg.host,
         app.port,
-        " ".join(b.name for b in app.prefillers.backends),
-        " ".join(b.name for b in app.decoders.backends),
-    )
+        " ".join(f"{b.name}={b.pool.address}"
+                 for b in app.prefillers.backends + app.decoders.backends),
+        "token required" if cfg.admin_token else "loopback clients only",
+    )  # fmt: skip
     await app.stopping.wait()
     log.info("stopping")
     await app.stop()
@@ -193,6 +234,7 @@ def run(cfg: ProxyConfig) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    raise_open_files(cfg.max_connections)
     _install_loop()
     asyncio.run(serve(cfg))
 

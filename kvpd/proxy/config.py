@@ -1,18 +1,28 @@
 """`kvpd proxy` options: the flags of vLLM-Ascend's load_balance_proxy_server_example.py plus
-flow, timeouts and health checks, validated into a ProxyConfig."""
+flow, timeouts, health checks, circuit breaker and admin access, validated into one ProxyConfig.
+
+Every default is stated once, on the dataclass field; the argparse flags are built from the
+fields. Secrets (the OpenAI API key, the admin token) are read here, from the environment or a
+file, never from the command line (where any local user could read them in `ps`)."""
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import re
-from dataclasses import dataclass, field
+import stat
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
 
 from kvpd.errors import KvpdError
 
 # mixed: no prefillers; requests are balanced over engines that prefill and decode themselves
 FLOWS = ("prefill-first", "layerwise", "mixed")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "0:0:0:0:0:0:0:0", "")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+ADMIN_TOKEN_ENV = "KVPD_PROXY_ADMIN_TOKEN"
 
 
 class ProxyConfigError(KvpdError):
@@ -21,32 +31,71 @@ class ProxyConfigError(KvpdError):
     exit_code = 2
 
 
-@dataclass
+def _opt(default: Any, help_text: str = "", metavar: str | None = None) -> Any:
+    """A field that is also a command-line flag (`--name-with-dashes`)."""
+    return field(default=default, metadata={"help": help_text, "metavar": metavar})
+
+
+@dataclass(frozen=True)
 class ProxyConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    prefillers: list[tuple[str, int]] = field(default_factory=lambda: [("127.0.0.1", 8001)])
-    decoders: list[tuple[str, int]] = field(default_factory=lambda: [("127.0.0.1", 8002)])
-    flow: str = "prefill-first"
-    metaserver_url: str = ""
-    connect_timeout: float = 3.0
-    prefill_timeout: float = 300.0
-    read_timeout: float = 300.0
-    max_retries: int = 3
-    retry_delay: float = 0.001
-    health_interval: float = 2.0
-    health_timeout: float = 2.0
-    health_path: str = "/health"
-    shutdown_grace: float = 1.0
-    log_level: str = "INFO"
-    access_log: bool = False
+    host: str = _opt("127.0.0.1", "listen address")
+    port: int = _opt(8000, "listen port")
+    prefillers: tuple[tuple[str, int], ...] = (("127.0.0.1", 8001),)
+    decoders: tuple[tuple[str, int], ...] = (("127.0.0.1", 8002),)
+    flow: str = _opt("prefill-first", "")
+    metaserver_url: str = _opt(
+        "", "URL decoders use to reach /v1/metaserver (layerwise; default from --host/--port)"
+    )
+    connect_timeout: float = _opt(3.0, "longest wait for a backend connection", "S")
+    prefill_timeout: float = _opt(300.0, "longest wait for a prefiller's answer", "S")
+    read_timeout: float = _opt(
+        300.0, "longest silence of a decoder, before or during its stream", "S"
+    )
+    client_timeout: float = _opt(
+        30.0,
+        "longest a client may stall: sending its request head or body, or not reading the "
+        "response while a stream waits for it",
+        "S",
+    )
+    idle_timeout: float = _opt(300.0, "close client keep-alive connections idle this long", "S")
+    max_connections: int = _opt(
+        8192, "client connections served at once; more are answered 503 and closed", "N"
+    )
+    max_retries: int = _opt(
+        3, "extra attempts on another backend after a connection error or HTTP 5xx", "N"
+    )
+    retry_delay: float = _opt(0.001, "base delay between attempts, doubled per attempt", "S")
+    health_interval: float = _opt(2.0, "seconds between health checks of every backend", "S")
+    health_timeout: float = _opt(2.0, "", "S")
+    health_path: str = _opt("/health", "")
+    breaker_failures: int = _opt(
+        3, "consecutive failed requests that take a backend out (circuit open)", "N"
+    )
+    breaker_cooldown: float = _opt(
+        10.0, "seconds a circuit stays open before a healthy backend is probed again", "S"
+    )
+    drain_timeout: float = _opt(60.0, "default bound of an admin drain's wait", "S")
+    shutdown_grace: float = _opt(1.0, "on SIGTERM, how long in-flight requests may finish", "S")
+    admin_token_file: str = _opt(
+        "",
+        f"file holding the admin token (mode 0600; or set {ADMIN_TOKEN_ENV}). With a token, "
+        "/admin/* needs `Authorization: Bearer <token>`; without one, /admin/* answers only "
+        "loopback clients",
+        "PATH",
+    )
+    log_level: str = _opt("INFO", "")
+    access_log: bool = _opt(False, "log every request (slower)")
+    # Secrets, never flags: read from the environment or --admin-token-file by parse_args.
+    api_key: str = field(default="", repr=False)
+    admin_token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         problems = []
         if self.flow not in FLOWS:
             problems.append(f"--flow must be one of {', '.join(FLOWS)}, not {self.flow!r}")
         if self.flow == "mixed":
-            self.prefillers = []  # a mixed deployment has only decoders (its engines)
+            # a mixed deployment has only decoders (its engines)
+            object.__setattr__(self, "prefillers", ())
         elif not self.prefillers:
             problems.append(
                 "at least one prefiller is needed (--prefiller-hosts/--prefiller-ports)"
@@ -57,12 +106,19 @@ class ProxyConfig:
             problem = _host_problem(host) or _port_problem(port)
             if problem:
                 problems.append(problem)
-        for name in ("connect_timeout", "prefill_timeout", "read_timeout", "health_interval",
-                     "health_timeout"):  # fmt: skip
+        for name in ("connect_timeout", "prefill_timeout", "read_timeout", "client_timeout",
+                     "idle_timeout", "health_interval", "health_timeout", "breaker_cooldown",
+                     "drain_timeout"):  # fmt: skip
             if getattr(self, name) <= 0:
                 problems.append(f"--{name.replace('_', '-')} must be > 0")
-        if self.max_retries < 0:
-            problems.append("--max-retries must be >= 0")
+        for name in ("max_retries", "shutdown_grace"):
+            if getattr(self, name) < 0:
+                problems.append(f"--{name.replace('_', '-')} must be >= 0")
+        for name in ("max_connections", "breaker_failures"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1")
+        if self.log_level not in LOG_LEVELS:
+            problems.append(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
         if self.flow == "layerwise" and not self.metaserver_url and self.host in WILDCARD_HOSTS:
             problems.append(
                 f"--flow layerwise needs an address decoders can reach, but --host is "
@@ -78,6 +134,9 @@ class ProxyConfig:
             return self.metaserver_url
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1/metaserver"
+
+    def with_port(self, port: int) -> ProxyConfig:
+        return replace(self, port=port)
 
 
 def _host_problem(host: str) -> str:
@@ -96,83 +155,93 @@ def _port_problem(port: int) -> str:
     return "" if 0 <= port <= 65535 else f"port {port} is outside 0-65535"
 
 
-def _pairs(role: str, hosts: list[str], ports: list[int]) -> list[tuple[str, int]]:
+def _pairs(role: str, hosts: list[str], ports: list[int]) -> tuple[tuple[str, int], ...]:
     if len(hosts) != len(ports):
         raise ProxyConfigError(
             f"--{role}-hosts has {len(hosts)} entries but --{role}-ports has {len(ports)}: "
             f"give one port per host, in the same order (hosts {' '.join(hosts)}; ports "
             f"{' '.join(map(str, ports))})"
         )
-    return list(zip(hosts, ports, strict=True))
+    return tuple(zip(hosts, ports, strict=True))
+
+
+def read_admin_token(path: str) -> str:
+    """The token from a file that only its owner can read (the launcher writes it 0600)."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+        token = p.read_text().strip()
+    except OSError as e:
+        raise ProxyConfigError(
+            f"--admin-token-file {path}: cannot read it ({e.strerror or e})"
+        ) from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ProxyConfigError(
+            f"--admin-token-file {path}: mode {stat.S_IMODE(mode):04o} lets other users read "
+            f"the token; run `chmod 600 {path}`"
+        )
+    if len(token) < 16 or any(c.isspace() or not c.isprintable() for c in token):
+        raise ProxyConfigError(
+            f"--admin-token-file {path}: the token must be one line of at least 16 printable "
+            "characters without spaces (e.g. from `openssl rand -hex 32`)"
+        )
+    return token
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvpd proxy",
+        allow_abbrev=False,  # `--admin-token SECRET` must fail, not read a file named SECRET
         description=(
             "Prefill/decode-disaggregated OpenAI proxy. prefill-first: prefill on a prefiller "
             "with max_tokens=1, then decode with its kv_transfer_params. layerwise: decode "
             "first; the decoder calls /v1/metaserver, which starts the prefill. mixed: "
-            "balance over engines that do both (no prefillers)."
+            "balance over engines that do both (no prefillers). OPENAI_API_KEY, if set, is "
+            "sent to the backends as a bearer token."
         ),
     )
-    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="listen port (default 8000)")
-    p.add_argument("--prefiller-hosts", nargs="*", default=["127.0.0.1"], metavar="HOST")
-    p.add_argument("--prefiller-ports", nargs="*", type=int, default=[8001], metavar="PORT")
-    p.add_argument("--decoder-hosts", nargs="+", default=["127.0.0.1"], metavar="HOST")
-    p.add_argument("--decoder-ports", nargs="+", type=int, default=[8002], metavar="PORT")
-    p.add_argument("--flow", choices=FLOWS, default="prefill-first")
-    p.add_argument(
-        "--metaserver-url",
-        default="",
-        help="URL decoders use to reach /v1/metaserver (layerwise; default from --host/--port)",
-    )
-    p.add_argument("--connect-timeout", type=float, default=3.0, metavar="S")
-    p.add_argument(
-        "--prefill-timeout", type=float, default=300.0, metavar="S",
-        help="longest wait for a prefiller's answer (default 300)",
-    )  # fmt: skip
-    p.add_argument(
-        "--read-timeout", type=float, default=300.0, metavar="S",
-        help="longest silence of a decoder, before or during its stream (default 300)",
-    )  # fmt: skip
-    p.add_argument(
-        "--max-retries", type=int, default=3,
-        help="extra attempts on another backend after a connection error or HTTP 5xx",
-    )  # fmt: skip
-    p.add_argument("--retry-delay", type=float, default=0.001, metavar="S",
-                   help="base delay, doubled per attempt")  # fmt: skip
-    p.add_argument("--health-interval", type=float, default=2.0, metavar="S")
-    p.add_argument("--health-timeout", type=float, default=2.0, metavar="S")
-    p.add_argument("--health-path", default="/health")
-    p.add_argument("--shutdown-grace", type=float, default=1.0, metavar="S",
-                   help="on SIGTERM, how long in-flight requests may finish")  # fmt: skip
-    p.add_argument("--log-level", default="INFO",
-                   choices=("DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning",
-                            "error"))  # fmt: skip
-    p.add_argument("--access-log", action="store_true", help="log every request (slower)")
+    d = ProxyConfig.__dataclass_fields__
+    p.add_argument("--prefiller-hosts", nargs="*", metavar="HOST",
+                   default=[h for h, _ in d["prefillers"].default])  # fmt: skip
+    p.add_argument("--prefiller-ports", nargs="*", type=int, metavar="PORT",
+                   default=[pt for _, pt in d["prefillers"].default])  # fmt: skip
+    p.add_argument("--decoder-hosts", nargs="+", metavar="HOST",
+                   default=[h for h, _ in d["decoders"].default])  # fmt: skip
+    p.add_argument("--decoder-ports", nargs="+", type=int, metavar="PORT",
+                   default=[pt for _, pt in d["decoders"].default])  # fmt: skip
+    choices = {"flow": FLOWS, "log_level": LOG_LEVELS + tuple(x.lower() for x in LOG_LEVELS)}
+    for f in fields(ProxyConfig):
+        if "help" not in f.metadata:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata["help"]
+        if f.type == "bool":
+            p.add_argument(flag, action="store_true", help=help_text)
+            continue
+        kind = {"int": int, "float": float}.get(str(f.type), str)
+        p.add_argument(
+            flag,
+            type=kind,
+            default=f.default,
+            choices=choices.get(f.name),
+            metavar=f.metadata["metavar"],
+            help=f"{help_text} (default {f.default!r})" if help_text else f"default {f.default!r}",
+        )
     return p
 
 
-def parse_args(argv: list[str]) -> ProxyConfig:
-    ns = build_parser().parse_args(argv)
+def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> ProxyConfig:
+    env = os.environ if environ is None else environ
+    ns = vars(build_parser().parse_args(argv))
+    prefillers = _pairs("prefiller", ns.pop("prefiller_hosts"), ns.pop("prefiller_ports"))
+    decoders = _pairs("decoder", ns.pop("decoder_hosts"), ns.pop("decoder_ports"))
+    ns["log_level"] = ns["log_level"].upper()
+    path = ns["admin_token_file"]
+    token = read_admin_token(path) if path else env.get(ADMIN_TOKEN_ENV, "").strip()
     return ProxyConfig(
-        host=ns.host,
-        port=ns.port,
-        prefillers=_pairs("prefiller", ns.prefiller_hosts, ns.prefiller_ports),
-        decoders=_pairs("decoder", ns.decoder_hosts, ns.decoder_ports),
-        flow=ns.flow,
-        metaserver_url=ns.metaserver_url,
-        connect_timeout=ns.connect_timeout,
-        prefill_timeout=ns.prefill_timeout,
-        read_timeout=ns.read_timeout,
-        max_retries=ns.max_retries,
-        retry_delay=ns.retry_delay,
-        health_interval=ns.health_interval,
-        health_timeout=ns.health_timeout,
-        health_path=ns.health_path,
-        shutdown_grace=ns.shutdown_grace,
-        log_level=ns.log_level.upper(),
-        access_log=ns.access_log,
+        prefillers=prefillers,
+        decoders=decoders,
+        api_key=env.get("OPENAI_API_KEY", ""),
+        admin_token=token,
+        **ns,
     )

@@ -1,20 +1,64 @@
-"""Minimal HTTP/1.1 framing shared by the proxy's server and client: heads and chunked bodies."""
+"""Minimal HTTP/1.1 framing shared by the proxy's server and client: strict request heads,
+response heads and chunked bodies.
+
+The request side is deliberately strict (RFC 9112 without the tolerances): the proxy forwards
+bodies to backends, so any framing two parsers could read differently (Content-Length with
+Transfer-Encoding, repeated or odd Content-Length, obsolete line folding, bare LF, chunk sizes
+with signs or spaces) is refused with a 4xx instead of guessed at."""
 
 from __future__ import annotations
 
+import re
 from http import HTTPStatus
 
 MAX_HEAD_BYTES = 64 * 1024
+MAX_REQUEST_LINE = 8 * 1024
+MAX_HEADERS = 100
+MAX_BODY_BYTES = 64 * 1024 * 1024
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+")
+_TARGET = re.compile(rb"/[\x21-\x7e]*")  # origin-form only: the proxy is no forward proxy
+# name ":" OWS value OWS, the value without control characters (HTAB allowed inside)
+_HEADER_LINE = re.compile(rb"([-!#$%&'*+.^_`|~0-9A-Za-z]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*)")
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+# Headers whose repetition would make two readers disagree (framing, routing, credentials):
+# refused, never "last one wins".
+SINGLE_HEADERS = frozenset(
+    (b"content-length", b"transfer-encoding", b"host", b"authorization", b"content-type",
+     b"expect", b"connection", b"x-request-id")
+)  # fmt: skip
 
 
 class HttpParseError(Exception):
-    """The peer sent bytes that are not valid HTTP/1.1 framing."""
+    """The peer sent bytes that are not valid HTTP/1.1 framing; `status` is the answer."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RequestHead:
+    __slots__ = ("method", "target", "version", "headers", "length")
+
+    def __init__(
+        self,
+        method: bytes,
+        target: bytes,
+        version: bytes,
+        headers: dict[bytes, bytes],
+        length: int,
+    ) -> None:
+        self.method = method
+        self.target = target
+        self.version = version
+        self.headers = headers
+        self.length = length  # body bytes; -1 = chunked
 
 
 def parse_headers(lines: list[bytes]) -> dict[bytes, bytes]:
-    """Header lines to a dict keyed by lower-case name (repeated names keep the last value,
-    which is enough for the few headers the proxy reads)."""
+    """Response header lines to a dict keyed by lower-case name (repeated names keep the last
+    value: the backends are trusted, and only their framing headers are read)."""
     headers: dict[bytes, bytes] = {}
     for line in lines:
         name, sep, value = line.partition(b":")
@@ -22,6 +66,83 @@ def parse_headers(lines: list[bytes]) -> dict[bytes, bytes]:
             raise HttpParseError(f"malformed header line {line[:60]!r}")
         headers[name.strip().lower()] = value.strip()
     return headers
+
+
+def find_head_end(buf: bytes) -> int:
+    """Index of the blank line ending a request head, -1 if incomplete. A bare LF anywhere in
+    the head is refused at once (some parsers end lines at LF alone: a smuggling shape)."""
+    end = buf.find(b"\r\n\r\n")
+    stop = len(buf) if end < 0 else end
+    if buf.count(b"\n", 0, stop) != buf.count(b"\r\n", 0, stop):
+        raise HttpParseError("bare LF in the request head (lines must end with CRLF)")
+    return end
+
+
+def parse_request_head(head: bytes) -> RequestHead:
+    """`METHOD /target HTTP/1.1\\r\\nName: value...` (without the blank line), validated."""
+    lines = head.split(b"\r\n")
+    line = lines[0]
+    if len(line) > MAX_REQUEST_LINE:
+        raise HttpParseError("request line too long", 414)
+    parts = line.split(b" ")
+    if len(parts) != 3:
+        raise HttpParseError("malformed request line (expected METHOD TARGET HTTP/1.1)")
+    method, target, version = parts
+    if _TOKEN.fullmatch(method) is None:
+        raise HttpParseError("invalid method")
+    if _TARGET.fullmatch(target) is None:
+        raise HttpParseError("invalid request target (expected a path such as /v1/completions)")
+    if version != b"HTTP/1.1" and version != b"HTTP/1.0":
+        if re.fullmatch(rb"HTTP/[0-9]\.[0-9]", version):
+            raise HttpParseError("HTTP version not supported", 505)
+        raise HttpParseError("malformed HTTP version")
+    if len(lines) - 1 > MAX_HEADERS:
+        raise HttpParseError(f"more than {MAX_HEADERS} header lines", 431)
+    headers: dict[bytes, bytes] = {}
+    for hline in lines[1:]:
+        m = _HEADER_LINE.fullmatch(hline)
+        if m is None:
+            # obs-fold (a line starting with SP/HTAB), space before the colon, no colon, a bad
+            # name, or a control character in the value
+            raise HttpParseError("malformed header line or control character in a value")
+        name, value = m.groups()
+        value = value.rstrip(b" \t")
+        if not value.isascii():
+            try:
+                value.decode()
+            except UnicodeDecodeError:
+                raise HttpParseError("header value is not valid UTF-8") from None
+        key = name.lower()
+        if key in headers:
+            if key in SINGLE_HEADERS:
+                raise HttpParseError(f"repeated {key.decode()} header")
+            headers[key] += b", " + value
+        else:
+            headers[key] = value
+    if version == b"HTTP/1.1" and b"host" not in headers:
+        raise HttpParseError("HTTP/1.1 request without a Host header")
+    return RequestHead(method, target, version, headers, _body_length(headers, version))
+
+
+def _body_length(headers: dict[bytes, bytes], version: bytes) -> int:
+    te = headers.get(b"transfer-encoding")
+    cl = headers.get(b"content-length")
+    if te is not None:
+        if cl is not None:
+            raise HttpParseError("both Content-Length and Transfer-Encoding")
+        if version != b"HTTP/1.1":
+            raise HttpParseError("Transfer-Encoding in an HTTP/1.0 request")
+        if te.lower() != b"chunked":
+            raise HttpParseError("only Transfer-Encoding: chunked is supported")
+        return -1
+    if cl is None:
+        return 0
+    if not cl.isdigit() or not cl.isascii() or len(cl) > 18:
+        raise HttpParseError("invalid Content-Length")
+    n = int(cl)
+    if n > MAX_BODY_BYTES:
+        raise HttpParseError(f"body larger than {MAX_BODY_BYTES} bytes", 413)
+    return n
 
 
 def parse_response_head(head: bytes) -> tuple[int, dict[bytes, bytes]]:
@@ -68,18 +189,22 @@ def build_response(
 
 
 class ChunkedReader:
-    """Follows `Transfer-Encoding: chunked` framing across reads.
+    """Follows `Transfer-Encoding: chunked` framing across reads, strictly: hex sizes only
+    (no sign, space or prefix), each chunk followed by exactly CRLF, a bounded total.
 
     The relay forwards the raw bytes and only needs to know where the body ends; the buffering
-    client also wants the payload, so `collect` keeps the de-framed parts.
+    side also wants the payload, so `collect` keeps the de-framed parts.
     """
 
-    __slots__ = ("_left", "_trailer", "_pending", "done", "parts")
+    __slots__ = ("_left", "_crlf", "_trailer", "_pending", "_total", "_limit", "done", "parts")
 
-    def __init__(self, collect: bool = False) -> None:
-        self._left = 0  # bytes left in the current chunk, including its trailing CRLF
+    def __init__(self, collect: bool = False, limit: int = 0) -> None:
+        self._left = 0  # data bytes left in the current chunk
+        self._crlf = 0  # bytes of the CRLF after the chunk data still expected (0-2)
         self._trailer = False  # saw the last (zero-size) chunk; waiting for the final CRLF
         self._pending = b""  # an incomplete size line or trailer kept from the previous read
+        self._total = 0
+        self._limit = limit  # largest total payload, 0 = unbounded
         self.done = False
         self.parts: list[bytes] | None = [] if collect else None
 
@@ -99,12 +224,18 @@ class ChunkedReader:
             left = self._left
             if left:
                 take = n - pos if n - pos < left else left
-                if parts is not None and left > 2:
-                    end = pos + min(take, left - 2)
-                    if end > pos:
-                        parts.append(data[pos:end])
+                if parts is not None:
+                    parts.append(data[pos : pos + take])
                 self._left = left - take
                 pos += take
+                continue
+            if self._crlf:
+                expect = b"\r\n"[2 - self._crlf :]
+                got = data[pos : pos + self._crlf]
+                if got != expect[: len(got)]:
+                    raise HttpParseError("chunk data not followed by CRLF")
+                self._crlf -= len(got)
+                pos += len(got)
                 continue
             if self._trailer:
                 if n - pos < 2:
@@ -117,7 +248,7 @@ class ChunkedReader:
                     if idx < 0:
                         self._pending = data[pos:]
                         if len(self._pending) > MAX_HEAD_BYTES:
-                            raise HttpParseError("chunked trailer too long")
+                            raise HttpParseError("chunked trailer too long", 431)
                         return n - carried
                     end = idx + 4
                 self.done = True
@@ -128,16 +259,34 @@ class ChunkedReader:
                 if len(self._pending) > 1024:
                     raise HttpParseError("chunk size line too long")
                 return n - carried
-            try:
-                size = int(data[pos:eol].split(b";", 1)[0], 16)
-            except ValueError:
-                raise HttpParseError(f"bad chunk size {data[pos:eol][:40]!r}") from None
+            size_text = data[pos:eol]
+            # plain hex digits only: int() would also take a sign, "0x", "_" and spaces
+            if size_text.translate(None, _HEX_DIGITS) or not 0 < len(size_text) <= 16:
+                size_text = size_text.split(b";", 1)[0]  # a chunk extension is ignored
+                if size_text.translate(None, _HEX_DIGITS) or not 0 < len(size_text) <= 16:
+                    raise HttpParseError(f"bad chunk size {size_text[:40]!r}")
+            size = int(size_text, 16)
+            if self._limit:
+                self._total += size
+                if self._total > self._limit:
+                    raise HttpParseError(f"body larger than {self._limit} bytes", 413)
             pos = eol + 2
             if size == 0:
                 self._trailer = True
+            elif pos + size + 2 <= n:  # the whole chunk is here (the usual case): one step
+                end = pos + size
+                if data[end : end + 2] != b"\r\n":
+                    raise HttpParseError("chunk data not followed by CRLF")
+                if parts is not None:
+                    parts.append(data[pos:end])
+                pos = end + 2
             else:
-                self._left = size + 2
+                self._left = size
+                self._crlf = 2
         return n - carried
+
+    def between_chunks(self) -> bool:
+        return not (self._left or self._crlf or self._pending or self._trailer or self.done)
 
     def body(self) -> bytes:
         return b"".join(self.parts or ())

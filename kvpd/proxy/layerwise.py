@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from kvpd.proxy.relay import DecodeRelay, Failure, error_body
@@ -18,8 +19,10 @@ from kvpd.proxy.rewrite import (
 )
 
 if TYPE_CHECKING:
-    from kvpd.proxy.flows import Flows
-    from kvpd.proxy.server import ClientConnection, Request
+    from kvpd.proxy.metrics import ProxyMetrics
+    from kvpd.proxy.routing import AsyncHandler, Request
+    from kvpd.proxy.server import ClientConnection
+    from kvpd.proxy.steps import Steps
 
 
 class LayerwiseRecord:
@@ -51,14 +54,27 @@ class LayerwiseRecord:
 
 
 class Layerwise:
-    """Records of decode-first requests by the ids their decoder will report."""
+    """The flow, and the records of decode-first requests by the ids their decoder will
+    report. `spawn` runs the prefill as a task the server waits for on shutdown."""
 
-    def __init__(self, flows: Flows) -> None:
-        self.flows = flows
-        self.loop = flows.loop
-        self.metrics = flows.metrics
+    def __init__(
+        self,
+        steps: Steps,
+        metrics: ProxyMetrics,
+        spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
+        prefill_timeout: float,
+        metaserver_url: str,
+    ) -> None:
+        self.steps = steps
+        self.loop = steps.loop
+        self.metrics = metrics
+        self.spawn = spawn
+        self.prefill_timeout = prefill_timeout
         self.records: dict[str, LayerwiseRecord] = {}
-        self.set_metaserver(flows.cfg.metaserver)
+        self.set_metaserver(metaserver_url)
+        self.routes: tuple[tuple[str, str, AsyncHandler], ...] = (
+            ("POST", "/v1/metaserver", self.metaserver),
+        )
 
     def set_metaserver(self, url: str) -> None:
         self._meta_kv = {"do_remote_decode": False, "do_remote_prefill": True, "metaserver": url}
@@ -88,7 +104,7 @@ class Layerwise:
             record.relay = relay
 
         try:
-            await self.flows.decode(
+            await self.steps.decode(
                 client,
                 req,
                 dumps(d_body).encode(),
@@ -136,12 +152,9 @@ class Layerwise:
         done = record.done
         if not record.dispatched and len(record.params) >= len(record.children):
             record.dispatched = True
-            tasks = self.flows.app.state.tasks
-            task = self.loop.create_task(self._prefill(record, done))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            self.spawn(self._prefill(record, done))
         try:
-            failure = await asyncio.wait_for(asyncio.shield(done), self.flows.cfg.prefill_timeout)
+            failure = await asyncio.wait_for(asyncio.shield(done), self.prefill_timeout)
         except asyncio.TimeoutError:
             failure = Failure(504, "prefill_timeout", "prefill did not finish in time")
         if failure is None:
@@ -156,7 +169,7 @@ class Layerwise:
             p_body["batch_kv_transfer_params"] = dict(zip(record.children, params, strict=True))
         relay = record.relay
         try:
-            await self.flows.prefill(
+            await self.steps.prefill(
                 record.path, dumps(p_body).encode(), record.tokens, record.extra
             )
         except Failure as f:

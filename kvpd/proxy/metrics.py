@@ -6,8 +6,11 @@ import bisect
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from kvpd.proxy.backends import CLOSED, HALF_OPEN, OPEN, TRANSITIONS
+
 if TYPE_CHECKING:
     from kvpd.proxy.backends import BackendPool
+    from kvpd.proxy.server import ServerState
 
 _LATENCY_BOUNDS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -70,7 +73,9 @@ class ProxyMetrics:
         self.first_byte_seconds = Histogram()  # request received -> first decode byte sent
         self.request_seconds = Histogram()  # request received -> response complete
 
-    def render(self, prefillers: BackendPool, decoders: BackendPool) -> bytes:
+    def render(
+        self, prefillers: BackendPool, decoders: BackendPool, server: ServerState | None = None
+    ) -> bytes:
         out: list[str] = []
 
         def family(name: str, kind: str, help_text: str) -> None:
@@ -103,7 +108,38 @@ class ProxyMetrics:
         family("kvpd_proxy_inflight_requests", "gauge", "Client requests being served.")
         out.append(f"kvpd_proxy_inflight_requests {self.inflight}")
 
+        if server is not None:
+            family("kvpd_proxy_client_connections", "gauge", "Open client connections.")
+            out.append(f"kvpd_proxy_client_connections {len(server.connections)}")
+            family("kvpd_proxy_connections_refused_total", "counter",
+                   "Client connections answered 503 because of --max-connections.")  # fmt: skip
+            out.append(f"kvpd_proxy_connections_refused_total {server.refused}")
+            family("kvpd_proxy_connections_timed_out_total", "counter",
+                   "Client connections closed for stalling or idling (--client-timeout, "
+                   "--idle-timeout).")  # fmt: skip
+            out.append(f"kvpd_proxy_connections_timed_out_total {server.timed_out}")
+
         pools = (prefillers, decoders)
+        family("kvpd_proxy_backend_circuit", "gauge",
+               "Circuit breaker state per backend (1 for the current state).")  # fmt: skip
+        for pool in pools:
+            for b in pool.backends:
+                for state in (CLOSED, OPEN, HALF_OPEN):
+                    out.append(f'kvpd_proxy_backend_circuit{{role="{pool.role}",'
+                               f'backend="{b.name}",state="{state}"}} '
+                               f"{int(b.circuit == state)}")  # fmt: skip
+        family("kvpd_proxy_backend_transitions_total", "counter",
+               "Backend state changes: health, circuit breaker, drain.")  # fmt: skip
+        for pool in pools:
+            for b in pool.backends:
+                for to in TRANSITIONS:
+                    out.append(f'kvpd_proxy_backend_transitions_total{{role="{pool.role}",'
+                               f'backend="{b.name}",to="{to}"}} {b.transitions[to]}')  # fmt: skip
+        family("kvpd_proxy_backend_draining", "gauge", "1 while the admin drains the backend.")
+        for pool in pools:
+            for b in pool.backends:
+                out.append(f'kvpd_proxy_backend_draining{{role="{pool.role}",'
+                           f'backend="{b.name}"}} {int(b.draining)}')  # fmt: skip
         for name, kind, help_text, attr in (
             ("kvpd_proxy_backend_inflight", "gauge", "Requests in flight per backend.", "inflight"),
             (
@@ -112,7 +148,12 @@ class ProxyMetrics:
                 "Estimated tokens of work in flight per backend.",
                 "outstanding",
             ),
-            ("kvpd_proxy_backend_healthy", "gauge", "1 if the backend is usable.", "healthy_num"),
+            (
+                "kvpd_proxy_backend_healthy",
+                "gauge",
+                "1 if the backend is healthy, its circuit not open and not draining.",
+                "healthy_num",
+            ),
             ("kvpd_proxy_backend_requests_total", "counter", "Requests sent.", "requests"),
             ("kvpd_proxy_backend_errors_total", "counter", "Failed requests.", "errors"),
         ):

@@ -48,6 +48,8 @@ class DecodeRelay:
         "error_parts",
         "_head",
         "_rechunk",
+        "_chunked",
+        "_sse",
         "first_byte_at",
         "loop",
     )
@@ -63,6 +65,8 @@ class DecodeRelay:
         self.error_parts: list[bytes] | None = None
         self._head: bytes | None = None
         self._rechunk = False
+        self._chunked = False  # the client's response is chunked (an event can be appended)
+        self._sse = False
         self.first_byte_at = 0.0
 
     def on_head(self, status: int, headers: dict[bytes, bytes]) -> None:
@@ -72,13 +76,15 @@ class DecodeRelay:
             return
         client = self.client
         ctype = headers.get(b"content-type", b"application/json")
+        self._sse = ctype.startswith(b"text/event-stream")
         te = headers.get(b"transfer-encoding")
         if te is not None and b"chunked" in te.lower():
+            self._chunked = True
             framing = b"transfer-encoding: chunked\r\n"
         elif b"content-length" in headers:
             framing = b"content-length: " + headers[b"content-length"] + b"\r\n"
         else:  # close-delimited upstream body: re-frame it for a keep-alive client
-            self._rechunk = True
+            self._rechunk = self._chunked = True
             framing = b"transfer-encoding: chunked\r\n"
         self._head = b"".join(
             (
@@ -128,6 +134,21 @@ class DecodeRelay:
     def on_error(self, exc: UpstreamError) -> None:
         if not self.future.done():
             self.future.set_result(exc)
+
+    def break_stream(self, message: str) -> None:
+        """The started response cannot be completed. An SSE client gets an error event it can
+        show (when the bytes relayed so far end on a chunk boundary), then the connection
+        closes without the final chunk: a broken body, never a clean `[DONE]`."""
+        last = b""
+        upstream = self.upstream
+        at_boundary = self._rechunk or (upstream is not None and upstream.at_chunk_boundary())
+        if self._sse and self._chunked and at_boundary:
+            event = b"data: " + error_body(message, "stream_broken", 502) + b"\n\n"
+            last = encode_chunk(event)
+        if last:
+            self.client.end_stream(last)
+        else:
+            self.client.abort()
 
     def abandon(self, reason: Exception) -> None:
         """Stop relaying (client gone, or the prefill behind this decode failed)."""

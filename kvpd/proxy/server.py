@@ -1,79 +1,89 @@
 """The proxy's inbound HTTP/1.1 side: an asyncio Protocol per client connection that parses
-requests (keep-alive, pipelining, Expect: 100-continue, chunked bodies) and hands them to
-the app's routes."""
+requests strictly (keep-alive, pipelining, Expect: 100-continue, chunked bodies) and hands them
+to routes; one sweeper bounds slow, idle and non-reading clients."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from kvpd.proxy.http1 import (
+    MAX_BODY_BYTES,
     MAX_HEAD_BYTES,
     ChunkedReader,
     HttpParseError,
     build_response,
-    parse_headers,
+    find_head_end,
+    parse_request_head,
 )
+from kvpd.proxy.routing import AsyncHandler, Request, Router
 
 if TYPE_CHECKING:
     from kvpd.proxy.upstream import UpstreamConnection
 
 log = logging.getLogger("kvpd.proxy")
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
 
+class Limits:
+    """How long a client may stall (reading its request, or not reading our response), how
+    long a keep-alive connection may idle, and how many connections are served at once."""
 
-class Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "started")
+    __slots__ = ("client_timeout", "idle_timeout", "max_connections")
 
     def __init__(
-        self,
-        method: bytes,
-        path: bytes,
-        query: bytes,
-        headers: dict[bytes, bytes],
-        keep_alive: bool,
-        started: float,
+        self, client_timeout: float = 30.0, idle_timeout: float = 300.0, max_connections: int = 0
     ) -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = b""
-        self.keep_alive = keep_alive
-        self.started = started
-
-
-SyncHandler = Callable[["ClientConnection", Request], None]
-AsyncHandler = Callable[["ClientConnection", Request], Awaitable[None]]
-
-
-class Router:
-    def __init__(self) -> None:
-        self.sync: dict[tuple[bytes, bytes], SyncHandler] = {}
-        self.async_: dict[tuple[bytes, bytes], AsyncHandler] = {}
-        self.paths: set[bytes] = set()
-
-    def add(self, method: str, path: str, handler: SyncHandler) -> None:
-        self.sync[(method.encode(), path.encode())] = handler
-        self.paths.add(path.encode())
-
-    def add_async(self, method: str, path: str, handler: AsyncHandler) -> None:
-        self.async_[(method.encode(), path.encode())] = handler
-        self.paths.add(path.encode())
+        self.client_timeout = client_timeout
+        self.idle_timeout = idle_timeout
+        self.max_connections = max_connections  # 0 = unbounded
 
 
 class ServerState:
-    """What connections share: routes, the loop, open connections and running handlers."""
+    """What connections share: routes, the loop, limits, open connections, running handlers."""
 
-    def __init__(self, router: Router, loop: asyncio.AbstractEventLoop, access_log: bool) -> None:
+    def __init__(
+        self,
+        router: Router,
+        loop: asyncio.AbstractEventLoop,
+        access_log: bool = False,
+        limits: Limits | None = None,
+    ) -> None:
         self.router = router
         self.loop = loop
         self.access_log = access_log
+        self.limits = limits or Limits()
         self.connections: set[ClientConnection] = set()
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.refused = 0  # connections answered 503 because of max_connections
+        self.timed_out = 0  # connections closed by the sweeper
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """A task the server waits for on shutdown (and cancels after the grace period)."""
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def sweep(self) -> None:
+        """Close clients that stall: a head or body not complete within client_timeout (slow
+        loris), a response not read for client_timeout (its stream is cut so the backend is
+        freed), keep-alive connections idle for idle_timeout."""
+        lim = self.limits
+        period = max(0.01, min(1.0, lim.client_timeout / 4, lim.idle_timeout / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = self.loop.time()
+            for conn in list(self.connections):
+                try:
+                    verdict = conn.stalled(now, lim)
+                    if verdict:
+                        self.timed_out += 1
+                        conn.time_out(verdict)
+                except Exception:  # noqa: BLE001 - one bad connection must not stop the sweeps
+                    log.exception("sweeping a client connection failed")
+                    conn.abort()
 
 
 class ClientConnection(asyncio.Protocol):
@@ -90,6 +100,10 @@ class ClientConnection(asyncio.Protocol):
         # and a callback for a client that goes away mid-request.
         self.relay: UpstreamConnection | None = None
         self.on_lost: Callable[[], None] | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.since = state.loop.time()  # start of the current phase (idle, reading, paused)
+        self.paused = False
+        self._held = False  # reading paused: pipelined requests wait for the current one
         self._buf = b""
         self._req: Request | None = None  # head parsed, body incomplete
         self._need = 0
@@ -100,7 +114,17 @@ class ClientConnection(asyncio.Protocol):
     # --- asyncio callbacks -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.state.connections.add(self)
+        state = self.state
+        limit = state.limits.max_connections
+        if limit and len(state.connections) >= limit:
+            state.refused += 1
+            self.keep_alive = False
+            transport.write(  # type: ignore[attr-defined]
+                build_response(503, b'{"error":{"message":"too many connections"}}', close=True)
+            )
+            transport.close()
+            return
+        state.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -109,12 +133,19 @@ class ClientConnection(asyncio.Protocol):
         if cb is not None:
             self.on_lost = None
             cb()
+        elif self.busy and self.task is not None and not self.task.done():
+            # Gone before its response began streaming (e.g. during the prefill): cancel the
+            # handler, which drops its backend connection so the engine frees the sequence.
+            self.task.cancel()
 
     def pause_writing(self) -> None:
+        self.paused = True
+        self.since = self.state.loop.time()
         if self.relay is not None:
             self.relay.pause_reading()
 
     def resume_writing(self) -> None:
+        self.paused = False
         if self.relay is not None:
             self.relay.resume_reading()
 
@@ -122,49 +153,75 @@ class ClientConnection(asyncio.Protocol):
         if self._req is not None:
             self._body_data(data)
             return
-        self._buf = self._buf + data if self._buf else data
+        if self._buf:
+            self._buf += data
+        else:
+            self._buf = data
+            if not self.busy:
+                self.since = self.state.loop.time()  # a new request starts arriving
         if not self.busy:
             self._parse()
+        elif len(self._buf) > MAX_HEAD_BYTES and not self._held:
+            # Pipelined bytes beyond one head while a response runs: stop reading (TCP pushes
+            # back on the client) instead of buffering without bound.
+            self._held = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
+
+    # --- timeouts ----------------------------------------------------------------------------
+    def stalled(self, now: float, lim: Limits) -> str:
+        """Why the sweeper should close this connection now ("" = keep it)."""
+        if self.closed:
+            return ""
+        if self.busy:
+            if self.paused and now - self.since > lim.client_timeout:
+                return "client stopped reading the response"
+            return ""
+        if self._buf or self._req is not None:
+            if now - self.since > lim.client_timeout:
+                return "request not received in time"
+            return ""
+        if now - self.since > lim.idle_timeout:
+            return "idle"
+        return ""
+
+    def time_out(self, why: str) -> None:
+        if why == "request not received in time":
+            self._reject(408, why)
+        elif why == "idle":
+            self.transport.close()  # type: ignore[union-attr]
+        else:
+            log.info("dropping a client: %s for %g s", why, self.state.limits.client_timeout)
+            self.abort()  # runs on_lost: the stream's backend connection is dropped too
 
     # --- parsing -----------------------------------------------------------------------------
     def _parse(self) -> None:
         buf = self._buf
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            if len(buf) > MAX_HEAD_BYTES:
-                self._reject(431, "request head too large")
-            return
         try:
-            lines = buf[:end].split(b"\r\n")
-            method, target, version = lines[0].split(b" ")
-            headers = parse_headers(lines[1:])
-        except (ValueError, HttpParseError):
-            self._reject(400, "malformed HTTP request")
+            end = find_head_end(buf)
+            if end > MAX_HEAD_BYTES or (end < 0 and len(buf) > MAX_HEAD_BYTES):
+                raise HttpParseError("request head too large", 431)
+            if end < 0:
+                return
+            head = parse_request_head(buf[:end])
+        except HttpParseError as e:
+            self._reject(e.status, str(e))
             return
+        headers = head.headers
         conn = headers.get(b"connection", b"").lower()
-        keep_alive = conn != b"close" if version == b"HTTP/1.1" else conn == b"keep-alive"
-        path, _, query = target.partition(b"?")
-        req = Request(method, path, query, headers, keep_alive, self.state.loop.time())
+        if head.version == b"HTTP/1.1":
+            keep_alive = conn != b"close"
+        else:
+            keep_alive = conn == b"keep-alive"
+        path, _, query = head.target.partition(b"?")
+        req = Request(head.method, path, query, headers, keep_alive, self.state.loop.time())
         rest = buf[end + 4 :]
         self._buf = b""
-        te = headers.get(b"transfer-encoding")
-        if te is not None:
-            if te.lower() != b"chunked":
-                self._reject(501, "only chunked transfer-encoding is supported")
-                return
-            self._chunked = ChunkedReader(collect=True)
-            self._need = -1
-        else:
-            try:
-                self._need = int(headers.get(b"content-length", b"0"))
-            except ValueError:
-                self._need = -2
-            if self._need < 0 or self._need > MAX_BODY_BYTES:
-                self._reject(400 if self._need < 0 else 413, "bad or too large content-length")
-                return
-            if self._need == 0:
-                self._dispatch(req, rest)
-                return
+        if head.length == 0:
+            self._dispatch(req, rest)
+            return
+        if head.length < 0:
+            self._chunked = ChunkedReader(collect=True, limit=MAX_BODY_BYTES)
+        self._need = head.length
         self._req = req
         self._parts = []
         self._got = 0
@@ -181,7 +238,7 @@ class ClientConnection(asyncio.Protocol):
             try:
                 used = chunked.feed(data)
             except HttpParseError as e:
-                self._reject(400, str(e))
+                self._reject(e.status, str(e))
                 return
             if not chunked.done:
                 return
@@ -222,9 +279,7 @@ class ClientConnection(asyncio.Protocol):
             return
         ahandler = router.async_.get(key)
         if ahandler is not None:
-            task = self.state.loop.create_task(self._run(ahandler, req))
-            self.state.tasks.add(task)
-            task.add_done_callback(self.state.tasks.discard)
+            self.task = self.state.spawn(self._run(ahandler, req))
             return
         if req.path in router.paths:
             self.send_json(405, b'{"error":{"message":"method not allowed"}}')
@@ -254,6 +309,7 @@ class ClientConnection(asyncio.Protocol):
     def _reject(self, status: int, message: str) -> None:
         self.keep_alive = False
         self._req = None
+        self._chunked = None
         self._buf = b""
         body = b'{"error":{"message":"%s"}}' % message.encode()
         if self.transport is not None and not self.closed:
@@ -280,11 +336,16 @@ class ClientConnection(asyncio.Protocol):
         self.busy = False
         self.relay = None
         self.on_lost = None
+        self.task = None
         if self.closed:
             return
+        self.since = self.state.loop.time()
         if not self.keep_alive:
             self.transport.close()  # type: ignore[union-attr]
             return
+        if self._held:
+            self._held = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
         if self._buf:
             # Next pipelined request: on a fresh stack, so a long pipeline cannot recurse.
             self.state.loop.call_soon(self._parse_next)
@@ -293,10 +354,28 @@ class ClientConnection(asyncio.Protocol):
         if not self.busy and not self.closed and self._req is None and self._buf:
             self._parse()
 
-    def abort(self) -> None:
-        """Drop the connection: the only honest signal once a 200 stream has broken."""
+    def end_stream(self, last: bytes) -> None:
+        """A started response cannot be completed: send `last` (an SSE error event, already
+        framed) and close without the final chunk, so no client can take it as complete."""
         self.busy = False
         self.relay = None
         self.on_lost = None
+        self.task = None
+        self.keep_alive = False
+        if self.transport is not None and not self.closed:
+            if self.paused:  # it would never be flushed to a client that does not read
+                self.transport.abort()
+                return
+            if last:
+                self.transport.write(last)
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection: the only honest signal once a non-SSE response has broken.
+        `on_lost` still runs (from connection_lost), so a relayed stream's backend connection
+        is dropped too."""
+        self.busy = False
+        self.relay = None
+        self.task = None
         if self.transport is not None and not self.closed:
             self.transport.abort()

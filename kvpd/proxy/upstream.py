@@ -4,15 +4,12 @@ coroutines): the response head and every read are handed to the sink as they arr
 from __future__ import annotations
 
 import asyncio
-import collections
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvpd.proxy.http1 import MAX_HEAD_BYTES, ChunkedReader, HttpParseError, parse_response_head
 
-# uvicorn (vLLM's server) closes idle keep-alive connections after 5 s; drop ours a bit earlier
-# so a request is never written into a socket the server is closing.
-IDLE_TTL_S = 4.0
-MAX_IDLE_PER_BACKEND = 512
+if TYPE_CHECKING:
+    from kvpd.proxy.hostpool import HostPool
 
 
 class UpstreamError(Exception):
@@ -228,7 +225,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._timer = None
         if self.sink is None:
             return
-        if self._ticks != self._seen_ticks:
+        if self._ticks != self._seen_ticks or self._paused:
+            # progress, or no reads because the client is slow (its own timeout covers that)
             self._seen_ticks = self._ticks
             self._timer = self.pool.loop.call_later(self._timeout, self._tick)
             return
@@ -273,6 +271,11 @@ class UpstreamConnection(asyncio.Protocol):
         self.sink = None
         self.abort()
 
+    def at_chunk_boundary(self) -> bool:
+        """The body bytes received so far end between chunks (a chunk can be appended)."""
+        reader = self._chunked
+        return self._mode == _CHUNKED and reader is not None and reader.between_chunks()
+
     def pause_reading(self) -> None:
         if self.transport is not None and not self.closed and not self._paused:
             self._paused = True
@@ -288,146 +291,3 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
-
-
-class HostPool:
-    """Idle keep-alive connections to one host:port, most recently used first."""
-
-    def __init__(
-        self, host: str, port: int, loop: asyncio.AbstractEventLoop, connect_timeout: float
-    ) -> None:
-        self.host = host
-        self.port = port
-        self.name = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.loop = loop
-        self.connect_timeout = connect_timeout
-        self._idle: collections.deque[UpstreamConnection] = collections.deque()
-        self.host_header = f"Host: {self.name}\r\n".encode()
-
-    async def acquire(self) -> UpstreamConnection:
-        idle = self._idle
-        if idle:
-            now = self.loop.time()
-            while idle:
-                conn = idle.pop()
-                if not conn.closed and now - conn.idle_since < IDLE_TTL_S:
-                    conn.reused = True
-                    return conn
-                conn.abort()
-        return await self.connect()
-
-    async def connect(self) -> UpstreamConnection:
-        try:
-            _, conn = await asyncio.wait_for(
-                self.loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port),
-                self.connect_timeout,
-            )
-        except asyncio.TimeoutError:
-            raise ConnectFailed(
-                f"connecting to {self.name} timed out after {self.connect_timeout:g} s"
-            ) from None
-        except OSError as e:
-            raise ConnectFailed(f"cannot connect to {self.name}: {e.strerror or e}") from None
-        conn.reused = False
-        return conn
-
-    def release(self, conn: UpstreamConnection) -> None:
-        if conn.closed:
-            return
-        if len(self._idle) >= MAX_IDLE_PER_BACKEND:
-            conn.abort()
-            return
-        conn.idle_since = self.loop.time()
-        self._idle.append(conn)
-
-    def close(self) -> None:
-        while self._idle:
-            self._idle.pop().abort()
-
-
-class BufferedResponse:
-    """A sink that keeps the whole (de-chunked) response and resolves a future with it."""
-
-    __slots__ = ("future", "status", "headers", "_parts")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.future: asyncio.Future[BufferedResponse] = loop.create_future()
-        self.status = 0
-        self.headers: dict[bytes, bytes] = {}
-        self._parts: list[bytes] = []
-
-    def on_head(self, status: int, headers: dict[bytes, bytes]) -> None:
-        self.status = status
-        self.headers = headers
-
-    def on_body(self, data: bytes) -> None:
-        self._parts.append(data)
-
-    def on_done(self) -> None:
-        if not self.future.done():
-            self.future.set_result(self)
-
-    def on_error(self, exc: UpstreamError) -> None:
-        if not self.future.done():
-            self.future.set_exception(exc)
-
-    @property
-    def body(self) -> bytes:
-        raw = b"".join(self._parts)
-        te = self.headers.get(b"transfer-encoding")
-        if te is not None and b"chunked" in te.lower():
-            reader = ChunkedReader(collect=True)
-            reader.feed(raw)
-            return reader.body()
-        return raw
-
-
-def build_request(
-    method: bytes, path: bytes, pool: HostPool, body: bytes, extra_headers: bytes = b""
-) -> bytes:
-    """One request with Content-Length; `extra_headers` is pre-formatted header lines."""
-    if method == b"GET" and not body:
-        return b"".join(
-            (method, b" ", path, b" HTTP/1.1\r\n", pool.host_header, extra_headers, b"\r\n")
-        )
-    return b"".join(
-        (
-            method,
-            b" ",
-            path,
-            b" HTTP/1.1\r\n",
-            pool.host_header,
-            b"Content-Type: application/json\r\nContent-Length: ",
-            str(len(body)).encode(),
-            b"\r\n",
-            extra_headers,
-            b"\r\n",
-            body,
-        )
-    )
-
-
-async def fetch(
-    pool: HostPool,
-    method: bytes,
-    path: bytes,
-    body: bytes,
-    timeout: float,
-    extra_headers: bytes = b"",
-) -> BufferedResponse:
-    """Send one request and buffer the whole response; a stale keep-alive socket is retried
-    once on a fresh connection."""
-    request = build_request(method, path, pool, body, extra_headers)
-    for attempt in range(2):
-        conn = await (pool.acquire() if attempt == 0 else pool.connect())
-        sink = BufferedResponse(pool.loop)
-        conn.send(request, sink, timeout)
-        try:
-            return await sink.future
-        except ConnectionLost as e:
-            if not e.stale or attempt:
-                raise
-        except asyncio.CancelledError:
-            conn.detach()
-            raise
-    raise AssertionError("unreachable")

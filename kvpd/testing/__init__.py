@@ -1,1 +1,2 @@
-"""Public test doubles for code built on kvpd (transports, backends): stand-ins, named as such."""
+"""Test doubles users may want too (as `fabric.testing` does): stand-ins for what cannot run
+here, for fault injection and benchmarks. Not used by kvpd's own commands."""

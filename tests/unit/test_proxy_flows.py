@@ -1,143 +1,16 @@
-"""The kvpd proxy end to end against fake backends on 127.0.0.1: both flows, streaming and not,
+"""The kvpd proxy end to end against stand-in backends on 127.0.0.1: both flows, streaming and not,
 errors, balancing, health checks and metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import pytest
 
-from kvpd.proxy.app import ProxyApp
-from kvpd.proxy.config import ProxyConfig
-from kvpd.proxy.fake_backend import FakeBackend
-from kvpd.proxy.http1 import ChunkedReader
+from tests.unit.proxy_cluster import CHAT, COMPLETION, PREFILL_KV, Cluster, run_cluster
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class Reply:
-    def __init__(self, status: int, headers: dict[str, str], body: bytes, complete: bool) -> None:
-        self.status = status
-        self.headers = headers
-        self.body = body
-        self.complete = complete  # False when the connection broke before the body's end
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def events(self) -> list[str]:
-        return [e[6:] for e in self.body.decode().split("\n\n") if e.startswith("data: ")]
-
-
-async def call(
-    port: int,
-    method: str,
-    path: str,
-    body: Any = None,
-    headers: dict[str, str] | None = None,
-) -> Reply:
-    """A plain HTTP/1.1 request on its own connection (read to EOF)."""
-    data = b"" if body is None else json.dumps(body).encode()
-    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Connection: close"]
-    if body is not None:
-        lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + data)
-    raw = b""
-    try:
-        raw = await reader.read()
-    except ConnectionResetError:
-        pass
-    writer.close()
-    head, _, rest = raw.partition(b"\r\n\r\n")
-    status_line, *hdr_lines = head.decode().split("\r\n")
-    hdrs = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in hdr_lines)}
-    if hdrs.get("transfer-encoding") == "chunked":
-        reader_ = ChunkedReader(collect=True)
-        reader_.feed(rest)
-        return Reply(int(status_line.split()[1]), hdrs, reader_.body(), reader_.done)
-    complete = len(rest) == int(hdrs.get("content-length", len(rest)))
-    return Reply(int(status_line.split()[1]), hdrs, rest, complete)
-
-
-class Cluster:
-    def __init__(self, app: ProxyApp, prefillers: list[FakeBackend], decoders: list[FakeBackend]):
-        self.app = app
-        self.p = prefillers
-        self.d = decoders
-
-    @property
-    def port(self) -> int:
-        return self.app.port
-
-    async def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Reply:
-        return await call(self.port, method, path, body, **kw)
-
-    def metric(self, line_prefix: str) -> float:
-        text = self.app.metrics.render(self.app.prefillers, self.app.decoders).decode()
-        for line in text.splitlines():
-            if line.startswith(line_prefix + " "):
-                return float(line.rsplit(" ", 1)[1])
-        raise KeyError(line_prefix)
-
-
-def run_cluster(
-    test: Callable[[Cluster], Awaitable[None]],
-    n_prefill: int = 1,
-    n_decode: int = 1,
-    decode_delay: float = 0.0,
-    **cfg: Any,
-) -> None:
-    async def main() -> None:
-        prefillers = [await FakeBackend("prefill").start() for _ in range(n_prefill)]
-        decoders = [
-            await FakeBackend("decode", delay_s=decode_delay, chunks=4).start()
-            for _ in range(n_decode)
-        ]
-        config = ProxyConfig(
-            port=0,
-            prefillers=[("127.0.0.1", b.port) for b in prefillers],
-            decoders=[("127.0.0.1", b.port) for b in decoders],
-            **{"health_interval": 30.0, "retry_delay": 0.0, **cfg},
-        )
-        app = ProxyApp(config)
-        await app.start()
-        await app.health.wait_round()
-        try:
-            await test(Cluster(app, prefillers, decoders))
-        finally:
-            await app.stop()
-            for b in prefillers + decoders:
-                await b.stop()
-
-    asyncio.run(main())
-
-
-COMPLETION = {
-    "model": "fake",
-    "prompt": "Hello there, how are you?",
-    "max_tokens": 8,
-    "min_tokens": 2,
-    "stream": True,
-    "stream_options": {"include_usage": True},
-}
-CHAT = {
-    "model": "fake",
-    "messages": [{"role": "user", "content": "Hi!"}],
-    "max_completion_tokens": 8,
-}
-PREFILL_KV = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 
 # --- prefill-first ---------------------------------------------------------------------------
@@ -203,7 +76,8 @@ def test_chat_streaming_and_keep_alive_pipelining() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
         writer.write(req + req)  # two requests on one keep-alive connection, pipelined
         seen = b""
-        while seen.count(b"0\r\n\r\n") < 2:
+        end = b"data: [DONE]\n\n\r\n0\r\n\r\n"  # (a head can end in "0\r\n\r\n" too)
+        while seen.count(end) < 2:
             seen += await reader.read(65536)
         writer.close()
         assert seen.count(b"HTTP/1.1 200 OK") == 2
@@ -213,21 +87,17 @@ def test_chat_streaming_and_keep_alive_pipelining() -> None:
     run_cluster(t)
 
 
-def test_authorization_from_openai_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-
+def test_authorization_from_openai_api_key() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("POST", "/v1/completions", COMPLETION, headers={"Authorization": "x"})
         assert r.status == 200
         assert c.p[0].requests[0][1][b"authorization"] == b"Bearer sk-test"
         assert c.d[0].requests[0][1][b"authorization"] == b"Bearer sk-test"
 
-    run_cluster(t)
+    run_cluster(t, api_key="sk-test")
 
 
-def test_client_authorization_forwarded_without_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-
+def test_client_authorization_forwarded_without_key() -> None:
     async def t(c: Cluster) -> None:
         await c.call("POST", "/v1/completions", COMPLETION, headers={"Authorization": "Bearer u"})
         assert c.p[0].requests[0][1][b"authorization"] == b"Bearer u"
@@ -258,7 +128,10 @@ def test_failed_prefill_is_502_and_never_decoded() -> None:
         assert r.status == 502
         err = r.json()["error"]
         assert err["type"] == "prefill_error"
-        assert "prefill failed" in err["message"] and c.p[0].name in err["message"]
+        assert (
+            "prefill failed" in err["message"] and "prefill-0 answered HTTP 500" in err["message"]
+        )
+        assert str(c.p[0].port) not in err["message"]  # no backend address reaches clients
         assert "HTTP 500" in err["message"]
         assert c.d[0].requests == []  # no silent decode-only fallback
         assert len(c.p[0].requests) == 1 + 2  # first try plus --max-retries 2
@@ -273,7 +146,7 @@ def test_prefill_client_error_is_passed_through() -> None:
         c.p[0].fail_status = 400
         r = await c.call("POST", "/v1/completions", COMPLETION)
         assert r.status == 400
-        assert r.json()["error"]["message"] == "fake prefill failure"
+        assert r.json()["error"]["message"] == "stand-in prefill failure"
         assert len(c.p[0].requests) == 1 and c.d[0].requests == []
 
     run_cluster(t)
@@ -288,9 +161,10 @@ def test_dead_prefiller_fails_over_and_is_marked_down() -> None:
             assert r.status == 200
         assert len(alive.requests) == 4
         state = (await c.call("GET", "/healthcheck")).json()["prefill_instances"]
-        by_url = {s["url"]: s for s in state}
-        assert by_url[f"http://{dead.name}"]["healthy"] is False
-        assert "cannot connect" in by_url[f"http://{dead.name}"]["last_error"]
+        by_name = {s["name"]: s for s in state}
+        assert by_name["prefill-0"]["healthy"] is False
+        assert "cannot connect" in by_name["prefill-0"]["last_error"]
+        assert str(dead.port) not in json.dumps(state)
         assert c.metric("kvpd_proxy_retries_total") <= 1
 
     run_cluster(t, n_prefill=2)
@@ -317,7 +191,7 @@ def test_dead_decoder_gives_a_quick_clear_error() -> None:
         assert r.status == 502
         err = r.json()["error"]
         assert err["type"] == "decode_error"
-        assert "decode failed" in err["message"] and c.d[0].name in err["message"]
+        assert "decode failed" in err["message"] and "decode-0" in err["message"]
         assert c.metric('kvpd_proxy_failures_total{kind="decode_error"}') == 1
 
     run_cluster(t)
@@ -453,7 +327,7 @@ def test_health_checks_remove_and_restore_backends() -> None:
         for _ in range(4):
             assert (await c.call("POST", "/v1/completions", COMPLETION)).status == 200
         assert sick.requests == [] and len(c.d[1].requests) == 4
-        assert c.metric(f'kvpd_proxy_backend_healthy{{role="decode",backend="{sick.name}"}}') == 0
+        assert c.metric('kvpd_proxy_backend_healthy{role="decode",backend="decode-0"}') == 0
 
         c.d[1].healthy = False
         await c.app.health.wait_round()
@@ -506,7 +380,8 @@ def test_metrics_counters() -> None:
         assert "kvpd_proxy_disaggregated_requests_total 4" in text
         assert 'kvpd_proxy_failures_total{kind="prefill_error"} 1' in text
         assert 'kvpd_proxy_responses_total{status="502"} 1' in text
-        assert f'kvpd_proxy_backend_inflight{{role="decode",backend="{c.d[0].name}"}} 0' in text
+        assert 'kvpd_proxy_backend_inflight{role="decode",backend="decode-0"} 0' in text
+        assert str(c.d[0].port) not in text and str(c.p[0].port) not in text
         assert "kvpd_proxy_request_seconds_count 5" in text
         assert 'kvpd_proxy_first_byte_seconds_bucket{le="+Inf"} 4' in text
 
@@ -535,7 +410,7 @@ def test_layerwise_streaming_dispatches_prefill_from_metaserver() -> None:
         assert p_headers[b"x-request-id"].decode() == rid
         assert c.d[0].metaserver_answers == [200]
         assert c.metric("kvpd_proxy_disaggregated_requests_total") == 1
-        assert not c.app.flows.layerwise.records  # records cleaned up
+        assert not c.app.flow.records  # records cleaned up
 
     run_cluster(t, flow="layerwise")
 
@@ -642,7 +517,18 @@ def test_mixed_flow_balances_over_engines_without_prefill() -> None:
 def test_mixed_flow_cli_needs_no_prefillers() -> None:
     from kvpd.proxy.config import parse_args
 
-    cfg = parse_args(["--flow", "mixed", "--prefiller-hosts", "--prefiller-ports",
-                      "--decoder-hosts", "127.0.0.1", "127.0.0.1",
-                      "--decoder-ports", "9000", "9001"])
-    assert cfg.prefillers == [] and len(cfg.decoders) == 2
+    cfg = parse_args(
+        [
+            "--flow",
+            "mixed",
+            "--prefiller-hosts",
+            "--prefiller-ports",
+            "--decoder-hosts",
+            "127.0.0.1",
+            "127.0.0.1",
+            "--decoder-ports",
+            "9000",
+            "9001",
+        ]
+    )
+    assert cfg.prefillers == () and len(cfg.decoders) == 2

@@ -17,9 +17,9 @@ import pytest
 
 from kvpd.proxy.backends import Backend, BackendPool
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
+from kvpd.proxy.hostpool import HostPool
 from kvpd.proxy.http1 import ChunkedReader, HttpParseError, encode_chunk, parse_response_head
 from kvpd.proxy.rewrite import child_request_ids, decode_tokens, estimate_prompt_tokens
-from kvpd.proxy.upstream import HostPool
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -31,8 +31,8 @@ def test_vllm_ascend_style_flags() -> None:
          "--prefiller-ports", "8001", "8002", "--decoder-hosts", "10.0.0.3",
          "--decoder-ports", "8003", "--max-retries", "1", "--flow", "layerwise"]
     )  # fmt: skip
-    assert cfg.prefillers == [("10.0.0.1", 8001), ("10.0.0.2", 8002)]
-    assert cfg.decoders == [("10.0.0.3", 8003)]
+    assert cfg.prefillers == (("10.0.0.1", 8001), ("10.0.0.2", 8002))
+    assert cfg.decoders == (("10.0.0.3", 8003),)
     assert cfg.max_retries == 1 and cfg.flow == "layerwise"
     assert cfg.metaserver == "http://10.0.0.5:9000/v1/metaserver"
 
@@ -94,7 +94,7 @@ def _pool(n: int) -> BackendPool:
     loop = asyncio.new_event_loop()
     try:
         return BackendPool("decode", [Backend(HostPool("h", 8000 + i, loop, 1.0))
-                                      for i in range(n)])  # fmt: skip
+                                      for i in range(n)], loop)  # fmt: skip
     finally:
         loop.close()
 
@@ -153,8 +153,8 @@ def _get(url: str) -> int:
 
 def test_process_readiness_and_prompt_sigterm() -> None:
     port, p_port, d_port = _free_port(), _free_port(), _free_port()
-    fakes = subprocess.Popen(
-        [sys.executable, "-m", "kvpd.proxy.fake_backend", "--prefill-port", str(p_port),
+    backends = subprocess.Popen(
+        [sys.executable, "-m", "kvpd.testing.backend", "--prefill-port", str(p_port),
          "--decode-port", str(d_port)], stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     proxy = subprocess.Popen(
@@ -163,7 +163,7 @@ def test_process_readiness_and_prompt_sigterm() -> None:
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        assert fakes.stdout.readline().startswith("prefill=")  # type: ignore[union-attr]
+        assert backends.stdout.readline().startswith("prefill=")  # type: ignore[union-attr]
         deadline = time.monotonic() + 20
         status = 0
         while time.monotonic() < deadline:
@@ -176,8 +176,8 @@ def test_process_readiness_and_prompt_sigterm() -> None:
             time.sleep(0.05)
         assert status == 200
         assert _get(f"http://127.0.0.1:{port}/healthcheck") == 200
-        fakes.send_signal(signal.SIGTERM)  # backends gone: the proxy stops being ready
-        fakes.wait(10)
+        backends.send_signal(signal.SIGTERM)  # backends gone: the proxy stops being ready
+        backends.wait(10)
         while time.monotonic() < deadline and status == 200:
             status = _get(f"http://127.0.0.1:{port}/health")
             time.sleep(0.05)
@@ -188,7 +188,7 @@ def test_process_readiness_and_prompt_sigterm() -> None:
         assert time.monotonic() - t0 < 5
         assert "Traceback" not in proxy.stderr.read()  # type: ignore[union-attr]
     finally:
-        for p in (proxy, fakes):
+        for p in (proxy, backends):
             if p.poll() is None:
                 p.kill()
                 p.wait()

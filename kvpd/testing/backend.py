@@ -1,7 +1,15 @@
-"""Fake vLLM backends (stand-ins for tests and the proxy benchmark): a prefiller that answers
-JSON with kv_transfer_params and a decoder that waits, then streams SSE chunks. Fault switches
-(unhealthy, fail_status, hang) exist for tests. Run both in one process with
-`python -m kvpd.proxy.fake_backend --prefill-port P --decode-port D`."""
+"""A stand-in for vLLM engines behind kvpd's proxy, for fault injection and benchmarks (it
+does no inference): a prefiller that answers JSON with kv_transfer_params and a decoder that
+waits, then streams SSE chunks, speaking the HTTP vLLM speaks to a P/D proxy.
+
+Fault switches, settable at any time: `healthy` (GET /health 200 or 503), `fail_status` (answer
+every generation with that status), `hang` (accept generation requests and never answer),
+`silent` (never answer anything, health checks included), `trickle_s` (send a generation's
+answer one byte every `trickle_s` seconds).
+
+In a process of its own (to SIGKILL it, or to give it its own CPU and open-files budget):
+`python -m kvpd.testing.backend --prefill-port P --decode-port D` prints `prefill=P decode=D`
+once both listen."""
 
 from __future__ import annotations
 
@@ -13,7 +21,8 @@ import sys
 from typing import Any
 
 from kvpd.proxy.http1 import encode_chunk
-from kvpd.proxy.server import ClientConnection, Request, Router, ServerState
+from kvpd.proxy.routing import Request, Router
+from kvpd.proxy.server import ClientConnection, ServerState
 
 _SSE_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
@@ -21,8 +30,8 @@ _SSE_HEAD = (
 )
 
 
-class FakeBackend:
-    """A fake vLLM server for one role ("prefill" or "decode")."""
+class StandInBackend:
+    """A stand-in vLLM server for one role ("prefill" or "decode")."""
 
     def __init__(
         self,
@@ -49,9 +58,11 @@ class FakeBackend:
         self.healthy = True
         self.fail_status: int | None = None
         self.hang = False
+        self.silent = False
+        self.trickle_s = 0.0
         self.served = 0
         self.server: asyncio.AbstractServer | None = None
-        self._events: dict[bytes, list[bytes]] = {}
+        self._events: dict[tuple[bytes, int], list[bytes]] = {}
         router = Router()
         router.add("GET", "/health", self._health)
         router.add("GET", "/v1/models", self._models)
@@ -68,7 +79,7 @@ class FakeBackend:
     def name(self) -> str:
         return f"{self.host}:{self.port}"
 
-    async def start(self) -> FakeBackend:
+    async def start(self) -> StandInBackend:
         loop = asyncio.get_running_loop()
         state = ServerState(self._router, loop, access_log=False)
         self._state = state
@@ -90,12 +101,14 @@ class FakeBackend:
 
     # --- endpoints ---------------------------------------------------------------------------
     def _health(self, client: ClientConnection, req: Request) -> None:
+        if self.silent:
+            return  # the connection stays open and unanswered
         client.send(200 if self.healthy else 503, b"", b"text/plain")
 
     def _models(self, client: ClientConnection, req: Request) -> None:
         body = {
             "object": "list",
-            "data": [{"id": "fake", "object": "model", "owned_by": self.role}],
+            "data": [{"id": "stand-in", "object": "model", "owned_by": self.role}],
         }
         client.send_json(200, json.dumps(body).encode())
 
@@ -109,11 +122,14 @@ class FakeBackend:
             body = json.loads(req.body)
         if self.record:
             self.requests.append((req.path.decode(), req.headers, body or {}))
-        if self.hang:
+        if self.hang or self.silent:
             await _until_lost(client)
             return
+        if self.trickle_s:
+            await self._trickle(client)
+            return
         if self.fail_status is not None:
-            msg = {"error": {"message": f"fake {self.role} failure", "code": self.fail_status}}
+            msg = {"error": {"message": f"stand-in {self.role} failure", "code": self.fail_status}}
             client.send_json(self.fail_status, json.dumps(msg).encode())
             return
         if self.role == "prefill":
@@ -121,7 +137,10 @@ class FakeBackend:
             return
         kv = (body or {}).get("kv_transfer_params") or {}
         if isinstance(kv, dict) and kv.get("metaserver"):
-            if not await self._call_metaserver(client, req, kv["metaserver"], body or {}):
+            # shielded: a decoder whose request is dropped still gets the metaserver's answer
+            # (tests read it from metaserver_answers)
+            call = self._call_metaserver(client, req, kv["metaserver"], body or {})
+            if not await asyncio.shield(asyncio.ensure_future(call)):
                 await _until_lost(client)  # a real decoder waits for KV that never comes
                 return
         if self.delay_s:
@@ -132,6 +151,18 @@ class FakeBackend:
             await self._stream(client, req.path)
         else:
             self._complete(client, req.path)
+
+    async def _trickle(self, client: ClientConnection) -> None:
+        """A valid answer, one byte at a time (a backend stuck in a crawl)."""
+        client.response_started = True
+        answer = b'{"id":"slow","choices":[{"index":0,"text":"x"}]}'
+        raw = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        for byte in raw % (len(answer), answer):
+            if client.closed:
+                return
+            client.transport.write(bytes((byte,)))  # type: ignore[union-attr]
+            await asyncio.sleep(self.trickle_s)
+        client.finish()
 
     def _prefill_answer(self, client: ClientConnection, req: Request, body: dict[str, Any]) -> None:
         rid = req.headers.get(b"x-request-id", b"").decode()
@@ -154,7 +185,7 @@ class FakeBackend:
         client.send_json(200, json.dumps(answer).encode())
 
     def _event_chunks(self, path: bytes) -> list[bytes]:
-        events = self._events.get(path)
+        events = self._events.get((path, self.chunks))
         if events is None:
             chat = path.endswith(b"chat/completions")
             events = []
@@ -168,7 +199,7 @@ class FakeBackend:
                 obj["choices"] = [choice]
                 events.append(encode_chunk(b"data: " + json.dumps(obj).encode() + b"\n\n"))
             events.append(encode_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-            self._events[path] = events
+            self._events[(path, self.chunks)] = events
         return events
 
     async def _stream(self, client: ClientConnection, path: bytes) -> None:
@@ -253,7 +284,7 @@ async def _main(args: argparse.Namespace) -> None:
     for role, port in (("prefill", args.prefill_port), ("decode", args.decode_port)):
         if port is None:
             continue
-        fb = FakeBackend(
+        fb = StandInBackend(
             role,
             port=port,
             delay_s=args.delay_ms / 1e3,
@@ -273,7 +304,9 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="fake vLLM prefill/decode backends (for benchmarks)")
+    p = argparse.ArgumentParser(
+        description="stand-in vLLM prefill/decode backends (fault injection, benchmarks)"
+    )
     p.add_argument("--prefill-port", type=int)
     p.add_argument("--decode-port", type=int)
     p.add_argument("--delay-ms", type=float, default=20.0)

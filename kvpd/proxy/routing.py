@@ -1,0 +1,50 @@
+"""Requests as the server hands them to handlers, and the routes from (method, path) to
+handlers."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpd.proxy.server import ClientConnection
+
+
+class Request:
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "started")
+
+    def __init__(
+        self,
+        method: bytes,
+        path: bytes,
+        query: bytes,
+        headers: dict[bytes, bytes],
+        keep_alive: bool,
+        started: float,
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = b""
+        self.keep_alive = keep_alive
+        self.started = started
+
+
+SyncHandler = Callable[["ClientConnection", Request], None]
+AsyncHandler = Callable[["ClientConnection", Request], Awaitable[None]]
+
+
+class Router:
+    def __init__(self) -> None:
+        self.sync: dict[tuple[bytes, bytes], SyncHandler] = {}
+        self.async_: dict[tuple[bytes, bytes], AsyncHandler] = {}
+        self.paths: set[bytes] = set()
+
+    def add(self, method: str, path: str, handler: SyncHandler) -> None:
+        self.sync[(method.encode(), path.encode())] = handler
+        self.paths.add(path.encode())
+
+    def add_async(self, method: str, path: str, handler: AsyncHandler) -> None:
+        self.async_[(method.encode(), path.encode())] = handler
+        self.paths.add(path.encode())

@@ -1,0 +1,212 @@
+"""The two steps every flow is made of, with retries on other backends and the circuit
+breaker's evidence: prefill (buffered JSON) and decode (relayed to the client as it comes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kvpd.proxy.hostpool import build_request, fetch
+from kvpd.proxy.relay import ClientGone, DecodeRelay, Failure
+from kvpd.proxy.upstream import ConnectFailed, ConnectionLost, ReadTimeout, UpstreamError
+
+if TYPE_CHECKING:
+    from kvpd.proxy.backends import Backend, BackendPool
+    from kvpd.proxy.config import ProxyConfig
+    from kvpd.proxy.metrics import ProxyMetrics
+    from kvpd.proxy.routing import Request
+    from kvpd.proxy.server import ClientConnection
+
+log = logging.getLogger("kvpd.proxy")
+
+
+def _unreachable(e: UpstreamError) -> bool:
+    """Refused, or reset before any byte: the process is likely gone (out until healthy)."""
+    return isinstance(e, ConnectFailed) or (isinstance(e, ConnectionLost) and e.bytes_received == 0)
+
+
+class Steps:
+    def __init__(
+        self,
+        cfg: ProxyConfig,
+        prefillers: BackendPool,
+        decoders: BackendPool,
+        metrics: ProxyMetrics,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.cfg = cfg
+        self.prefillers = prefillers
+        self.decoders = decoders
+        self.metrics = metrics
+        self.loop = loop
+
+    async def prefill(self, path: bytes, data: bytes, tokens: int, extra: bytes) -> dict[str, Any]:
+        """Run the prefill on some prefiller (retrying others on connection errors and 5xx);
+        return its JSON answer or raise Failure. Nothing reaches the client before this
+        returns, so a retry is always safe; a failure is never followed by a decode."""
+        cfg = self.cfg
+        pool = self.prefillers
+        started = self.loop.time()
+        tried: tuple[Backend, ...] = ()
+        problems: list[str] = []
+        kind = "prefill_error"
+        for attempt in range(cfg.max_retries + 1):
+            backend = pool.pick(tried) or pool.pick()
+            if backend is None:
+                if not problems:
+                    raise Failure(503, "no_prefiller", _none_usable(pool))
+                break
+            if attempt:
+                self.metrics.retries += 1
+                await asyncio.sleep(cfg.retry_delay * 2 ** (attempt - 1))
+            tried += (backend,)
+            backend.begin(tokens)
+            try:
+                resp = await fetch(backend.pool, b"POST", path, data, cfg.prefill_timeout, extra)
+            except UpstreamError as e:
+                problems.append(str(e))
+                pool.failed(backend, str(e), _unreachable(e))
+                if isinstance(e, ReadTimeout):
+                    kind = "prefill_timeout"
+                    break  # another prefiller would likely be just as slow: fail now
+                continue
+            finally:
+                backend.end(tokens)
+            if resp.status == 200:
+                try:
+                    answer = json.loads(resp.body)
+                except ValueError:
+                    pool.failed(backend, "answered 200 with a body that is not JSON")
+                    problems.append(f"{backend.name} answered 200 with a body that is not JSON")
+                    continue
+                pool.succeeded(backend)
+                self.metrics.prefill_seconds.observe(self.loop.time() - started)
+                return answer
+            snippet = resp.body[:300].decode(errors="replace")
+            if resp.status < 500:
+                # The request itself is wrong (e.g. prompt too long): pass the answer on.
+                backend.errors += 1
+                backend.last_error = f"HTTP {resp.status}"
+                raise Failure(resp.status, "prefill_rejected", snippet, resp.body)
+            pool.failed(backend, f"HTTP {resp.status}")
+            problems.append(f"{backend.name} answered HTTP {resp.status}: {snippet}")
+        raise Failure(
+            502,
+            kind,
+            "prefill failed, request not sent to a decoder: " + "; ".join(problems),
+        )
+
+    async def decode(
+        self,
+        client: ClientConnection,
+        req: Request,
+        data: bytes,
+        tokens: int,
+        extra: bytes,
+        request_id: str,
+        on_attempt: Callable[[DecodeRelay, int], None] | None = None,
+    ) -> bool:
+        """Relay a decoder's response; retry another decoder while nothing was sent. True when
+        a complete answer went out. `on_attempt(relay, n)` runs before each attempt."""
+        cfg = self.cfg
+        pool = self.decoders
+        rid = request_id.encode()
+        tried: tuple[Backend, ...] = ()
+        problems: list[str] = []
+        kind = "decode_error"
+        for attempt in range(cfg.max_retries + 1):
+            backend = pool.pick(tried) or pool.pick()
+            if backend is None:
+                if not problems:
+                    raise Failure(503, "no_decoder", _none_usable(pool))
+                break
+            if attempt:
+                self.metrics.retries += 1
+                await asyncio.sleep(cfg.retry_delay * 2 ** (attempt - 1))
+            tried += (backend,)
+            relay = DecodeRelay(client, rid, self.loop)
+            if on_attempt is not None:
+                on_attempt(relay, attempt)
+            backend.begin(tokens)
+            try:
+                outcome = await self._relay_once(backend, relay, req.path, data, extra, client)
+            finally:
+                backend.end(tokens)
+            if outcome is None:
+                if relay.status < 400:
+                    pool.succeeded(backend)
+                    self.metrics.first_byte_seconds.observe(relay.first_byte_at - req.started)
+                else:
+                    backend.errors += 1
+                    backend.last_error = f"HTTP {relay.status}"
+                    self.metrics.failures["decode_rejected"] += 1
+                self.metrics.responses[relay.status] += 1
+                client.finish()
+                return relay.status < 400
+            if isinstance(outcome, ClientGone):
+                self.metrics.failures["client_disconnect"] += 1
+                return False
+            if isinstance(outcome, Failure):  # the layerwise prefill behind it failed
+                raise outcome
+            if relay.sent:
+                # Part of a 200 answer is out: end it with an error the client can see (an
+                # SSE error event where the framing allows) and close: never a clean end.
+                pool.failed(backend, str(outcome))
+                self.metrics.failures["stream_truncated"] += 1
+                log.warning("decode stream from %s broke: %s", backend.name, outcome)
+                relay.break_stream(f"the decoder's stream broke: {outcome}")
+                return False
+            if isinstance(outcome, UpstreamError):
+                problems.append(str(outcome))
+                pool.failed(backend, str(outcome), _unreachable(outcome))
+                if isinstance(outcome, ReadTimeout):
+                    kind = "decode_timeout"
+                    break
+                continue
+            # a 5xx answer, buffered
+            pool.failed(backend, f"HTTP {relay.status}")
+            snippet = b"".join(relay.error_parts or ())[:300].decode(errors="replace")
+            problems.append(f"{backend.name} answered HTTP {relay.status}: {snippet}")
+        raise Failure(502 if kind == "decode_error" else 504, kind,
+                      "decode failed: " + "; ".join(problems))  # fmt: skip
+
+    async def _relay_once(
+        self,
+        backend: Backend,
+        relay: DecodeRelay,
+        path: bytes,
+        data: bytes,
+        extra: bytes,
+        client: ClientConnection,
+    ) -> Exception | None:
+        pool = backend.pool
+        request = build_request(b"POST", path, pool, data, extra)
+        for attempt in range(2):
+            try:
+                conn = await (pool.acquire() if attempt == 0 else pool.connect())
+            except UpstreamError as e:
+                return e
+            if client.closed:
+                pool.release(conn)
+                return ClientGone()
+            relay.upstream = conn
+            client.relay = conn
+            client.on_lost = lambda: relay.abandon(ClientGone())
+            conn.send(request, relay, self.cfg.read_timeout)
+            outcome = await relay.future
+            if isinstance(outcome, ConnectionLost) and outcome.stale and not attempt:
+                relay.future = self.loop.create_future()
+                continue
+            return outcome
+        return None
+
+
+def _none_usable(pool: BackendPool) -> str:
+    states = ", ".join(
+        f"{b.name}: {'draining' if b.draining else b.last_error or b.circuit}"
+        for b in pool.backends
+    )
+    return f"no usable {pool.role} backend ({states})"
