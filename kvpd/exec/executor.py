@@ -120,6 +120,7 @@ class Executor:
             try:
                 self._resolve_run_dirs(state, pool)
                 self._write_files(state, pool)
+                self._install_bundle(state)
                 for stage in plan.stages:
                     for batch in self._batches(stage):
                         records = self._start_stage(state, batch, pool)
@@ -174,6 +175,24 @@ class Executor:
         specs = [state.plan.host(h) for h in sorted(hosts)]
         dirs = pool.map(lambda h: self.transports[h.name].resolve(h.run_dir), specs)
         state.run_dirs = {h.name: d for h, d in zip(specs, dirs, strict=True)}
+        self._save(state)
+
+    def _install_bundle(self, state: DeploymentState) -> None:
+        """Node bundle (kvpd.exec.bundle): kvpd on every host slot of the plan, verified,
+        before any process starts."""
+        if not state.plan.bundle:
+            return
+        from kvpd.exec.bundle import install_bundle
+
+        state.bundle, warnings = install_bundle(
+            state.plan,
+            state.run_dirs,
+            lambda h: self.transports[h],
+            self.reporter,
+            max_workers=1 if self.serial else self.max_workers,
+        )
+        for w in warnings:
+            self.reporter.message(f"warning: {w}")
         self._save(state)
 
     def _write_files(self, state: DeploymentState, pool: ThreadPoolExecutor) -> None:

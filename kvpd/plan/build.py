@@ -8,6 +8,7 @@ from typing import Any
 
 from kvpd.errors import ProfileError
 from kvpd.plan import kvconfig
+from kvpd.plan.bundle import bundle_requirements, bundle_uses, with_bundle_paths
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
 from kvpd.plan.processes import Proc, all_procs
@@ -108,6 +109,8 @@ def build_plan(
     layout = build_layout(profile)
     procs = all_procs(profile, layout, rehearse=rehearse)
     notes = rehearsal_notes(profile, procs) if rehearse else {}
+    bundle = bundle_uses(profile, procs, rehearse)  # node bundle: who imports kvpd
+    procs = with_bundle_paths(procs, bundle)
     findings = check(profile, layout, procs, rehearse=rehearse)
     ranks = memcache_ranks(profile, layout)
     dram, extra = memcache_dram(profile, ranks)
@@ -241,9 +244,11 @@ def build_plan(
         fresh_dirs=tuple(profile.runtime.fresh_dirs),
         sizing=_sizing(profile),
         secret_values=tuple(secrets),
-        requirements=build_requirements(
-            profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
+        requirements=bundle_requirements(
+            build_requirements(profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}),
+            bundle,
         ),
+        bundle=bundle,
     )
 
 
