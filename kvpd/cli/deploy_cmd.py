@@ -150,8 +150,14 @@ def register(app: typer.Typer) -> None:
         deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
         grace: float = typer.Option(20.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        purge: bool = typer.Option(
+            False,
+            "--purge",
+            help="Also remove each host's run dir (logs, files, the kvpd node bundle).",
+        ),
     ) -> None:
-        """Stop a deployment (reverse order, SIGTERM then SIGKILL); verify nothing is left."""
+        """Stop a deployment (reverse order, SIGTERM then SIGKILL); verify nothing is left.
+        The run dirs stay (the next `up` reuses the installed node bundle) unless --purge."""
         from kvpd.cli import output
         from kvpd.exec.executor import Executor
         from kvpd.exec.state import StateStore
@@ -182,15 +188,30 @@ def register(app: typer.Typer) -> None:
                 names = [(r.name, r.host) for r in state.processes]
                 with output.LiveProgress(names, f"down {name}") as progress:
                     result = Executor(pool, progress, store=store, grace_s=grace).down(state)
+            purged = None
+            if purge and not result.stop.leftover:  # only once nothing runs from them
+                from kvpd.exec.purge import purge_run_dirs
+
+                purged = purge_run_dirs(state, lambda h: pool[h])
         finally:
             pool.close()
         if json_out:
-            output.print_json(output.down_json(result))
+            data = output.down_json(result)
+            if purged is not None:
+                data["purged"] = {h: purged.get(h, "removed") for h in state.run_dirs}
+            output.print_json(data)
         elif result.nothing_running and result.clean:
             output.out.print(f"Nothing is running for deployment {name!r}.")
         else:
             output.out.print(output.down_table(result))
         problems = []
+        if purged is not None and not json_out:
+            for h, d in sorted(state.run_dirs.items()):
+                output.out.print(f"{h}: {purged.get(h) or f'removed {d}'}")
+        if purged:
+            problems.append(
+                "purge incomplete: " + "; ".join(f"{h}: {p}" for h, p in purged.items())
+            )
         if result.stop.leftover:
             problems.append("still running: " + ", ".join(o.name for o in result.stop.leftover))
         for host, ports in result.stop.busy_ports.items():
@@ -222,9 +243,14 @@ def register(app: typer.Typer) -> None:
         finally:
             pool.close()
         if json_out:
-            output.print_json({**output.status_json(name, rows), "status": state.status})
+            data = output.status_json(name, rows)
+            output.print_json({**data, "status": state.status, "bundle": state.bundle})
             return
         output.out.print(output.status_table(f"{name} ({state.status})", rows))
+        if state.bundle:  # node bundle: what `up` verified on each host
+            from kvpd.cli.bundle_view import status_table
+
+            output.out.print(status_table(state.bundle))
 
     @app.command("logs")
     def logs_cmd(

@@ -74,6 +74,10 @@ def show_plan(plan: Plan) -> None:
         files.setdefault(f.host, []).append(f.path)
     for host, paths in files.items():
         con.print(f"[bold]{host}[/bold] files: {', '.join(paths)}")
+    from kvpd.cli.bundle_view import plan_lines  # node bundle
+
+    for line in plan_lines(plan):
+        con.print(line, highlight=False)
     subs = [p for p in plan.processes if p.substituted]
     if subs:
         con.print("[bold]rehearsal substitutions[/bold] (* above):")

@@ -32,7 +32,8 @@ from kvpd.plan.model import Plan
 NODE_SCRIPT = (wheels.BUILDER.parent / "bundle_node.py").read_text()
 # Resolves each slot's interpreter (a command, or "@CMD": the #! interpreter of console script
 # CMD, including pip's `#!/bin/sh` + `'''exec' "python"` form for long paths) and runs the node
-# script in it. Arguments: RUN_DIR SOURCE SCRIPT then SLOT SPEC pairs. One JSON line per slot.
+# script in it. Arguments: RUN_DIR SOURCE SCRIPT MODE (check | facts), then SLOT SPEC pairs.
+# One JSON line per slot.
 CHECK_SH = r"""
 set -f
 interp() {
@@ -49,8 +50,8 @@ interp() {
     *) command -v -- "$1" ;;
   esac
 }
-run_dir=$1 source=$2 script=$3
-shift 3
+run_dir=$1 source=$2 script=$3 mode=${4:-check}
+shift 4
 while [ $# -ge 2 ]; do
   slot=$1 spec=$2
   shift 2
@@ -58,7 +59,7 @@ while [ $# -ge 2 ]; do
     printf '{"slot": "%s", "ready": false, "problem": "interpreter not found"}\n' "$slot"
     continue
   fi
-  "$py" -I -c "$script" check "$run_dir" "$slot" "$source" ||
+  "$py" -I -c "$script" "$mode" "$run_dir" "$slot" "$source" ||
     printf '{"slot": "%s", "ready": false, "problem": "%s exited %s"}\n' "$slot" "$py" "$?"
 done
 """
@@ -166,7 +167,7 @@ class BundleInstaller:
     def check(
         self, host: str, run_dir: str, uses: list[BundleUse], source: str
     ) -> list[dict[str, Any]]:
-        args = ["bash", "-c", CHECK_SH, "kvpd-bundle", run_dir, source, NODE_SCRIPT]
+        args = ["bash", "-c", CHECK_SH, "kvpd-bundle", run_dir, source, NODE_SCRIPT, "check"]
         for u in uses:
             args += [u.slot, u.python]
         r = self.transports(host).run(args, timeout_s=120)
@@ -371,3 +372,94 @@ def install_bundle(
     inst = BundleInstaller(transports, reporter, max_workers=max_workers)
     results = inst.install(plan, run_dirs)
     return [r.to_dict() for r in results], inst.warnings
+
+
+def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Any]:
+    """Read-only checks of what the bundle needs on each host (kvpd.exec.preflight's table):
+    each slot's Python (found, >= 3.10, pip), free disk in the run dir, and per platform
+    whether the native core can be had (else the NumPy fallback: a warning, or a failure when
+    a process requires the native core)."""
+    from kvpd.exec.preflight import Check
+
+    by_host: dict[str, list[BundleUse]] = {}
+    for u in plan.bundle:
+        by_host.setdefault(u.host, []).append(u)
+
+    def facts(host: str) -> list[dict[str, Any]]:
+        t = transports(host)
+        run_dir = t.resolve(plan.host(host).run_dir)
+        args = ["bash", "-c", CHECK_SH, "kvpd-bundle", run_dir, "-", NODE_SCRIPT, "facts"]
+        for u in by_host[host]:
+            args += [u.slot, u.python]
+        try:
+            r = t.run(args, timeout_s=120)
+        except Exception as e:  # noqa: BLE001 - reported as a failed check
+            return [{"slot": u.slot, "problem": f"host unreachable: {e}"} for u in by_host[host]]
+        found = {d.get("slot"): d for d in _lines(r.stdout)}
+        return [
+            found.get(u.slot) or {"slot": u.slot, "problem": r.stderr[-200:]} for u in by_host[host]
+        ]
+
+    workers = max(1, min(16, len(by_host)))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        reports = dict(zip(by_host, pool.map(facts, by_host), strict=True))
+    checks: list[Any] = []
+    platforms: dict[str, dict[str, Any]] = {}
+    local = wheels.local_platform()
+    for host, uses in by_host.items():
+        for u, rep in zip(uses, reports[host], strict=True):
+            name = f"bundle python ({u.slot})"
+            if rep.get("problem") and not rep.get("version"):
+                fix = _fix(rep)
+                checks.append(Check(host, name, False, f"{u.python}: {rep['problem']}", fix))
+                continue
+            ok = not rep.get("too_old")
+            detail = f"{rep.get('executable')} {rep.get('version')}"
+            checks.append(Check(host, name, ok, detail, "" if ok else _fix(rep)))
+            if not ok:
+                continue
+            pip = bool(rep.get("pip"))
+            checks.append(
+                Check(
+                    host,
+                    f"pip ({u.slot})",
+                    pip,
+                    "found" if pip else f"no pip for {rep.get('executable')}",
+                    "" if pip else f"{rep.get('executable')} -m ensurepip (or install python3-pip)",
+                )
+            )
+            free = rep.get("free_bytes") or 0
+            need = 200 << 20
+            checks.append(
+                Check(
+                    host,
+                    f"disk for bundle ({u.slot})",
+                    free >= need,
+                    f"{free / (1 << 30):.1f} GiB free in the run dir",
+                    "" if free >= need else "free 200 MiB in the run dir's filesystem",
+                )
+            )
+            p = platforms.setdefault(rep["platform"], {"hosts": [], "compiler": False, "need": ""})
+            p["hosts"].append(host)
+            p["compiler"] |= bool(rep.get("compiler"))
+            if u.native == "required" or (u.native == "preferred" and p["need"] != "required"):
+                p["need"] = u.native
+    for platform, p in sorted(platforms.items()):
+        able = platform == local or p["compiler"]
+        hosts = ", ".join(dict.fromkeys(p["hosts"]))
+        if able:
+            how = "built here" if platform == local else "built on the first host with a compiler"
+            checks.append(Check("*", f"native core {platform}", True, f"{how} ({hosts})"))
+            continue
+        required = p["need"] == "required"
+        checks.append(
+            Check(
+                "*",
+                f"native core {platform}",
+                not required,
+                f"warning: no compiler on {hosts}: NumPy fallback"
+                + (" but the kvpd planner requires the native core" if required else ""),
+                "install g++ and the Python headers (python3-dev) on one of them",
+            )
+        )
+    return checks

@@ -2,6 +2,7 @@
 
     python -I -c "$(cat bundle_node.py)" check   RUN_DIR SLOT SOURCE
     python -I -c "$(cat bundle_node.py)" install RUN_DIR SLOT SOURCE WHEEL DIGEST PLATFORM
+    python -I -c "$(cat bundle_node.py)" facts   RUN_DIR SLOT -
 
 `check` looks for a bundle of SOURCE (kvpd.exec.wheel.source_digest) for this Python's platform
 in RUN_DIR/bundle/<digest>/, verifies every installed file against the RECORD, imports kvpd from
@@ -25,6 +26,8 @@ import sys
 import sysconfig
 
 MARKER = ".kvpd-bundle.json"
+# What each slot's processes import first: verified before they start.
+SLOT_IMPORTS = {"engine": ("kvpd.native",), "proxy": ("kvpd.proxy.app",)}
 ANY = "any"
 
 
@@ -136,13 +139,21 @@ def check(run_dir, slot, source, prefer=None):
         return out
     sys.path.insert(0, folder)
     try:
-        import kvpd
-        import kvpd.native
+        import importlib
 
-        info = kvpd.native.implementation_info()
+        import kvpd
+
+        for module in SLOT_IMPORTS.get(slot, ()):
+            importlib.import_module(module)
     except Exception as e:  # any import failure means: not usable
         out["problem"] = "importing kvpd from %s failed: %r" % (folder, e)
         return out
+    try:
+        import kvpd.native
+
+        info = kvpd.native.implementation_info()
+    except ImportError as e:  # the proxy does not need NumPy; its Python may lack it
+        info = {"implementation": "unavailable", "reason": repr(e)}
     if not os.path.abspath(kvpd.__file__).startswith(folder + os.sep):
         out["problem"] = "kvpd was imported from %s, not from the bundle" % kvpd.__file__
         return out
@@ -219,6 +230,9 @@ def main(argv):
         return 0
     if argv[:1] == ["check"] and len(argv) == 4:
         res = check(*argv[1:])
+    elif argv[:1] == ["facts"] and len(argv) == 4:  # read-only: what preflight checks
+        res = {"slot": argv[2]}
+        res.update(facts(argv[1]))
     elif argv[:1] == ["install"] and len(argv) == 7:
         res = install(*argv[1:])
     else:

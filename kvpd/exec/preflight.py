@@ -269,6 +269,10 @@ def run_preflight(
     pool = pool or TransportPool(plan.hosts, accept_unknown_host_key=accept_new_host_keys)
     try:
         checks = run_checks(plan, lambda h: pool[h])
+        if plan.bundle:  # node bundle: each slot's Python, pip, disk, native core per platform
+            from kvpd.exec.bundle import preflight_checks
+
+            checks += preflight_checks(plan, lambda h: pool[h])
     finally:
         if own:
             pool.close()

@@ -1,0 +1,186 @@
+"""The node bundle: who gets it (plan), which wheel per platform, install/verify/reuse on a host.
+
+The install tests run the real step on this machine (LocalTransport, this Python's pip) into a
+temporary run dir, with the wheel cache in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kvpd.errors import DeployError
+from kvpd.exec import wheel as wheels
+from kvpd.exec.bundle import Build, BundleInstaller, choose_builds
+from kvpd.exec.local import LocalTransport
+from kvpd.exec.purge import unsafe_run_dir
+from kvpd.plan.build import load_plan
+from kvpd.plan.bundle import BundleUse, native_need, sparse_planner
+from kvpd.plan.model import HostSpec, Plan
+
+# -- the plan (pure) -----------------------------------------------------------------------------
+
+
+def test_local_plan_bundles_engines_and_proxy_only() -> None:
+    plan = load_plan("local", base_dir="/srv")
+    slots = {(u.host, u.slot): u for u in plan.bundle}
+    assert set(slots) == {("localhost", "engine"), ("localhost", "proxy")}
+    eng = slots[("localhost", "engine")]
+    assert eng.python == "@vllm"  # the engine's own interpreter
+    assert eng.processes == ("prefill-0", "decode-0")
+    assert eng.why == ("prefill-0: kv connector kvpd_store", "decode-0: kv connector kvpd_store")
+    assert slots[("localhost", "proxy")].python == "python3"
+    scripts = {f.path: f.content for f in plan.files}
+    line = 'export PYTHONPATH="$PWD"/bundle/engine${PYTHONPATH:+:"$PYTHONPATH"}'
+    assert line in scripts["prefill-0/launch.sh"]
+    assert "bundle/proxy" in scripts["proxy/launch.sh"]
+    assert plan.process("proxy").command[:3] == ("python3", "-m", "kvpd.proxy")
+    assert plan.requirements["localhost"]["bundle"] == [
+        {"slot": "engine", "python": "@vllm"},
+        {"slot": "proxy", "python": "python3"},
+    ]
+    assert Plan.from_dict(json.loads(plan.to_json())).bundle == plan.bundle
+
+
+def test_engines_without_kvpd_connectors_get_no_bundle() -> None:
+    plan = load_plan("ucm-centralized-2p2d", base_dir="/srv")
+    assert [(u.host, u.slot) for u in plan.bundle] == [("p1", "proxy")]
+    for f in plan.files:
+        if not f.path.startswith("proxy/"):
+            assert "PYTHONPATH" not in f.content, f.path
+
+
+def test_vllm_ascend_proxy_and_no_kvpd_store_means_no_bundle() -> None:
+    plan = load_plan("ucm-centralized-2p2d", base_dir="/srv", sets=["proxy.impl=vllm-ascend"])
+    assert plan.bundle == ()
+
+
+def test_rehearsal_engines_use_example_connector_so_only_the_proxy_is_bundled() -> None:
+    plan = load_plan("local", rehearse=True, base_dir="/srv")
+    assert [u.slot for u in plan.bundle] == ["proxy"]
+
+
+def test_proxy_python_from_the_profile() -> None:
+    plan = load_plan("local", base_dir="/srv", sets=["proxy.python=/opt/py312/bin/python3"])
+    proxy = next(u for u in plan.bundle if u.slot == "proxy")
+    assert proxy.python == "/opt/py312/bin/python3"
+    assert plan.process("proxy").command[0] == "/opt/py312/bin/python3"
+
+
+def test_planner_predicate_reads_the_planner_field_when_it_exists() -> None:
+    """Hook for `decode.sparse_offload.planner` (added elsewhere): without the field a group
+    reads as upstream; with it, kvpd requires and auto prefers the native core."""
+    plain = SimpleNamespace(sparse_offload=SimpleNamespace(enabled=True))
+    assert sparse_planner(plain) == "upstream" and native_need(plain) == "optional"
+    for planner, need in (("kvpd", "required"), ("auto", "preferred"), ("upstream", "optional")):
+        g = SimpleNamespace(sparse_offload=SimpleNamespace(enabled=True, planner=planner))
+        assert native_need(g) == need
+    assert sparse_planner(SimpleNamespace(sparse_offload=None)) is None
+
+
+# -- the per-platform choice, from what hosts report ---------------------------------------------
+
+LOCAL = "cpython-311-x86_64-linux-gnu"
+
+
+def test_choose_builds_per_platform() -> None:
+    missing = {
+        LOCAL: [("h1", False), ("h2", True)],
+        "cpython-312-x86_64-linux-gnu": [("h3", False), ("h4", True), ("h5", True), ("h4", True)],
+        "cpython-311-aarch64-linux-gnu": [("a1", False), ("a2", False)],
+        "cpython-310-x86_64-linux-gnu": [("h6", True)],
+    }
+    got = choose_builds(missing, LOCAL, cached={"cpython-310-x86_64-linux-gnu"})
+    assert got == {
+        LOCAL: Build("local"),  # the controller's own wheel, even for hosts without compiler
+        "cpython-312-x86_64-linux-gnu": Build("hosts", ("h4", "h5")),  # first able host first
+        "cpython-311-aarch64-linux-gnu": Build("any"),  # no compiler: NumPy fallback
+        "cpython-310-x86_64-linux-gnu": Build("cache"),  # built on a host before
+    }
+
+
+# -- install, verify, reuse on this machine ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("kvpd-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KVPD_CACHE_DIR", str(d))
+    yield d
+    mp.undo()
+
+
+def one_host_plan(run_dir: Path, python: str = sys.executable, native: str = "optional") -> Plan:
+    host = HostSpec(name="here", address="127.0.0.1", transport="local", run_dir=str(run_dir))
+    use = BundleUse("here", "proxy", python, ("proxy",), ("proxy: kvpd proxy",), native)
+    return Plan("t", "0", (host,), (), (), bundle=(use,))
+
+
+def test_install_then_reuse_then_repair(cache: Path, tmp_path: Path) -> None:
+    plan = one_host_plan(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    t = LocalTransport(plan.hosts[0])
+    inst = BundleInstaller(lambda h: t)
+    first = inst.install(plan, {"here": str(tmp_path / "run")})[0]
+    assert first.action == "installed" and first.source == "local", first.report
+    rep = first.report
+    folder = Path(rep["folder"])
+    assert folder.parent == tmp_path / "run" / "bundle"
+    assert folder.name == rep["digest"][:16]  # keyed by the wheel's digest
+    assert (tmp_path / "run" / "bundle" / "proxy").resolve() == folder
+    assert rep["native"]["implementation"] in ("native", "numpy")
+    assert (folder / "kvpd" / "proxy" / "app.py").exists()
+
+    again = BundleInstaller(lambda h: t).install(plan, {"here": str(tmp_path / "run")})[0]
+    assert again.action == "kept" and again.report["digest"] == rep["digest"]
+
+    (folder / "kvpd" / "proxy" / "app.py").write_text("# tampered\n")
+    fixed = BundleInstaller(lambda h: t).install(plan, {"here": str(tmp_path / "run")})[0]
+    assert fixed.action == "installed", fixed.report
+    assert "tampered" not in (folder / "kvpd" / "proxy" / "app.py").read_text()
+
+
+def test_missing_interpreter_is_an_actionable_error(cache: Path, tmp_path: Path) -> None:
+    plan = one_host_plan(tmp_path / "run", python="/nonexistent/python3")
+    (tmp_path / "run").mkdir()
+    t = LocalTransport(plan.hosts[0])
+    with pytest.raises(DeployError) as e:
+        BundleInstaller(lambda h: t).install(plan, {"here": str(tmp_path / "run")})
+    msg = str(e.value)
+    assert "here (proxy: /nonexistent/python3): interpreter not found" in msg
+    assert "set its full path in the profile" in msg
+
+
+def test_required_native_core_without_it_fails(cache: Path, tmp_path: Path) -> None:
+    plan = one_host_plan(tmp_path / "run", native="required")
+    (tmp_path / "run").mkdir()
+    t = LocalTransport(plan.hosts[0])
+    pure = wheels.build_local(native=False)
+    inst = BundleInstaller(lambda h: t, build_local=lambda **kw: pure)
+    with pytest.raises(DeployError, match="the kvpd planner needs the native core"):
+        inst.install(plan, {"here": str(tmp_path / "run")})
+
+
+def test_pure_wheel_is_deterministic(cache: Path, tmp_path: Path, monkeypatch) -> None:
+    a = wheels.build_local(native=False)
+    monkeypatch.setenv("KVPD_CACHE_DIR", str(tmp_path))
+    b = wheels.build_local(native=False)
+    assert a.digest == b.digest and a.path != b.path
+
+
+def test_purge_refuses_system_folders() -> None:
+    for bad in ("/", "/root", "/home", "/home/alice", "/srv", "relative/run"):
+        assert unsafe_run_dir(bad), bad
+    assert unsafe_run_dir("/root/.kvpd/local/run") is None
+    assert unsafe_run_dir("/home/alice/.kvpd/x/run") is None
+
+
+def test_plan_replace_keeps_bundle() -> None:
+    plan = load_plan("local", base_dir="/srv")
+    assert replace(plan, warnings=()).bundle == plan.bundle
