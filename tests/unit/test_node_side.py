@@ -35,7 +35,8 @@ class NodeSideOnly(importlib.abc.MetaPathFinder):
         if top in allowed:
             return None
         f = sys._getframe(1)
-        while f is not None and f.f_globals.get("__name__", "").startswith(("importlib", "_frozen")):
+        skip = ("importlib", "_frozen")
+        while f is not None and f.f_globals.get("__name__", "").startswith(skip):
             f = f.f_back
         caller = f.f_globals.get("__name__", "") if f is not None else ""
         if caller.startswith("kvpd"):
@@ -108,7 +109,8 @@ def test_node_side_imports_only_stdlib_numpy_and_the_engine() -> None:
 def test_the_blocker_refuses_orchestrator_packages() -> None:
     """The check has teeth: kvpd's orchestrator modules are refused under the same rules."""
     result = run(sys.executable, ["kvpd.profile.schema", "kvpd.cli.main"])
-    assert result["kvpd.profile.schema"].startswith("node side: kvpd.profile.schema imports pydantic")
+    want = "node side: kvpd.profile.schema imports pydantic"
+    assert result["kvpd.profile.schema"].startswith(want)
     assert result["kvpd.cli.main"].startswith("node side:")
 
 
