@@ -17,7 +17,10 @@
 #   PFX kvpdt   NET 10.213.0   PORT 22
 #   PRIVATE_DIRS  "/root /tmp /var/log"
 #   SHARED_DIRS   "$KVPD_TESTBED_DIR <repo> <realpath of sys.base_prefix of each Python>"
-#                 Pythons: $PYTHON, <repo>/.venv/bin/python, python3. Space-separated paths.
+#                 Pythons: $PYTHON, <repo>/.venv/bin/python, python3, $EXTRA_PYTHONS (e.g. a
+#                 second Python version for the node-bundle test). Space-separated paths.
+# The repo is shared, but no host imports kvpd from it: hosts log in to their private /root and
+# the engine venv has no kvpd (install-engine.sh); kvpd reaches a host only as the node bundle.
 # Client files: $DIR/id_ed25519, $DIR/known_hosts, $DIR/ssh_config (ssh -F ... h1), $DIR/hosts
 # ("hI address" lines). Keys and per-host files survive `down`; rm -rf $DIR forgets them.
 set -euo pipefail
@@ -35,7 +38,7 @@ die() { echo "testbed: $*" >&2; exit 1; }
 
 python_homes() { # real installation dirs of the Pythons tests may run inside the hosts
   local py
-  for py in ${PYTHON:-} "$REPO/.venv/bin/python" python3; do
+  for py in ${PYTHON:-} "$REPO/.venv/bin/python" python3 ${EXTRA_PYTHONS:-}; do
     command -v "$py" >/dev/null 2>&1 || continue
     "$py" -c 'import os, sys; print(os.path.realpath(sys.base_prefix))' 2>/dev/null || true
   done | sort -u

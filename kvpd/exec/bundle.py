@@ -269,7 +269,11 @@ class BundleInstaller:
                     for r in todo
                     if r.host == host and r.report["platform"] == platform
                 )
-                w = self._build_on(host, run_dirs[host], py, platform, source)
+                try:
+                    w = self._build_on(host, run_dirs[host], py, platform, source)
+                except Exception as e:  # noqa: BLE001 - next host, else the NumPy fallback
+                    self.warnings.append(f"building the bundle on {host} failed: {e}")
+                    w = None
                 if w is not None and w.native:
                     return platform, w, f"host:{host}"
             hosts = ", ".join(h for h, _ in missing[platform])

@@ -108,7 +108,7 @@ def build(src: str, out: str, want_native: bool) -> dict[str, object]:
         record = [record_line(a, d) for a, d in sorted(files.items())] + [f"{info}/RECORD,,"]
         files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
         os.makedirs(out, exist_ok=True)
-        wheel = os.path.join(out, f"{NAME}-{VERSION}-{tag}.whl")
+        wheel = os.path.abspath(os.path.join(out, f"{NAME}-{VERSION}-{tag}.whl"))
         tmp = wheel + ".part"
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
             for arc in sorted(files):
