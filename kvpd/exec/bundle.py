@@ -59,7 +59,7 @@ while [ $# -ge 2 ]; do
     printf '{"slot": "%s", "ready": false, "problem": "interpreter not found"}\n' "$slot"
     continue
   fi
-  "$py" -I -c "$script" "$mode" "$run_dir" "$slot" "$source" ||
+  "$py" -I -S -c "$script" "$mode" "$run_dir" "$slot" "$source" ||
     printf '{"slot": "%s", "ready": false, "problem": "%s exited %s"}\n' "$slot" "$py" "$?"
 done
 """
@@ -228,7 +228,7 @@ class BundleInstaller:
         self, host: str, res: list[SlotResult], t0s: dict[str, float], quiet: bool = False
     ) -> None:
         for r in res:
-            r.seconds = time.monotonic() - t0s[host]
+            r.seconds = r.seconds or time.monotonic() - t0s[host]  # when its host finished
         if quiet:
             return
         if all(r.ok for r in res):

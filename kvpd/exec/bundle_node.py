@@ -1,6 +1,6 @@
 """The node side of the bundle step: runs on a host, in the Python of one slot, as a script.
 
-    python -I -c "$(cat bundle_node.py)" check   RUN_DIR SLOT SOURCE
+    python -I -S -c "$(cat bundle_node.py)" check   RUN_DIR SLOT SOURCE
     python -I -c "$(cat bundle_node.py)" install RUN_DIR SLOT SOURCE WHEEL DIGEST PLATFORM
     python -I -c "$(cat bundle_node.py)" facts   RUN_DIR SLOT -
 
@@ -16,14 +16,15 @@ any interpreter it meets. Nothing outside RUN_DIR/bundle is written.
 """
 # ruff: noqa: UP022, UP031, UP036  (Python 3.6 syntax on purpose, see above)
 
-import base64
+import binascii
 import hashlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
+
+# subprocess and shutil are imported where an install needs them: a re-`up` runs only `check`,
+# on every host, and its start-up time is most of that step's cost.
 
 MARKER = ".kvpd-bundle.json"
 # What each slot's processes import first: verified before they start.
@@ -35,10 +36,23 @@ def platform_key():
     return str(sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag)
 
 
+def which(cmd):
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        if d and os.access(os.path.join(d, cmd), os.X_OK):
+            return os.path.join(d, cmd)
+    return None
+
+
+def b64(digest):
+    """urlsafe base64 without padding, as in a wheel's RECORD (binascii: base64 imports re)."""
+    text = binascii.b2a_base64(digest, newline=False).decode()
+    return text.replace("+", "-").replace("/", "_").rstrip("=")
+
+
 def facts(run_dir):
     base = os.path.join(run_dir, "bundle")
     inc = sysconfig.get_paths().get("include") or ""
-    cxx = any(shutil.which(c) for c in (os.environ.get("CXX") or "c++", "g++", "clang++"))
+    cxx = any(which(c) for c in (os.environ.get("CXX") or "c++", "g++", "clang++"))
     probe = base if os.path.isdir(base) else run_dir
     while probe and not os.path.isdir(probe):
         probe = os.path.dirname(probe)
@@ -47,12 +61,13 @@ def facts(run_dir):
         free = st.f_bavail * st.f_frsize
     except OSError:
         free = None
-    try:
-        import importlib.util
+    # Run with -S (no site: faster), so pip is looked for where site would find it (Debian's
+    # site knows its dist-packages folders).
+    import site
 
-        pip = importlib.util.find_spec("pip") is not None
-    except Exception:
-        pip = False
+    paths = sysconfig.get_paths()
+    dirs = [paths.get("purelib") or "", paths.get("platlib") or ""] + site.getsitepackages()
+    pip = any(os.path.isdir(os.path.join(d, "pip")) for d in dirs)
     return {
         "executable": sys.executable,
         "version": "%d.%d.%d" % sys.version_info[:3],
@@ -84,7 +99,7 @@ def verify_record(folder):
                 got = hashlib.new(algo, f.read()).digest()
         except OSError as e:
             return "%s: %s" % (path, e.strerror)
-        if base64.urlsafe_b64encode(got).rstrip(b"=").decode() != want:
+        if b64(got) != want:
             return "%s differs from its RECORD hash" % path
     return None
 
@@ -116,7 +131,31 @@ def point_slot(base, slot, name):
     os.replace(tmp, link)
 
 
-def check(run_dir, slot, source, prefer=None):
+def native_info(folder):
+    """What `kvpd native info` would say, by loading the extension itself: kvpd.native would
+    import NumPy first (0.1 s), which the proxy's Python need not have."""
+    import importlib.util
+    import platform
+
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    path = os.path.join(folder, "kvpd", "native", "_sparse_lru" + suffix)
+    info = {"implementation": "numpy", "machine": platform.machine(), "reason": None}
+    if not os.path.exists(path):
+        info["reason"] = "the bundle has no native core for this platform"
+        return info
+    try:
+        spec = importlib.util.spec_from_file_location("kvpd.native._sparse_lru", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        info.update(mod.build_info())
+    except Exception as e:
+        info["reason"] = "extension not loadable (%r)" % (e,)
+        return info
+    info.update(implementation="native", module=path)
+    return info
+
+
+def check(run_dir, slot, source, prefer=None, full=False):
     out = {"slot": slot, "ready": False}
     out.update(facts(run_dir))
     base = os.path.join(os.path.abspath(run_dir), "bundle")
@@ -143,20 +182,17 @@ def check(run_dir, slot, source, prefer=None):
 
         import kvpd
 
-        for module in SLOT_IMPORTS.get(slot, ()):
+        # After an install, everything the slot's processes import first; on a re-`up` the
+        # RECORD check above already proved every file unchanged, so kvpd itself suffices.
+        for module in SLOT_IMPORTS.get(slot, ()) if full else ():
             importlib.import_module(module)
     except Exception as e:  # any import failure means: not usable
         out["problem"] = "importing kvpd from %s failed: %r" % (folder, e)
         return out
-    try:
-        import kvpd.native
-
-        info = kvpd.native.implementation_info()
-    except ImportError as e:  # the proxy does not need NumPy; its Python may lack it
-        info = {"implementation": "unavailable", "reason": repr(e)}
     if not os.path.abspath(kvpd.__file__).startswith(folder + os.sep):
         out["problem"] = "kvpd was imported from %s, not from the bundle" % kvpd.__file__
         return out
+    info = native_info(folder)
     point_slot(base, slot, name)
     out.update(
         ready=True,
@@ -182,6 +218,9 @@ def install(run_dir, slot, source, wheel, digest, platform):
         got = hashlib.sha256(f.read()).hexdigest()
     if got != digest:
         return {"slot": slot, "ready": False, "problem": "upload damaged: sha256 %s" % got}
+    import shutil
+    import subprocess
+
     dest = os.path.join(base, digest[:16])
     try:
         with open(os.path.join(dest, MARKER)) as f:
@@ -190,7 +229,7 @@ def install(run_dir, slot, source, wheel, digest, platform):
         done = False
     if done:  # another slot of this host, same Python platform, installed it a moment ago
         drop(wheel)
-        return check(run_dir, slot, source, prefer=digest)
+        return check(run_dir, slot, source, prefer=digest, full=True)
     tmp = "%s.tmp-%d" % (dest, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     argv = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet"]
@@ -206,7 +245,7 @@ def install(run_dir, slot, source, wheel, digest, platform):
     shutil.rmtree(dest, ignore_errors=True)  # a damaged copy of the same digest
     os.rename(tmp, dest)
     drop(wheel)
-    out = check(run_dir, slot, source, prefer=digest)
+    out = check(run_dir, slot, source, prefer=digest, full=True)
     out["installed"] = True
     return out
 
