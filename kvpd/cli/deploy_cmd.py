@@ -116,6 +116,8 @@ def register(app: typer.Typer) -> None:
             finally:
                 pool.close()  # reopened on demand by the executor
         names = [(p.name, p.host) for p in plan.processes]
+        # node bundle: its own step of the progress, one row per host, before the processes
+        names = [(f"bundle@{h}", h) for h in dict.fromkeys(u.host for u in plan.bundle)] + names
         state = None
         # SIGTERM (e.g. a CI timeout) takes the same path as Ctrl-C: roll back, then exit.
         old_term = signal.signal(signal.SIGTERM, _interrupt)
