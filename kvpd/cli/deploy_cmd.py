@@ -139,9 +139,17 @@ def register(app: typer.Typer) -> None:
             signal.signal(signal.SIGTERM, old_term)
             pool.close()
         if json_out:
-            output.print_json(output.state_json(state, str(store.path(plan.deployment))))
+            data = output.state_json(state, str(store.path(plan.deployment)))
+            output.print_json({**data, "bundle": state.bundle})
             return
         output.out.print(output.up_table(state))
+        for b in state.bundle:  # node bundle: hosts left without the native core
+            if b.get("implementation") != "native" and b.get("slot") == "engine":
+                output.err.print(
+                    f"[yellow]warning:[/] {b['host']}: kvpd's native core is not available "
+                    f"for {b.get('platform')} ({b.get('native', {}).get('reason')}); engines "
+                    "there use the NumPy fallback."
+                )
         if plan.proxy_url:
             output.out.print(f"Proxy: {plan.proxy_url}")
         output.out.print(f"Stop with: kvpd down {profile}")

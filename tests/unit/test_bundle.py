@@ -116,6 +116,12 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     mp.undo()
 
 
+def pure(**kw: object) -> wheels.Wheel:
+    """The controller's wheel without the native core: no compile in the tests that do not need
+    one (test_foreign_platform_is_built_on_its_host compiles it, on its "host")."""
+    return wheels.build_local(native=False)
+
+
 def one_host_plan(run_dir: Path, python: str = sys.executable, native: str = "optional") -> Plan:
     host = HostSpec(name="here", address="127.0.0.1", transport="local", run_dir=str(run_dir))
     use = BundleUse("here", "proxy", python, ("proxy",), ("proxy: kvpd proxy",), native)
@@ -126,7 +132,7 @@ def test_install_then_reuse_then_repair(cache: Path, tmp_path: Path) -> None:
     plan = one_host_plan(tmp_path / "run")
     (tmp_path / "run").mkdir()
     t = LocalTransport(plan.hosts[0])
-    inst = BundleInstaller(lambda h: t)
+    inst = BundleInstaller(lambda h: t, build_local=pure)
     first = inst.install(plan, {"here": str(tmp_path / "run")})[0]
     assert first.action == "installed" and first.source == "local", first.report
     rep = first.report
@@ -134,14 +140,19 @@ def test_install_then_reuse_then_repair(cache: Path, tmp_path: Path) -> None:
     assert folder.parent == tmp_path / "run" / "bundle"
     assert folder.name == rep["digest"][:16]  # keyed by the wheel's digest
     assert (tmp_path / "run" / "bundle" / "proxy").resolve() == folder
-    assert rep["native"]["implementation"] in ("native", "numpy")
+    assert rep["native"]["implementation"] == "numpy"  # the pure wheel: NumPy fallback
+    assert rep["native"]["reason"] == "the bundle has no native core for this platform"
     assert (folder / "kvpd" / "proxy" / "app.py").exists()
 
-    again = BundleInstaller(lambda h: t).install(plan, {"here": str(tmp_path / "run")})[0]
+    again = BundleInstaller(lambda h: t, build_local=pure).install(
+        plan, {"here": str(tmp_path / "run")}
+    )[0]
     assert again.action == "kept" and again.report["digest"] == rep["digest"]
 
     (folder / "kvpd" / "proxy" / "app.py").write_text("# tampered\n")
-    fixed = BundleInstaller(lambda h: t).install(plan, {"here": str(tmp_path / "run")})[0]
+    fixed = BundleInstaller(lambda h: t, build_local=pure).install(
+        plan, {"here": str(tmp_path / "run")}
+    )[0]
     assert fixed.action == "installed", fixed.report
     assert "tampered" not in (folder / "kvpd" / "proxy" / "app.py").read_text()
 
@@ -151,7 +162,9 @@ def test_missing_interpreter_is_an_actionable_error(cache: Path, tmp_path: Path)
     (tmp_path / "run").mkdir()
     t = LocalTransport(plan.hosts[0])
     with pytest.raises(DeployError) as e:
-        BundleInstaller(lambda h: t).install(plan, {"here": str(tmp_path / "run")})
+        BundleInstaller(lambda h: t, build_local=pure).install(
+            plan, {"here": str(tmp_path / "run")}
+        )
     msg = str(e.value)
     assert "here (proxy: /nonexistent/python3): interpreter not found" in msg
     assert "set its full path in the profile" in msg
@@ -161,8 +174,7 @@ def test_required_native_core_without_it_fails(cache: Path, tmp_path: Path) -> N
     plan = one_host_plan(tmp_path / "run", native="required")
     (tmp_path / "run").mkdir()
     t = LocalTransport(plan.hosts[0])
-    pure = wheels.build_local(native=False)
-    inst = BundleInstaller(lambda h: t, build_local=lambda **kw: pure)
+    inst = BundleInstaller(lambda h: t, build_local=pure)
     with pytest.raises(DeployError, match="the kvpd planner needs the native core"):
         inst.install(plan, {"here": str(tmp_path / "run")})
 
@@ -184,3 +196,35 @@ def test_purge_refuses_system_folders() -> None:
 def test_plan_replace_keeps_bundle() -> None:
     plan = load_plan("local", base_dir="/srv")
     assert replace(plan, warnings=()).bundle == plan.bundle
+
+
+def test_foreign_platform_is_built_on_its_host(tmp_path: Path, monkeypatch) -> None:
+    """The controller pretends another platform, so this machine plays a host whose platform
+    differs: the wheel is built there (upload, build, fetch back, cache) and installed."""
+    monkeypatch.setenv("KVPD_CACHE_DIR", str(tmp_path / "cache"))
+    plan = one_host_plan(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    t = LocalTransport(plan.hosts[0])
+    res = BundleInstaller(lambda h: t, local_platform="cpython-399-fake").install(
+        plan, {"here": str(tmp_path / "run")}
+    )[0]
+    assert res.action == "installed" and res.source == "host:here", res.report
+    assert res.report["native"]["implementation"] == "native"
+    assert wheels.cached(res.report["platform"]) is not None  # the next host reuses it
+    assert not (tmp_path / "run" / "bundle" / f".build-{wheels.source_digest()[:16]}").exists()
+
+
+def test_preflight_checks_each_slot_python(cache: Path, tmp_path: Path) -> None:
+    from kvpd.exec.bundle import preflight_checks
+
+    good = one_host_plan(tmp_path / "run")
+    t = LocalTransport(good.hosts[0])
+    checks = {c.name: c for c in preflight_checks(good, lambda h: t)}
+    assert checks["bundle python (proxy)"].ok and checks["pip (proxy)"].ok
+    assert checks["disk for bundle (proxy)"].ok
+    assert checks[f"native core {wheels.local_platform()}"].ok
+
+    bad = one_host_plan(tmp_path / "run", python="/nonexistent/python3")
+    checks = {c.name: c for c in preflight_checks(bad, lambda h: t)}
+    c = checks["bundle python (proxy)"]
+    assert not c.ok and "interpreter not found" in c.detail and "full path" in c.fix
