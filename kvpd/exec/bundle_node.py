@@ -206,10 +206,33 @@ def check(run_dir, slot, source, prefer=None, full=False):
 
 def drop(wheel):
     os.remove(wheel)
-    try:
-        os.rmdir(os.path.dirname(wheel))  # .incoming/SLOT, when empty
-    except OSError:
-        pass
+    for d in (os.path.dirname(wheel), os.path.dirname(os.path.dirname(wheel))):
+        try:
+            os.rmdir(d)  # .incoming/SLOT and .incoming, when empty
+        except OSError:
+            pass
+
+
+def collect_garbage(base, source):
+    """Remove bundles of other kvpd sources that no slot points at (a kvpd upgrade leaves the
+    old one behind; a slot still pointing at one keeps it until that slot is installed)."""
+    import shutil
+
+    names = os.listdir(base)
+    linked = {
+        os.readlink(os.path.join(base, n)) for n in names if os.path.islink(os.path.join(base, n))
+    }
+    for name in names:
+        path = os.path.join(base, name)
+        if name in linked or os.path.islink(path):
+            continue
+        try:
+            with open(os.path.join(path, MARKER)) as f:
+                old = json.load(f).get("source") != source
+        except (OSError, ValueError):
+            continue  # not a bundle (or one being installed): not ours to remove
+        if old:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def install(run_dir, slot, source, wheel, digest, platform):
@@ -247,6 +270,8 @@ def install(run_dir, slot, source, wheel, digest, platform):
     drop(wheel)
     out = check(run_dir, slot, source, prefer=digest, full=True)
     out["installed"] = True
+    if out["ready"]:
+        collect_garbage(base, source)
     return out
 
 

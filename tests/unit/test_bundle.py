@@ -228,3 +228,20 @@ def test_preflight_checks_each_slot_python(cache: Path, tmp_path: Path) -> None:
     checks = {c.name: c for c in preflight_checks(bad, lambda h: t)}
     c = checks["bundle python (proxy)"]
     assert not c.ok and "interpreter not found" in c.detail and "full path" in c.fix
+
+
+def test_install_removes_unlinked_bundles_of_other_sources(cache: Path, tmp_path: Path) -> None:
+    base = tmp_path / "run" / "bundle"
+    for name in ("old-unlinked", "old-linked"):
+        (base / name).mkdir(parents=True)
+        (base / name / ".kvpd-bundle.json").write_text(json.dumps({"source": "older kvpd"}))
+    (base / "engine").symlink_to("old-linked")  # another slot still runs the old one
+    (base / "not-a-bundle").mkdir()
+    plan = one_host_plan(tmp_path / "run")
+    t = LocalTransport(plan.hosts[0])
+    res = BundleInstaller(lambda h: t, build_local=pure).install(plan, {"here": str(base.parent)})
+    assert res[0].action == "installed"
+    left = sorted(p.name for p in base.iterdir())
+    assert left == sorted(
+        ["old-linked", "engine", "not-a-bundle", "proxy", res[0].report["digest"][:16]]
+    )
