@@ -245,3 +245,20 @@ def test_install_removes_unlinked_bundles_of_other_sources(cache: Path, tmp_path
     assert left == sorted(
         ["old-linked", "engine", "not-a-bundle", "proxy", res[0].report["digest"][:16]]
     )
+
+
+def test_wheel_metadata_carries_the_entry_points_of_pyproject(tmp_path: Path, monkeypatch) -> None:
+    """vLLM finds general plugins by entry point: the bundle's dist-info must carry them (the
+    bundle folder is on PYTHONPATH, so importlib.metadata sees it). The console script is left
+    out: it needs the orchestrator's dependencies."""
+    py = tmp_path / "pyproject.toml"
+    py.write_text(
+        '[project]\nname = "kvpd"\n[project.scripts]\nkvpd = "kvpd.cli.main:main"\n'
+        '[project.entry-points."vllm.general_plugins"]\nkvpd_planner = "kvpd.plugin:register"\n'
+    )
+    monkeypatch.setattr(wheels, "_pyproject", lambda: py)
+    info = wheels._dist_info()
+    assert info["entry_points.txt"].decode() == (
+        "[vllm.general_plugins]\nkvpd_planner = kvpd.plugin:register\n\n"
+    )
+    assert b"Requires-Dist" not in info["METADATA"]
