@@ -5,6 +5,7 @@ Run as root (it brings up scripts/testbed.sh with PFX/NET/KVPD_TESTBED_DIR from 
 defaults below, and powers it off at the end unless --keep):
 
     .venv/bin/python benchmarks/bundle.py [--hosts 8] [--repeat 5] [--python @/path/to/vllm]
+                                          [--other-python /path/to/python3.X]
 
 Each host gets one engine slot whose interpreter is the engine's (`@<repo>/.venv-engine/bin/vllm`
 by default: the bed shares the repo). Timed, as `up` runs it (connections already open, since
@@ -12,6 +13,8 @@ by default: the bed shares the repo). Timed, as `up` runs it (connections alread
   - the controller's wheel build with an empty cache (once per kvpd source);
   - first install: empty run dirs; check, upload, pip install, verify on every host in parallel;
   - re-up: the same step with the bundle in place (one check per host).
+With --other-python, the last host's slot uses that interpreter (another Python version), so its
+first install includes building the wheel on that host.
 """
 
 from __future__ import annotations
@@ -42,15 +45,19 @@ BED_ENV = {
 RUN_DIR = ".kvpd/bundle-bench/run"
 
 
-def bed(command: str, n: int = 0) -> None:
+def bed(command: str, n: int = 0, extra_python: str | None = None) -> None:
     env = {**os.environ, **BED_ENV, "PYTHON": sys.executable}
+    if extra_python:  # the bed shares that Python's installation with its hosts
+        env["EXTRA_PYTHONS"] = extra_python
     argv = ["bash", str(TESTBED_SH), command] + ([str(n)] if n else [])
     r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     if r.returncode != 0:
         sys.exit(f"testbed.sh {command} failed:\n{r.stdout}\n{r.stderr}")
 
 
-def build_plan(addresses: dict[str, str], bed_dir: Path, python: str) -> Plan:
+def build_plan(
+    addresses: dict[str, str], bed_dir: Path, python: str, other: str | None = None
+) -> Plan:
     hosts = tuple(
         HostSpec(
             name=h,
@@ -62,8 +69,12 @@ def build_plan(addresses: dict[str, str], bed_dir: Path, python: str) -> Plan:
         )
         for h, a in addresses.items()
     )
+    pythons = [python] * len(hosts)
+    if other:
+        pythons[-1] = other
     uses = tuple(
-        BundleUse(h.name, "engine", python, (f"engine-{h.name}",), ("benchmark",)) for h in hosts
+        BundleUse(h.name, "engine", py, (f"engine-{h.name}",), ("benchmark",))
+        for h, py in zip(hosts, pythons, strict=True)
     )
     return Plan("bundle-bench", "bench", hosts, (), (), bundle=uses)
 
@@ -90,18 +101,19 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--python", default=f"@{REPO / '.venv-engine' / 'bin' / 'vllm'}")
+    ap.add_argument("--other-python", help="interpreter of another version for the last host")
     ap.add_argument("--keep", action="store_true", help="leave the bed up afterwards")
     ap.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bundle.py needs root (it creates a network-namespace test bed)")
     bed_dir = Path(BED_ENV["KVPD_TESTBED_DIR"])
-    bed("up", args.hosts)
+    bed("up", args.hosts, args.other_python)
     try:
         addresses = dict(
             ln.split()[:2] for ln in (bed_dir / "hosts").read_text().splitlines() if ln.strip()
         )
-        plan = build_plan(addresses, bed_dir, args.python)
+        plan = build_plan(addresses, bed_dir, args.python, args.other_python)
         with tempfile.TemporaryDirectory(prefix="kvpd-bundle-bench-") as cache:
             os.environ["KVPD_CACHE_DIR"] = cache
             t0 = time.perf_counter()
@@ -140,6 +152,7 @@ def main() -> None:
         "connect_s": round(connect_s, 3),
         "first_wall_s": round(first_s, 3),
         "first_per_host_s": [round(x, 3) for x in per_host_first],
+        "first_sources": [r.source for r in first],
         "reup_wall_s": [round(x, 3) for x in re_walls],
         "reup_per_host_median_s": round(statistics.median(per_host_re), 3),
         "reup_per_host_max_s": round(max(per_host_re), 3),
@@ -154,6 +167,12 @@ def main() -> None:
         f"  first up:  {first_s:.2f}s wall; per host median {med_first:.2f}s, max "
         f"{max(per_host_first):.2f}s (check, upload, pip install, verify)"
     )
+    for r in first:
+        if r.source.startswith("host:"):
+            print(
+                f"  {r.host}: another platform ({r.report.get('platform')}): wheel built on the "
+                f"host and installed in {r.seconds:.2f}s"
+            )
     print(
         f"  re-up:     wall median {statistics.median(re_walls):.3f}s over {args.repeat} runs; "
         f"per host median {figures['reup_per_host_median_s']:.3f}s, max "

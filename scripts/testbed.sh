@@ -46,9 +46,10 @@ python_homes() { # real installation dirs of the Pythons tests may run inside th
 if [ -z "${SHARED_DIRS+set}" ]; then
   SHARED_DIRS="$DIR $REPO $(python_homes | tr '\n' ' ')"
 fi
-# Parents before children, so a nested shared dir is bound on top of its parent's bind.
-SHARED_DIRS=$(for d in $SHARED_DIRS; do echo "$d"; done | awk '{print length, $0}' | sort -n -u |
-  cut -d' ' -f2- | tr '\n' ' ')
+# Parents before children, so a nested shared dir is bound on top of its parent's bind. The path
+# is a sort key too: `sort -n -u` alone dropped a different dir of the same length.
+SHARED_DIRS=$(for d in $SHARED_DIRS; do echo "$d"; done | awk '{print length, $0}' |
+  sort -k1,1n -k2 -u | cut -d' ' -f2- | tr '\n' ' ')
 
 need_root() { [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, mounts)"; }
 
