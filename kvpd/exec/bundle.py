@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -158,7 +159,6 @@ class BundleInstaller:
         self.build_local = build_local
         self.local_platform = local_platform or wheels.local_platform()
         self.warnings: list[str] = []
-        self.sources: dict[str, str] = {}  # platform -> where its wheel came from
 
     def _say(self, host: str, phase: str, detail: str = "", t0: float | None = None) -> None:
         elapsed = None if t0 is None else time.monotonic() - t0
@@ -202,21 +202,40 @@ class BundleInstaller:
             list(pool.map(first, by_host))
             todo = [r for r in results.values() if not r.ok and not r.report.get("too_old")]
             todo = [r for r in todo if r.report.get("platform") and r.report.get("pip")]
-            wheel_of = self._wheels(todo, run_dirs, source, pool)
+            builds = self._plan_builds(todo, source)
+            pending = {h: sum(r.host == h for r in todo) for h in {r.host for r in todo}}
+            host_locks = {h: threading.Lock() for h in pending}
+            count_lock = threading.Lock()
 
-            def second(host: str) -> None:
-                mine = [r for r in todo if r.host == host]
-                for res in mine:
-                    w = wheel_of.get(res.report["platform"])
-                    if w is None:
-                        continue
-                    self._say(host, "starting", f"installing {w.name} for {res.slot}")
-                    res.report = self._install_one(host, run_dirs[host], res, w, source)
-                    res.action = "installed" if res.ok else "failed"
-                if mine:
-                    self._done(host, [results[(host, u.slot)] for u in by_host[host]], t0s)
+            def install_slot(res: SlotResult, w: wheels.Wheel) -> None:
+                with host_locks[res.host]:  # one pip at a time per host (slots may share a digest)
+                    self._say(res.host, "starting", f"installing {w.name} for {res.slot}")
+                    res.report = self._install_one(res.host, run_dirs[res.host], res, w, source)
+                res.action = "installed" if res.ok else "failed"
+                res.seconds = time.monotonic() - t0s[res.host]
+                with count_lock:
+                    pending[res.host] -= 1
+                    last = pending[res.host] == 0
+                if last:
+                    self._done(
+                        res.host, [results[(res.host, u.slot)] for u in by_host[res.host]], t0s
+                    )
 
-            list(pool.map(second, sorted({r.host for r in todo})))
+            def platform(name: str) -> None:
+                """Obtain this platform's wheel, then install it at once on its hosts: hosts of
+                the controller's platform do not wait for another platform's build."""
+                mine = [r for r in todo if r.report["platform"] == name]
+                w, how = self._obtain(name, builds[name], mine, run_dirs, source)
+                for r in mine:
+                    r.source = how
+                if w is not None:
+                    list(pool.map(lambda r: install_slot(r, w), mine))
+
+            with ThreadPoolExecutor(max_workers=max(1, len(builds))) as platforms:
+                list(platforms.map(platform, sorted(builds)))
+            for h, left in pending.items():
+                if left:  # no wheel for some slot of it: show the failure
+                    self._done(h, [results[(h, u.slot)] for u in by_host[h]], t0s)
         for r in results.values():
             if r.action == "kept" and not r.ok:
                 r.action = "failed"
@@ -228,7 +247,7 @@ class BundleInstaller:
         self, host: str, res: list[SlotResult], t0s: dict[str, float], quiet: bool = False
     ) -> None:
         for r in res:
-            r.seconds = r.seconds or time.monotonic() - t0s[host]  # when its host finished
+            r.seconds = r.seconds or time.monotonic() - t0s[host]  # kept: when its check ended
         if quiet:
             return
         if all(r.ok for r in res):
@@ -242,61 +261,49 @@ class BundleInstaller:
             bad = next(r for r in res if not r.ok)
             self._say(host, "failed", f"{bad.slot}: {bad.report.get('problem', '')}", t0s[host])
 
-    def _wheels(
-        self,
-        todo: list[SlotResult],
-        run_dirs: dict[str, str],
-        source: str,
-        pool: ThreadPoolExecutor,
-    ) -> dict[str, wheels.Wheel]:
+    def _plan_builds(self, todo: list[SlotResult], source: str) -> dict[str, Build]:
         missing: dict[str, list[tuple[str, bool]]] = {}
         for r in todo:
             missing.setdefault(r.report["platform"], []).append(
                 (r.host, bool(r.report.get("compiler")))
             )
         cached = {p for p in missing if wheels.cached(p, source) is not None}
-        plan = choose_builds(missing, self.local_platform, cached)
+        return choose_builds(missing, self.local_platform, cached)
 
-        def get(platform: str) -> tuple[str, wheels.Wheel | None, str]:
-            b = plan[platform]
-            if b.how == "local":
-                return platform, self.build_local(), "local"
-            if b.how == "cache":
-                return platform, wheels.cached(platform, source), "cache"
-            for host in b.hosts:
-                py = next(
-                    r.report["executable"]
-                    for r in todo
-                    if r.host == host and r.report["platform"] == platform
-                )
-                try:
-                    w = self._build_on(host, run_dirs[host], py, platform, source)
-                except Exception as e:  # noqa: BLE001 - next host, else the NumPy fallback
-                    self.warnings.append(f"building the bundle on {host} failed: {e}")
-                    w = None
-                if w is not None and w.native:
-                    return platform, w, f"host:{host}"
-            hosts = ", ".join(h for h, _ in missing[platform])
-            why = (
-                f"the build on {', '.join(b.hosts)} failed"
-                if b.hosts
-                else "no host of that platform has a C++ compiler and Python headers"
-            )
-            self.warnings.append(
-                f"bundle for {platform} ({hosts}): {why}; these hosts run kvpd's NumPy "
-                "fallback (same results, slower). Install g++ and the Python headers "
-                "(python3-dev) on one of them for the native core."
-            )
-            return platform, self.build_local(native=False), "any"
-
-        out: dict[str, wheels.Wheel] = {}
-        for platform, w, how in pool.map(get, sorted(missing)):
-            if w is not None:
-                out[platform] = w
-                self.sources[platform] = how
-        for r in todo:
-            r.source = self.sources.get(r.report["platform"], "")
-        return out
+    def _obtain(
+        self,
+        platform: str,
+        b: Build,
+        slots: list[SlotResult],
+        run_dirs: dict[str, str],
+        source: str,
+    ) -> tuple[wheels.Wheel | None, str]:
+        """The wheel for `platform` and where it came from (local | cache | host:NAME | any)."""
+        if b.how == "local":
+            return self.build_local(), "local"
+        if b.how == "cache":
+            return wheels.cached(platform, source), "cache"
+        for host in b.hosts:
+            py = next(r.report["executable"] for r in slots if r.host == host)
+            try:
+                w = self._build_on(host, run_dirs[host], py, platform, source)
+            except Exception as e:  # noqa: BLE001 - next host, else the NumPy fallback
+                self.warnings.append(f"building the bundle on {host} failed: {e}")
+                w = None
+            if w is not None and w.native:
+                return w, f"host:{host}"
+        hosts = ", ".join(dict.fromkeys(r.host for r in slots))
+        why = (
+            f"the build on {', '.join(b.hosts)} failed"
+            if b.hosts
+            else "no host of that platform has a C++ compiler and Python headers"
+        )
+        self.warnings.append(
+            f"bundle for {platform} ({hosts}): {why}; these hosts run kvpd's NumPy fallback "
+            "(same results, slower). Install g++ and the Python headers (python3-dev) on one "
+            "of them for the native core."
+        )
+        return self.build_local(native=False), "any"
 
     def _build_on(
         self, host: str, run_dir: str, python: str, platform: str, source: str
