@@ -262,3 +262,15 @@ def test_wheel_metadata_carries_the_entry_points_of_pyproject(tmp_path: Path, mo
         "[vllm.general_plugins]\nkvpd_planner = kvpd.plugin:register\n\n"
     )
     assert b"Requires-Dist" not in info["METADATA"]
+
+
+def test_plan_shows_who_gets_the_bundle_and_why() -> None:
+    from kvpd.cli.bundle_view import plan_lines
+
+    lines = plan_lines(load_plan("local", base_dir="/srv"))
+    assert lines[1] == (
+        "  localhost (engine slot, python of `vllm`): prefill-0: kv connector kvpd_store; "
+        "decode-0: kv connector kvpd_store"
+    )
+    assert lines[2] == "  localhost (proxy slot, python3): proxy: kvpd proxy"
+    assert plan_lines(load_plan("ucm-pd-mixed", base_dir="/srv")) == []
