@@ -131,7 +131,7 @@ def choose_builds(
     return out
 
 
-def _lines(stdout: str) -> list[dict[str, Any]]:
+def json_lines(stdout: str) -> list[dict[str, Any]]:
     out = []
     for line in stdout.splitlines():
         line = line.strip()
@@ -171,7 +171,7 @@ class BundleInstaller:
         for u in uses:
             args += [u.slot, u.python]
         r = self.transports(host).run(args, timeout_s=120)
-        found = {d.get("slot"): d for d in _lines(r.stdout)}
+        found = {d.get("slot"): d for d in json_lines(r.stdout)}
         err = r.stderr.strip().splitlines()[-1:] or [f"exit {r.exit_code}"]
         return [
             found.get(u.slot) or {"slot": u.slot, "ready": False, "problem": err[0][:300]}
@@ -313,7 +313,7 @@ class BundleInstaller:
         self._say(host, "starting", f"building the wheel for {platform}")
         t.put(posixpath.join(d, "src.tar.gz"), wheels.source_tarball())
         r = t.run(["bash", "-c", BUILD_SH, "kvpd-build", d, python], timeout_s=900)
-        res = _lines(r.stdout)
+        res = json_lines(r.stdout)
         try:
             if not r.ok or not res:
                 self.warnings.append(f"building the bundle on {host} failed: {r.stderr[-300:]}")
@@ -333,7 +333,7 @@ class BundleInstaller:
         argv = [res.report["executable"], "-I", "-c", NODE_SCRIPT, "install", run_dir]
         argv += [res.slot, source, incoming, w.digest, w.platform]
         r = t.run(argv, timeout_s=600)
-        lines = _lines(r.stdout)
+        lines = json_lines(r.stdout)
         if lines:
             return lines[-1]
         err = r.stderr.strip().splitlines()[-1:] or [f"exit {r.exit_code}"]
@@ -346,7 +346,7 @@ class BundleInstaller:
             rep = r.report
             where = f"{r.host} ({r.slot}: {u.python})"
             if not r.ok:
-                fix = _fix(rep)
+                fix = fix_hint(rep)
                 problems.append(f"{where}: {rep.get('problem', 'not installed')}. {fix}")
             elif (
                 u.native == "required"
@@ -361,7 +361,7 @@ class BundleInstaller:
             raise DeployError("node bundle: " + "\n  ".join(["", *problems]).lstrip("\n "))
 
 
-def _fix(rep: dict[str, Any]) -> str:
+def fix_hint(rep: dict[str, Any]) -> str:
     if rep.get("too_old"):
         return "Use a Python >= 3.10 for this process (e.g. set the profile's python)."
     if rep.get("problem") == "interpreter not found":
@@ -383,94 +383,3 @@ def install_bundle(
     inst = BundleInstaller(transports, reporter, max_workers=max_workers)
     results = inst.install(plan, run_dirs)
     return [r.to_dict() for r in results], inst.warnings
-
-
-def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Any]:
-    """Read-only checks of what the bundle needs on each host (kvpd.exec.preflight's table):
-    each slot's Python (found, >= 3.10, pip), free disk in the run dir, and per platform
-    whether the native core can be had (else the NumPy fallback: a warning, or a failure when
-    a process requires the native core)."""
-    from kvpd.exec.preflight import Check
-
-    by_host: dict[str, list[BundleUse]] = {}
-    for u in plan.bundle:
-        by_host.setdefault(u.host, []).append(u)
-
-    def facts(host: str) -> list[dict[str, Any]]:
-        t = transports(host)
-        run_dir = t.resolve(plan.host(host).run_dir)
-        args = ["bash", "-c", CHECK_SH, "kvpd-bundle", run_dir, "-", NODE_SCRIPT, "facts"]
-        for u in by_host[host]:
-            args += [u.slot, u.python]
-        try:
-            r = t.run(args, timeout_s=120)
-        except Exception as e:  # noqa: BLE001 - reported as a failed check
-            return [{"slot": u.slot, "problem": f"host unreachable: {e}"} for u in by_host[host]]
-        found = {d.get("slot"): d for d in _lines(r.stdout)}
-        return [
-            found.get(u.slot) or {"slot": u.slot, "problem": r.stderr[-200:]} for u in by_host[host]
-        ]
-
-    workers = max(1, min(16, len(by_host)))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        reports = dict(zip(by_host, pool.map(facts, by_host), strict=True))
-    checks: list[Any] = []
-    platforms: dict[str, dict[str, Any]] = {}
-    local = wheels.local_platform()
-    for host, uses in by_host.items():
-        for u, rep in zip(uses, reports[host], strict=True):
-            name = f"bundle python ({u.slot})"
-            if rep.get("problem") and not rep.get("version"):
-                fix = _fix(rep)
-                checks.append(Check(host, name, False, f"{u.python}: {rep['problem']}", fix))
-                continue
-            ok = not rep.get("too_old")
-            detail = f"{rep.get('executable')} {rep.get('version')}"
-            checks.append(Check(host, name, ok, detail, "" if ok else _fix(rep)))
-            if not ok:
-                continue
-            pip = bool(rep.get("pip"))
-            checks.append(
-                Check(
-                    host,
-                    f"pip ({u.slot})",
-                    pip,
-                    "found" if pip else f"no pip for {rep.get('executable')}",
-                    "" if pip else f"{rep.get('executable')} -m ensurepip (or install python3-pip)",
-                )
-            )
-            free = rep.get("free_bytes") or 0
-            need = 200 << 20
-            checks.append(
-                Check(
-                    host,
-                    f"disk for bundle ({u.slot})",
-                    free >= need,
-                    f"{free / (1 << 30):.1f} GiB free in the run dir",
-                    "" if free >= need else "free 200 MiB in the run dir's filesystem",
-                )
-            )
-            p = platforms.setdefault(rep["platform"], {"hosts": [], "compiler": False, "need": ""})
-            p["hosts"].append(host)
-            p["compiler"] |= bool(rep.get("compiler"))
-            if u.native == "required" or (u.native == "preferred" and p["need"] != "required"):
-                p["need"] = u.native
-    for platform, p in sorted(platforms.items()):
-        able = platform == local or p["compiler"]
-        hosts = ", ".join(dict.fromkeys(p["hosts"]))
-        if able:
-            how = "built here" if platform == local else "built on the first host with a compiler"
-            checks.append(Check("*", f"native core {platform}", True, f"{how} ({hosts})"))
-            continue
-        required = p["need"] == "required"
-        checks.append(
-            Check(
-                "*",
-                f"native core {platform}",
-                not required,
-                f"warning: no compiler on {hosts}: NumPy fallback"
-                + (" but the kvpd planner requires the native core" if required else ""),
-                "install g++ and the Python headers (python3-dev) on one of them",
-            )
-        )
-    return checks

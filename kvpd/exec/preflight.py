@@ -270,7 +270,7 @@ def run_preflight(
     try:
         checks = run_checks(plan, lambda h: pool[h])
         if plan.bundle:  # node bundle: each slot's Python, pip, disk, native core per platform
-            from kvpd.exec.bundle import preflight_checks
+            from kvpd.exec.bundle_preflight import preflight_checks
 
             checks += preflight_checks(plan, lambda h: pool[h])
     finally:

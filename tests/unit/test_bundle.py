@@ -215,7 +215,7 @@ def test_foreign_platform_is_built_on_its_host(tmp_path: Path, monkeypatch) -> N
 
 
 def test_preflight_checks_each_slot_python(cache: Path, tmp_path: Path) -> None:
-    from kvpd.exec.bundle import preflight_checks
+    from kvpd.exec.bundle_preflight import preflight_checks
 
     good = one_host_plan(tmp_path / "run")
     t = LocalTransport(good.hosts[0])
