@@ -101,10 +101,11 @@ def build(src: str, out: str, want_native: bool) -> dict[str, object]:
         for n in sorted(os.listdir(os.path.join(src, "dist-info"))):
             with open(os.path.join(src, "dist-info", n), "rb") as f:
                 files[f"{info}/{n}"] = f.read()
+        purelib = str(ext is None).lower()
         wheel_meta = (
-            f"Wheel-Version: 1.0\nGenerator: kvpd\nRoot-Is-Purelib: {str(ext is None).lower()}\n"
+            f"Wheel-Version: 1.0\nGenerator: kvpd\nRoot-Is-Purelib: {purelib}\nTag: {tag}\n"
         )
-        files[f"{info}/WHEEL"] = (wheel_meta + "".join(f"Tag: {t}\n" for t in [tag])).encode()
+        files[f"{info}/WHEEL"] = wheel_meta.encode()
         record = [record_line(a, d) for a, d in sorted(files.items())] + [f"{info}/RECORD,,"]
         files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
         os.makedirs(out, exist_ok=True)
