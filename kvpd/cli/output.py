@@ -14,8 +14,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from kvpd.exec.checks import Check
 from kvpd.exec.executor import DownResult, ProcessStatus
-from kvpd.exec.preflight import Check
 from kvpd.exec.state import DeploymentState
 from kvpd.plan.model import Plan
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from kvpd.cli import bundle_view
 from kvpd.errors import PlanError
 from kvpd.plan.model import Plan
 
@@ -90,6 +91,8 @@ def show_plan(plan: Plan) -> None:
         files.setdefault(f.host, []).append(f.path)
     for host, paths in files.items():
         con.print(f"[bold]{escape(host)}[/bold] files: {escape(', '.join(paths))}")
+    for line in bundle_view.plan_lines(plan):
+        con.print(line, highlight=False)
     subs = [p for p in plan.processes if p.substituted]
     if subs:
         con.print("[bold]rehearsal substitutions[/bold] (* above):")

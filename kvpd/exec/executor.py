@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
 from kvpd.exec import diagnose, logs
+from kvpd.exec.bundle import install_bundle
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
@@ -122,6 +123,12 @@ class Executor:
             try:
                 self._resolve_run_dirs(state, pool)
                 self._write_files(state, pool)
+                if plan.bundle:  # kvpd on every host slot of the plan, verified, before starts
+                    state.bundle = install_bundle(
+                        plan, state.run_dirs, lambda h: self.transports[h], self.reporter,
+                        max_workers=1 if self.serial else self.max_workers,
+                    )  # fmt: skip
+                    self._save(state)
                 for stage in plan.stages:
                     for batch in self._batches(stage):
                         records = self._start_stage(state, batch, pool)

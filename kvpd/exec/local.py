@@ -134,7 +134,11 @@ class LocalTransport:
     def start_detached(
         self, argv: list[str], *, log: str, cwd: str, env: dict[str, str] | None = None
     ) -> Started:
-        full_env = {**os.environ, **check_env(env)}
+        # node bundle: like a process started over SSH, a local one does not inherit the
+        # controller's PYTHONPATH (where kvpd may be importable from a checkout); the processes
+        # that need kvpd get the bundle from their launch script.
+        inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        full_env = {**inherited, **check_env(env)}
         log_path = Path(self.resolve(log))
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as logf:

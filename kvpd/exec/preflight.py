@@ -12,25 +12,17 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kvpd.errors import KvpdError
+from kvpd.exec import bundle_preflight
+from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout, HostOutcome
 from kvpd.exec.probe import PROBE
 from kvpd.exec.transport import Transport
 from kvpd.plan.model import Plan
 
 GiB = 1 << 30
-
-
-@dataclass(frozen=True)
-class Check:
-    host: str
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
 
 
 def _probe(t: Transport, req: dict[str, Any]) -> dict[str, Any]:
@@ -254,4 +246,6 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                     f"install one {name} version on every host",
                 )
             )
+    if plan.bundle:  # node bundle: each slot's Python, pip, disk, native core per platform
+        checks += bundle_preflight.preflight_checks(plan, transports)
     return checks

@@ -16,8 +16,10 @@ from types import FrameType, TracebackType
 
 from kvpd.errors import DeployError, StateError
 from kvpd.exec import logs
+from kvpd.exec.checks import Check
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus
-from kvpd.exec.preflight import Check, run_checks
+from kvpd.exec.preflight import run_checks
+from kvpd.exec.purge import purge_run_dirs
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import Reporter
 from kvpd.exec.transport import Transport
@@ -154,6 +156,12 @@ class Deployments:
         if state is None:
             return None
         return self._executor(reporter).down(state)
+
+    def purge(self, state: DeploymentState) -> dict[str, str]:
+        """Remove every host's run dir of a stopped deployment (rendered files, logs, the node
+        bundle): host -> why a run dir was kept, for those not removed."""
+        self._pool.add_hosts(state.plan.hosts)
+        return purge_run_dirs(state, self._pool.__getitem__)
 
     def stop(self, deployment: str, reporter: Reporter | None = None) -> None:
         """`down`, raising StateError unless everything is gone and its ports are free."""

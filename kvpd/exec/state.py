@@ -51,6 +51,8 @@ class DeploymentState:
     created_at: float = field(default_factory=time.time)
     updated_at: float = 0.0
     profile: str = ""  # the PROFILE argument `up` was given, for messages
+    # node bundle: per host slot, what `up` verified (digest, interpreter, native implementation)
+    bundle: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self, name: str) -> ProcessRecord | None:
         for r in self.processes:
@@ -69,6 +71,7 @@ class DeploymentState:
             "updated_at": self.updated_at,
             "run_dirs": self.run_dirs,
             "processes": [asdict(r) for r in self.processes],
+            "bundle": self.bundle,
             "plan": self.plan.to_dict(),
         }
 
@@ -84,6 +87,7 @@ class DeploymentState:
             created_at=d.get("created_at", 0.0),
             updated_at=d.get("updated_at", 0.0),
             profile=d.get("profile", ""),
+            bundle=list(d.get("bundle", [])),
         )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from kvpd.errors import ProfileError
 from kvpd.plan import configfiles, kvconfig
 from kvpd.plan.bench import bench_spec
+from kvpd.plan.bundle import bundle_uses, with_bundle_paths
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
@@ -115,6 +116,8 @@ def build_plan(
     layout = build_layout(profile)
     procs = all_procs(profile, layout, rehearse=rehearse)
     notes = rehearsal_notes(profile, procs) if rehearse else {}
+    bundle = bundle_uses(profile, procs, rehearse)  # node bundle: who imports kvpd
+    procs = with_bundle_paths(procs, bundle)
     facts = derive_facts(profile, layout, procs, rehearse=rehearse)
     findings = check(facts)
     dram, extra = memcache_dram(profile, facts.memcache_ranks)
@@ -228,6 +231,7 @@ def build_plan(
         requirements=build_requirements(
             profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
         ),
+        bundle=bundle,
     )
 
 

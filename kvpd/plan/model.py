@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpd.plan.bench import BenchSpec, default_bench
+from kvpd.plan.bundle import BundleUse
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,8 @@ class Plan:
     fresh_dirs: tuple[str, ...] = ()  # relative to each host's run dir; emptied by every `up`
     # Inputs of the sizing `kvpd plan` shows (e.g. "sparse": the sparse-offload hot buffer)
     sizing: dict[str, Any] = field(default_factory=dict)
+    # The node bundle: which hosts get kvpd, for which processes and Python (kvpd.plan.bundle)
+    bundle: tuple[BundleUse, ...] = ()
     # Values of secret env vars (API keys, tokens). Only the in-memory plan has them, for the
     # launch scripts `up` writes; every serialised form (plan.json, --json, state.json) masks
     # them, and they are never compared or shown.
@@ -235,4 +238,5 @@ class Plan:
             },
             fresh_dirs=tuple(d.get("fresh_dirs", ())),
             sizing=d.get("sizing", {}),
+            bundle=tuple(BundleUse.from_dict(u) for u in d.get("bundle", ())),
         )

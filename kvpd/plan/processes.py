@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpd.plan.bundle import proxy_python
 from kvpd.plan.kvconfig import (
     MMC_LOCAL,
     MMC_META,
@@ -37,6 +38,9 @@ class Proc:
     devices: tuple[int, ...] = ()
     files: tuple[str, ...] = ()  # rendered config files this process reads
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Node bundle slots (relative to the run dir) the launch script puts first on PYTHONPATH:
+    # set by kvpd.plan.bundle for the processes that import kvpd.
+    pythonpath: tuple[str, ...] = ()
 
 
 def addr(profile: Profile, host: str) -> str:
@@ -287,8 +291,10 @@ def proxy_proc(
     ph, pp = hp(pre)
     dh, dp = hp(dec)
     if px.impl == "kvpd" or rehearse:
-        kvpd_cmd = profile.rehearsal.kvpd if rehearse else profile.runtime.kvpd
-        argv = [kvpd_cmd, "proxy", "--host", bind, "--port", str(px.port)]
+        # node bundle: the proxy runs from kvpd's bundle in the run dir (PYTHONPATH), with
+        # the host's own Python; no kvpd installation on the host is needed.
+        argv = [proxy_python(profile, rehearse), "-m", "kvpd.proxy"]
+        argv += ["--host", bind, "--port", str(px.port)]
         health = f"http://{a}:{px.port}/health"
     else:
         script = px.script or (

@@ -69,10 +69,34 @@ def testbed_unavailable() -> str | None:
     return None
 
 
+def other_python() -> str | None:
+    """An interpreter (>= 3.10) of another version than the one running the tests, for the
+    node-bundle test's proxy host (pyenv's or the system's), or None."""
+    import glob
+
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    found = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1*/bin/python3")))
+    found += sorted(glob.glob("/usr/bin/python3.1[0-9]"))
+    for py in found:
+        r = subprocess.run(
+            [py, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+        )
+        v = r.stdout.strip()
+        if r.returncode == 0 and v != mine and tuple(map(int, v.split("."))) >= (3, 10):
+            return os.path.realpath(py) if "/usr/bin/" in py else py
+    return None
+
+
 def _testbed_env() -> dict[str, str]:
     # The hosts must see the Python running the tests (the venv's base installation may live
-    # under the private /root).
-    return {**os.environ, "PYTHON": sys.executable}
+    # under the private /root), and the second Python of the node-bundle test.
+    env = {**os.environ, "PYTHON": sys.executable}
+    extra = other_python()
+    if extra:
+        env["EXTRA_PYTHONS"] = f"{env.get('EXTRA_PYTHONS', '')} {extra}".strip()
+    return env
 
 
 @pytest.fixture(scope="session")

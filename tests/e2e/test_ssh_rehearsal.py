@@ -30,7 +30,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM = REPO / ".venv-engine" / "bin" / "vllm"
-KVPD = REPO / ".venv" / "bin" / "kvpd"
 SERVICES_PY = REPO / ".venv-services" / "bin" / "python"
 MOONCAKE = REPO / ".venv-services" / "bin" / "mooncake_master"
 MODEL = REPO / ".kvpd" / "models" / "tiny"
@@ -50,7 +49,6 @@ def engine_or_services_missing() -> str | None:
     for path, fix in (
         (VLLM, "make engine"),
         (MODEL / "config.json", "make model"),
-        (KVPD, "pip install -e . into .venv"),
         (SERVICES_PY, "make services"),
         (MOONCAKE, "make services"),
     ):
@@ -95,7 +93,6 @@ def write_inventory(
         "rehearsal": {
             "model": str(MODEL),
             "vllm": str(VLLM),
-            "kvpd": str(KVPD),
             "python": str(SERVICES_PY),
             "mooncake_master": str(MOONCAKE),
             "storage": str(storage),

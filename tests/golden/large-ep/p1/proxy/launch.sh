@@ -3,8 +3,10 @@
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/proxy.log.
 set -e
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD"/bundle/proxy${PYTHONPATH:+:"$PYTHONPATH"}
 
-exec kvpd proxy \
+exec python3 \
+    -m kvpd.proxy \
     --host 0.0.0.0 \
     --port 7850 \
     --prefiller-hosts 192.168.10.1 192.168.10.2 192.168.10.3 192.168.10.4 \

@@ -3,8 +3,10 @@
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/proxy.log.
 set -e
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD"/bundle/proxy${PYTHONPATH:+:"$PYTHONPATH"}
 
-exec kvpd proxy \
+exec python3 \
+    -m kvpd.proxy \
     --host 192.168.20.1 \
     --port 9000 \
     --prefiller-hosts 192.168.20.1 \

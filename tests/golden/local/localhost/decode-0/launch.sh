@@ -17,6 +17,7 @@ export XDG_CACHE_HOME=cache/xdg
 export VLLM_RPC_BASE_PATH=rpc
 export TMPDIR=tmp
 export VLLM_CPU_OMP_THREADS_BIND=1
+export PYTHONPATH="$PWD"/bundle/engine${PYTHONPATH:+:"$PYTHONPATH"}
 
 exec vllm serve /srv/kvpd/.kvpd/models/tiny \
     --host 127.0.0.1 \

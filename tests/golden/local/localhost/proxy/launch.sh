@@ -4,8 +4,10 @@
 set -e
 cd "$(dirname "$0")/.."
 mkdir -p cache rpc tmp
+export PYTHONPATH="$PWD"/bundle/proxy${PYTHONPATH:+:"$PYTHONPATH"}
 
-exec kvpd proxy \
+exec python3 \
+    -m kvpd.proxy \
     --host 127.0.0.1 \
     --port 18000 \
     --prefiller-hosts 127.0.0.1 \

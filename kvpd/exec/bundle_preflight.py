@@ -1,0 +1,109 @@
+"""Preflight for the node bundle (read-only): what `kvpd up` will need on each host to install it.
+
+Per slot of `Plan.bundle`: its Python found and >= 3.10, pip, free disk in the run dir; per
+platform: whether the native core can be had (the controller's own platform, or a host of that
+platform with a compiler), else the NumPy fallback, which fails the check when a process requires
+the native core (the kvpd sparse planner).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvpd.exec import wheel as wheels
+from kvpd.exec.bundle import CHECK_SH, NODE_SCRIPT, fix_hint, json_lines
+from kvpd.exec.checks import Check
+from kvpd.exec.fanout import Fanout
+from kvpd.exec.transport import Transport
+from kvpd.plan.bundle import BundleUse
+from kvpd.plan.model import Plan
+
+
+def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check]:
+    """Read-only checks of what the bundle needs on each host (kvpd.exec.preflight's table):
+    each slot's Python (found, >= 3.10, pip), free disk in the run dir, and per platform
+    whether the native core can be had (else the NumPy fallback: a warning, or a failure when
+    a process requires the native core)."""
+    by_host: dict[str, list[BundleUse]] = {}
+    for u in plan.bundle:
+        by_host.setdefault(u.host, []).append(u)
+
+    def facts(host: str) -> list[dict[str, Any]]:
+        t = transports(host)
+        run_dir = t.resolve(plan.host(host).run_dir)
+        args = ["bash", "-c", CHECK_SH, "kvpd-bundle", run_dir, "-", NODE_SCRIPT, "facts"]
+        for u in by_host[host]:
+            args += [u.slot, u.python]
+        try:
+            r = t.run(args, timeout_s=120)
+        except Exception as e:  # noqa: BLE001 - reported as a failed check
+            return [{"slot": u.slot, "problem": f"host unreachable: {e}"} for u in by_host[host]]
+        found = {d.get("slot"): d for d in json_lines(r.stdout)}
+        return [
+            found.get(u.slot) or {"slot": u.slot, "problem": r.stderr[-200:]} for u in by_host[host]
+        ]
+
+    workers = max(1, min(16, len(by_host)))
+    with Fanout(workers) as pool:
+        reports = dict(zip(by_host, pool.map(facts, by_host), strict=True))
+    checks: list[Check] = []
+    platforms: dict[str, dict[str, Any]] = {}
+    local = wheels.local_platform()
+    for host, uses in by_host.items():
+        for u, rep in zip(uses, reports[host], strict=True):
+            name = f"bundle python ({u.slot})"
+            if rep.get("problem") and not rep.get("version"):
+                fix = fix_hint(rep)
+                checks.append(Check(host, name, False, f"{u.python}: {rep['problem']}", fix))
+                continue
+            ok = not rep.get("too_old")
+            detail = f"{rep.get('executable')} {rep.get('version')}"
+            checks.append(Check(host, name, ok, detail, "" if ok else fix_hint(rep)))
+            if not ok:
+                continue
+            pip = bool(rep.get("pip"))
+            checks.append(
+                Check(
+                    host,
+                    f"pip ({u.slot})",
+                    pip,
+                    "found" if pip else f"no pip for {rep.get('executable')}",
+                    "" if pip else f"{rep.get('executable')} -m ensurepip (or install python3-pip)",
+                )
+            )
+            free = rep.get("free_bytes") or 0
+            need = 200 << 20
+            checks.append(
+                Check(
+                    host,
+                    f"disk for bundle ({u.slot})",
+                    free >= need,
+                    f"{free / (1 << 30):.1f} GiB free in the run dir",
+                    "" if free >= need else "free 200 MiB in the run dir's filesystem",
+                )
+            )
+            p = platforms.setdefault(rep["platform"], {"hosts": [], "compiler": False, "need": ""})
+            p["hosts"].append(host)
+            p["compiler"] |= bool(rep.get("compiler"))
+            if u.native == "required" or (u.native == "preferred" and p["need"] != "required"):
+                p["need"] = u.native
+    for platform, p in sorted(platforms.items()):
+        able = platform == local or p["compiler"]
+        hosts = ", ".join(dict.fromkeys(p["hosts"]))
+        if able:
+            how = "built here" if platform == local else "built on the first host with a compiler"
+            checks.append(Check("*", f"native core {platform}", True, f"{how} ({hosts})"))
+            continue
+        required = p["need"] == "required"
+        checks.append(
+            Check(
+                "*",
+                f"native core {platform}",
+                not required,
+                f"warning: no compiler on {hosts}: NumPy fallback"
+                + (" but the kvpd planner requires the native core" if required else ""),
+                "install g++ and the Python headers (python3-dev) on one of them",
+            )
+        )
+    return checks

@@ -1,0 +1,16 @@
+"""One preflight check's outcome: what preflight and the bundle's preflight both return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Check:
+    """A read-only check on one host (`*`: across hosts), with a fix when it failed."""
+
+    host: str
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""

@@ -1,0 +1,44 @@
+"""`kvpd down --purge`: remove each host's run dir (node bundles, logs, rendered files) once the
+deployment is stopped. A plain `down` keeps them, so the next `up` reuses the installed bundle."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable
+
+from kvpd.exec.fanout import Fanout
+from kvpd.exec.state import DeploymentState
+from kvpd.exec.transport import Transport
+
+
+def unsafe_run_dir(path: str) -> str | None:
+    """Why `path` must not be removed recursively, or None. A run dir is a dedicated folder:
+    never the root, a top-level folder or a home directory."""
+    norm = posixpath.normpath(path)
+    if not posixpath.isabs(norm):
+        return "it is not absolute"
+    depth = len([p for p in norm.split("/") if p])
+    if depth < 2 or norm in ("/root", "/home") or (norm.startswith("/home/") and depth < 3):
+        return "it is a system or home folder"
+    return None
+
+
+def purge_run_dirs(
+    state: DeploymentState, transports: Callable[[str], Transport]
+) -> dict[str, str]:
+    """Remove every recorded run dir; returns host -> problem for those not removed."""
+
+    def one(item: tuple[str, str]) -> tuple[str, str]:
+        host, path = item
+        why = unsafe_run_dir(path)
+        if why:
+            return host, f"kept {path}: {why}"
+        try:
+            r = transports(host).run(["rm", "-rf", "--", path], timeout_s=300)
+        except Exception as e:  # noqa: BLE001 - reported per host
+            return host, f"{path}: {e}"
+        return host, "" if r.ok else f"{path}: {r.stderr.strip()[-200:]}"
+
+    items = sorted(state.run_dirs.items())
+    with Fanout(max(1, min(16, len(items)))) as pool:
+        return {h: p for h, p in pool.map(one, items) if p}

@@ -1,0 +1,208 @@
+"""The node wheel on the controller: kvpd's source as shipped, its digest, and local builds.
+
+The source is the kvpd package this controller runs (its files, without build outputs), the
+dist-info metadata (entry points included, so vLLM finds kvpd's plugin through the bundle folder)
+and pybind11's headers. Its digest (`source_digest`) names what a host must hold; wheels built
+from it are cached per platform under `$KVPD_CACHE_DIR` (default `~/.cache/kvpd`), so a second
+`up` builds nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import kvpd
+from kvpd.errors import KvpdError
+
+BUILDER = Path(__file__).with_name("wheel_build.py")
+# Package files that go into the wheel (as pyproject's package-data, plus the modules).
+_SHIPPED = (".py", ".pyi", ".yaml", ".j2", ".cpp", ".hpp", "py.typed")
+ANY = "any"  # platform key of a wheel without the native core
+
+
+@dataclass(frozen=True)
+class Wheel:
+    path: Path
+    digest: str  # sha256 of the .whl file
+    platform: str  # SOABI it was built for, or ANY
+    native: bool
+    why: str  # how the native core was built, or why it is missing
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("KVPD_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvpd"
+
+
+def local_platform() -> str:
+    """This controller's platform key: the SOABI of the Python running kvpd (arch + ABI)."""
+    return str(sysconfig.get_config_var("SOABI") or f"{sys.implementation.cache_tag}")
+
+
+def _package_root() -> Path:
+    return Path(kvpd.__file__).resolve().parent
+
+
+def _pyproject() -> Path | None:
+    p = _package_root().parent / "pyproject.toml"
+    return p if p.exists() else None
+
+
+def _package_files() -> dict[str, bytes]:
+    root = _package_root()
+    out: dict[str, bytes] = {}
+    for path in sorted(root.rglob("*")):
+        if "__pycache__" in path.parts or not path.is_file():
+            continue
+        if path.name.endswith(_SHIPPED):
+            out[path.relative_to(root.parent).as_posix()] = path.read_bytes()
+    return out
+
+
+def _dist_info() -> dict[str, bytes]:
+    """METADATA (no Requires-Dist: the bundle is installed without dependencies) and the entry
+    points of pyproject.toml (the vLLM plugin group among them)."""
+    meta = "Metadata-Version: 2.1\nName: kvpd\nVersion: 0.1.0\n"
+    meta += "Summary: kvpd node bundle (connectors, native core, proxy)\n"
+    groups: dict[str, dict[str, str]] = {}
+    py = _pyproject()
+    if py is not None and sys.version_info >= (3, 11):  # tomllib; on 3.10 the metadata says it
+        import tomllib
+
+        project = tomllib.loads(py.read_text()).get("project", {})
+        groups = dict(project.get("entry-points", {}))
+    else:
+        import importlib.metadata as md
+
+        try:
+            for ep in md.distribution("kvpd").entry_points:
+                if ep.group != "console_scripts":
+                    groups.setdefault(ep.group, {})[ep.name] = ep.value
+        except md.PackageNotFoundError:
+            pass
+    out = {"METADATA": meta.encode()}
+    if groups:
+        text = "".join(
+            f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in sorted(eps.items())) + "\n"
+            for g, eps in sorted(groups.items())
+        )
+        out["entry_points.txt"] = text.encode()
+    return out
+
+
+def _pybind11_headers() -> dict[str, bytes]:
+    try:
+        import pybind11
+    except ImportError:
+        return {}
+    inc = Path(pybind11.get_include())
+    return {
+        "pybind11/" + p.relative_to(inc).as_posix(): p.read_bytes()
+        for p in sorted(inc.rglob("*.h"))
+    }
+
+
+@lru_cache(maxsize=1)
+def source_files() -> dict[str, bytes]:
+    """Everything a build needs, by path in the source tree."""
+    files = _package_files()
+    files.update({f"dist-info/{k}": v for k, v in _dist_info().items()})
+    files.update(_pybind11_headers())
+    files["wheel_build.py"] = BUILDER.read_bytes()
+    return files
+
+
+@lru_cache(maxsize=1)
+def source_digest() -> str:
+    """sha256 over the shipped source (names and contents): what a host's bundle must match."""
+    h = hashlib.sha256()
+    for name, data in sorted(source_files().items()):
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def has_pybind11() -> bool:
+    return any(k.startswith("pybind11/") for k in source_files())
+
+
+def source_tarball() -> bytes:
+    """The source as a deterministic .tar.gz, for building on a host."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        for name, data in sorted(source_files().items()):
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mode, ti.mtime = len(data), 0o644, 0
+            tar.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def write_source(dest: Path) -> None:
+    for name, data in source_files().items():
+        p = dest / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+
+def cached(platform: str, source: str | None = None) -> Wheel | None:
+    """The cached wheel of this source for `platform`, if one was built before."""
+    d = cache_dir() / "wheels" / (source or source_digest())[:16] / platform
+    meta = d / "wheel.json"
+    if not meta.exists():
+        return None
+    m = json.loads(meta.read_text())
+    path = d / m["name"]
+    if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != m["digest"]:
+        return None
+    return Wheel(path, m["digest"], platform, m["native"], m["why"])
+
+
+def store(platform: str, name: str, data: bytes, native: bool, why: str) -> Wheel:
+    """Put a wheel (built here or fetched from a build host) into the cache."""
+    d = cache_dir() / "wheels" / source_digest()[:16] / platform
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
+    meta = {"name": name, "digest": digest, "native": native, "why": why}
+    tmp = d / "wheel.json.tmp"
+    tmp.write_text(json.dumps(meta))
+    tmp.replace(d / "wheel.json")
+    return Wheel(d / name, digest, platform, native, why)
+
+
+def build_local(*, native: bool = True) -> Wheel:
+    """This controller's wheel (native core for its own platform, or the pure one), cached."""
+    platform = local_platform() if native else ANY
+    hit = cached(platform)
+    if hit is not None:
+        return hit
+    with tempfile.TemporaryDirectory(prefix="kvpd-src-") as tmp:
+        src = Path(tmp) / "src"
+        write_source(src)
+        argv = [sys.executable, "-I", str(src / "wheel_build.py"), str(src), str(Path(tmp) / "out")]
+        if not native:
+            argv.append("--no-native")
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        if r.returncode != 0:
+            raise KvpdError(f"building kvpd's node wheel failed: {r.stderr.strip()[-500:]}")
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        data = Path(res["wheel"]).read_bytes()
+        # Cached under the asked platform even when the compiler failed (res["native"] False):
+        # the next `up` does not retry a build that cannot work.
+        return store(platform, Path(res["wheel"]).name, data, res["native"], res["why"])

@@ -1,0 +1,154 @@
+"""The node bundle in the plan (pure): which hosts get kvpd, for which processes, with which Python.
+
+A process that imports kvpd on a node (an engine loading `KvpdStoreConnector`, an engine running
+kvpd's sparse planner, the kvpd proxy) gets kvpd from the deployment's run dir, never from the
+user's environments: `kvpd up` installs a wheel of kvpd, built for the host's platform, into
+`<run dir>/bundle/<wheel digest>/` and points the slot `<run dir>/bundle/<slot>` at it. The launch
+script of each such process puts its slot first on `PYTHONPATH`; no other process sees kvpd.
+
+A slot is one Python interpreter of a host: `engine` (the interpreter of the vLLM command) or
+`proxy` (the interpreter the proxy runs with). The plan only says which slots exist and why;
+resolving the interpreter, choosing or building the wheel and installing it is the executor's
+(`kvpd.exec.bundle`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # only types: kvpd.plan.model imports this module
+    from kvpd.plan.processes import Proc
+    from kvpd.profile.schema import Group, Profile
+
+BUNDLE_DIR = "bundle"  # below each host's run dir
+ENGINE_SLOT = "engine"
+PROXY_SLOT = "proxy"
+
+
+@dataclass(frozen=True)
+class BundleUse:
+    """One host's Python that needs kvpd, and the processes that run with it."""
+
+    host: str
+    slot: str  # ENGINE_SLOT | PROXY_SLOT: the folder put on PYTHONPATH (bundle/<slot>)
+    # The interpreter: a path or command on the host's PATH, or "@CMD": the interpreter of the
+    # console script CMD (its #! line), i.e. the engine's own Python for `@vllm`.
+    python: str
+    processes: tuple[str, ...]
+    why: tuple[str, ...]  # one reason per process, e.g. "decode-0: kv connector kvpd_store"
+    native: str = "optional"  # "required" (kvpd planner) | "preferred" (planner auto) | "optional"
+
+    @property
+    def path(self) -> str:
+        """The slot, relative to the host's run dir (what PYTHONPATH gets)."""
+        return posixpath.join(BUNDLE_DIR, self.slot)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> BundleUse:
+        return BundleUse(
+            host=d["host"],
+            slot=d["slot"],
+            python=d["python"],
+            processes=tuple(d["processes"]),
+            why=tuple(d["why"]),
+            native=d.get("native", "optional"),
+        )
+
+
+def interpreter_of(command: str) -> str:
+    """The Python running a console script: "@vllm" (resolved on the host from its #! line)."""
+    return "@" + command
+
+
+def sparse_planner(group: Group | None) -> str | None:
+    """The sparse-offload planner a decode group asks for: "kvpd", "auto", "upstream", or None
+    without sparse offload.
+
+    Hook for `decode.sparse_offload.planner` (added by the native-planner work): until that
+    field exists every group reads as "upstream", i.e. vLLM-Ascend's own planner, no bundle.
+    """
+    so = getattr(group, "sparse_offload", None)
+    if so is None or not so.enabled:
+        return None
+    return str(getattr(so, "planner", "upstream"))
+
+
+def native_need(group: Group | None) -> str:
+    """How much a group's processes need the native core ("needs native core" predicate)."""
+    return {"kvpd": "required", "auto": "preferred"}.get(sparse_planner(group) or "", "optional")
+
+
+def proxy_python(profile: Profile, rehearse: bool) -> str:
+    """The interpreter of the kvpd proxy: `proxy.python` when the profile sets it, else the
+    runtime's (or, rehearsing, the rehearsal's) Python."""
+    px = profile.proxy
+    if px is not None and "python" in px.model_fields_set:
+        return px.python
+    return profile.rehearsal.python if rehearse else profile.runtime.python
+
+
+def _reasons(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, str] | None:
+    """(slot, why) when process `p` imports kvpd, else None."""
+    if p.role == "proxy":
+        px = profile.proxy
+        if px is not None and (px.impl == "kvpd" or rehearse):
+            return PROXY_SLOT, "kvpd proxy"
+        return None
+    if p.role not in ("prefill", "decode", "mixed"):
+        return None
+    group: Group = getattr(profile, p.role)
+    if not rehearse and "kvpd_store" in group.kv_connectors:
+        return ENGINE_SLOT, "kv connector kvpd_store"
+    planner = sparse_planner(group) if p.role == "decode" else None
+    if planner in ("kvpd", "auto"):
+        return ENGINE_SLOT, f"sparse planner {planner}"
+    return None
+
+
+def bundle_uses(profile: Profile, procs: list[Proc], rehearse: bool) -> tuple[BundleUse, ...]:
+    """Every (host, slot) that needs the bundle, in host order of the profile."""
+    vllm = profile.rehearsal.vllm if rehearse else profile.runtime.vllm
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    rank = {"optional": 0, "preferred": 1, "required": 2}
+    for p in procs:
+        r = _reasons(profile, p, rehearse)
+        if r is None:
+            continue
+        slot, why = r
+        python = proxy_python(profile, rehearse) if slot == PROXY_SLOT else interpreter_of(vllm)
+        need = native_need(getattr(profile, p.role)) if slot == ENGINE_SLOT else "optional"
+        u = found.setdefault(
+            (p.host, slot),
+            {"python": python, "processes": [], "why": [], "native": "optional"},
+        )
+        u["processes"].append(p.name)
+        u["why"].append(f"{p.name}: {why}")
+        if rank[need] > rank[u["native"]]:
+            u["native"] = need
+    order = {h: i for i, h in enumerate(profile.hosts)}
+    return tuple(
+        BundleUse(
+            host=host,
+            slot=slot,
+            python=u["python"],
+            processes=tuple(u["processes"]),
+            why=tuple(u["why"]),
+            native=u["native"],
+        )
+        for (host, slot), u in sorted(found.items(), key=lambda kv: (order[kv[0][0]], kv[0][1]))
+    )
+
+
+def with_bundle_paths(procs: list[Proc], uses: tuple[BundleUse, ...]) -> list[Proc]:
+    """The processes, each that needs kvpd with its slot as `pythonpath` (the launch script
+    prepends it to PYTHONPATH)."""
+    slot_of = {(name, u.host): u.path for u in uses for name in u.processes}
+    return [
+        dataclasses.replace(p, pythonpath=(slot_of[(p.name, p.host)],))
+        if (p.name, p.host) in slot_of
+        else p
+        for p in procs
+    ]

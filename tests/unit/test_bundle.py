@@ -1,0 +1,272 @@
+"""The node bundle: who gets it (plan), which wheel per platform, install/verify/reuse on a host.
+
+The install tests run the real step on this machine (LocalTransport, this Python's pip) into a
+temporary run dir, with the wheel cache in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kvpd.errors import DeployError
+from kvpd.exec import wheel as wheels
+from kvpd.exec.bundle import Build, BundleInstaller, choose_builds
+from kvpd.exec.local import LocalTransport
+from kvpd.exec.purge import unsafe_run_dir
+from kvpd.plan.build import load_plan
+from kvpd.plan.bundle import BundleUse, native_need, sparse_planner
+from kvpd.plan.model import HostSpec, Plan
+
+# -- the plan (pure) -----------------------------------------------------------------------------
+
+
+def test_local_plan_bundles_engines_and_proxy_only() -> None:
+    plan = load_plan("local", base_dir="/srv")
+    slots = {(u.host, u.slot): u for u in plan.bundle}
+    assert set(slots) == {("localhost", "engine"), ("localhost", "proxy")}
+    eng = slots[("localhost", "engine")]
+    assert eng.python == "@vllm"  # the engine's own interpreter
+    assert eng.processes == ("prefill-0", "decode-0")
+    assert eng.why == ("prefill-0: kv connector kvpd_store", "decode-0: kv connector kvpd_store")
+    assert slots[("localhost", "proxy")].python == "python3"
+    scripts = {f.path: f.content for f in plan.files}
+    line = 'export PYTHONPATH="$PWD"/bundle/engine${PYTHONPATH:+:"$PYTHONPATH"}'
+    assert line in scripts["prefill-0/launch.sh"]
+    assert "bundle/proxy" in scripts["proxy/launch.sh"]
+    assert plan.process("proxy").command[:3] == ("python3", "-m", "kvpd.proxy")
+    assert Plan.from_dict(json.loads(plan.to_json())).bundle == plan.bundle
+
+
+def test_engines_without_kvpd_connectors_get_no_bundle() -> None:
+    plan = load_plan("ucm-centralized-2p2d", base_dir="/srv")
+    assert [(u.host, u.slot) for u in plan.bundle] == [("p1", "proxy")]
+    for f in plan.files:
+        if not f.path.startswith("proxy/"):
+            assert "PYTHONPATH" not in f.content, f.path
+
+
+def test_vllm_ascend_proxy_and_no_kvpd_store_means_no_bundle() -> None:
+    plan = load_plan("ucm-centralized-2p2d", base_dir="/srv", sets=["proxy.impl=vllm-ascend"])
+    assert plan.bundle == ()
+
+
+def test_rehearsal_engines_use_example_connector_so_only_the_proxy_is_bundled() -> None:
+    plan = load_plan("local", rehearse=True, base_dir="/srv")
+    assert [u.slot for u in plan.bundle] == ["proxy"]
+
+
+def test_proxy_python_from_the_profile() -> None:
+    plan = load_plan("local", base_dir="/srv", sets=["proxy.python=/opt/py312/bin/python3"])
+    proxy = next(u for u in plan.bundle if u.slot == "proxy")
+    assert proxy.python == "/opt/py312/bin/python3"
+    assert plan.process("proxy").command[0] == "/opt/py312/bin/python3"
+
+
+def test_planner_predicate_reads_the_planner_field_when_it_exists() -> None:
+    """Hook for `decode.sparse_offload.planner` (added elsewhere): without the field a group
+    reads as upstream; with it, kvpd requires and auto prefers the native core."""
+    plain = SimpleNamespace(sparse_offload=SimpleNamespace(enabled=True))
+    assert sparse_planner(plain) == "upstream" and native_need(plain) == "optional"
+    for planner, need in (("kvpd", "required"), ("auto", "preferred"), ("upstream", "optional")):
+        g = SimpleNamespace(sparse_offload=SimpleNamespace(enabled=True, planner=planner))
+        assert native_need(g) == need
+    assert sparse_planner(SimpleNamespace(sparse_offload=None)) is None
+
+
+# -- the per-platform choice, from what hosts report ---------------------------------------------
+
+LOCAL = "cpython-311-x86_64-linux-gnu"
+
+
+def test_choose_builds_per_platform() -> None:
+    missing = {
+        LOCAL: [("h1", False), ("h2", True)],
+        "cpython-312-x86_64-linux-gnu": [("h3", False), ("h4", True), ("h5", True), ("h4", True)],
+        "cpython-311-aarch64-linux-gnu": [("a1", False), ("a2", False)],
+        "cpython-310-x86_64-linux-gnu": [("h6", True)],
+    }
+    got = choose_builds(missing, LOCAL, cached={"cpython-310-x86_64-linux-gnu"})
+    assert got == {
+        LOCAL: Build("local"),  # the controller's own wheel, even for hosts without compiler
+        "cpython-312-x86_64-linux-gnu": Build("hosts", ("h4", "h5")),  # first able host first
+        "cpython-311-aarch64-linux-gnu": Build("any"),  # no compiler: NumPy fallback
+        "cpython-310-x86_64-linux-gnu": Build("cache"),  # built on a host before
+    }
+
+
+# -- install, verify, reuse on this machine ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("kvpd-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("KVPD_CACHE_DIR", str(d))
+    yield d
+    mp.undo()
+
+
+def pure(**kw: object) -> wheels.Wheel:
+    """The controller's wheel without the native core: no compile in the tests that do not need
+    one (test_foreign_platform_is_built_on_its_host compiles it, on its "host")."""
+    return wheels.build_local(native=False)
+
+
+def one_host_plan(run_dir: Path, python: str = sys.executable, native: str = "optional") -> Plan:
+    host = HostSpec(name="here", address="127.0.0.1", transport="local", run_dir=str(run_dir))
+    use = BundleUse("here", "proxy", python, ("proxy",), ("proxy: kvpd proxy",), native)
+    return Plan("t", "0", (host,), (), (), bundle=(use,))
+
+
+def test_install_then_reuse_then_repair(cache: Path, tmp_path: Path) -> None:
+    plan = one_host_plan(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    t = LocalTransport(plan.hosts[0])
+    inst = BundleInstaller(lambda h: t, build_local=pure)
+    first = inst.install(plan, {"here": str(tmp_path / "run")})[0]
+    assert first.action == "installed" and first.source == "local", first.report
+    rep = first.report
+    folder = Path(rep["folder"])
+    assert folder.parent == tmp_path / "run" / "bundle"
+    assert folder.name == rep["digest"][:16]  # keyed by the wheel's digest
+    assert (tmp_path / "run" / "bundle" / "proxy").resolve() == folder
+    assert rep["native"]["implementation"] == "numpy"  # the pure wheel: NumPy fallback
+    assert rep["native"]["reason"] == "the bundle has no native core for this platform"
+    assert (folder / "kvpd" / "proxy" / "app.py").exists()
+
+    again = BundleInstaller(lambda h: t, build_local=pure).install(
+        plan, {"here": str(tmp_path / "run")}
+    )[0]
+    assert again.action == "kept" and again.report["digest"] == rep["digest"]
+
+    (folder / "kvpd" / "proxy" / "app.py").write_text("# tampered\n")
+    fixed = BundleInstaller(lambda h: t, build_local=pure).install(
+        plan, {"here": str(tmp_path / "run")}
+    )[0]
+    assert fixed.action == "installed", fixed.report
+    assert "tampered" not in (folder / "kvpd" / "proxy" / "app.py").read_text()
+
+
+def test_missing_interpreter_is_an_actionable_error(cache: Path, tmp_path: Path) -> None:
+    plan = one_host_plan(tmp_path / "run", python="/nonexistent/python3")
+    (tmp_path / "run").mkdir()
+    t = LocalTransport(plan.hosts[0])
+    with pytest.raises(DeployError) as e:
+        BundleInstaller(lambda h: t, build_local=pure).install(
+            plan, {"here": str(tmp_path / "run")}
+        )
+    msg = str(e.value)
+    assert "here (proxy: /nonexistent/python3): interpreter not found" in msg
+    assert "set its full path in the profile" in msg
+
+
+def test_required_native_core_without_it_fails(cache: Path, tmp_path: Path) -> None:
+    plan = one_host_plan(tmp_path / "run", native="required")
+    (tmp_path / "run").mkdir()
+    t = LocalTransport(plan.hosts[0])
+    inst = BundleInstaller(lambda h: t, build_local=pure)
+    with pytest.raises(DeployError, match="the kvpd planner needs the native core"):
+        inst.install(plan, {"here": str(tmp_path / "run")})
+
+
+def test_pure_wheel_is_deterministic(cache: Path, tmp_path: Path, monkeypatch) -> None:
+    a = wheels.build_local(native=False)
+    monkeypatch.setenv("KVPD_CACHE_DIR", str(tmp_path))
+    b = wheels.build_local(native=False)
+    assert a.digest == b.digest and a.path != b.path
+
+
+def test_purge_refuses_system_folders() -> None:
+    for bad in ("/", "/root", "/home", "/home/alice", "/srv", "relative/run"):
+        assert unsafe_run_dir(bad), bad
+    assert unsafe_run_dir("/root/.kvpd/local/run") is None
+    assert unsafe_run_dir("/home/alice/.kvpd/x/run") is None
+
+
+def test_plan_replace_keeps_bundle() -> None:
+    plan = load_plan("local", base_dir="/srv")
+    assert replace(plan, warnings=()).bundle == plan.bundle
+
+
+def test_foreign_platform_is_built_on_its_host(tmp_path: Path, monkeypatch) -> None:
+    """The controller pretends another platform, so this machine plays a host whose platform
+    differs: the wheel is built there (upload, build, fetch back, cache) and installed."""
+    monkeypatch.setenv("KVPD_CACHE_DIR", str(tmp_path / "cache"))
+    plan = one_host_plan(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    t = LocalTransport(plan.hosts[0])
+    res = BundleInstaller(lambda h: t, local_platform="cpython-399-fake").install(
+        plan, {"here": str(tmp_path / "run")}
+    )[0]
+    assert res.action == "installed" and res.source == "host:here", res.report
+    assert res.report["native"]["implementation"] == "native"
+    assert wheels.cached(res.report["platform"]) is not None  # the next host reuses it
+    assert not (tmp_path / "run" / "bundle" / f".build-{wheels.source_digest()[:16]}").exists()
+
+
+def test_preflight_checks_each_slot_python(cache: Path, tmp_path: Path) -> None:
+    from kvpd.exec.bundle_preflight import preflight_checks
+
+    good = one_host_plan(tmp_path / "run")
+    t = LocalTransport(good.hosts[0])
+    checks = {c.name: c for c in preflight_checks(good, lambda h: t)}
+    assert checks["bundle python (proxy)"].ok and checks["pip (proxy)"].ok
+    assert checks["disk for bundle (proxy)"].ok
+    assert checks[f"native core {wheels.local_platform()}"].ok
+
+    bad = one_host_plan(tmp_path / "run", python="/nonexistent/python3")
+    checks = {c.name: c for c in preflight_checks(bad, lambda h: t)}
+    c = checks["bundle python (proxy)"]
+    assert not c.ok and "interpreter not found" in c.detail and "full path" in c.fix
+
+
+def test_install_removes_unlinked_bundles_of_other_sources(cache: Path, tmp_path: Path) -> None:
+    base = tmp_path / "run" / "bundle"
+    for name in ("old-unlinked", "old-linked"):
+        (base / name).mkdir(parents=True)
+        (base / name / ".kvpd-bundle.json").write_text(json.dumps({"source": "older kvpd"}))
+    (base / "engine").symlink_to("old-linked")  # another slot still runs the old one
+    (base / "not-a-bundle").mkdir()
+    plan = one_host_plan(tmp_path / "run")
+    t = LocalTransport(plan.hosts[0])
+    res = BundleInstaller(lambda h: t, build_local=pure).install(plan, {"here": str(base.parent)})
+    assert res[0].action == "installed"
+    left = sorted(p.name for p in base.iterdir())
+    assert left == sorted(
+        ["old-linked", "engine", "not-a-bundle", "proxy", res[0].report["digest"][:16]]
+    )
+
+
+def test_wheel_metadata_carries_the_entry_points_of_pyproject(tmp_path: Path, monkeypatch) -> None:
+    """vLLM finds general plugins by entry point: the bundle's dist-info must carry them (the
+    bundle folder is on PYTHONPATH, so importlib.metadata sees it). The console script is left
+    out: it needs the orchestrator's dependencies."""
+    py = tmp_path / "pyproject.toml"
+    py.write_text(
+        '[project]\nname = "kvpd"\n[project.scripts]\nkvpd = "kvpd.cli.main:main"\n'
+        '[project.entry-points."vllm.general_plugins"]\nkvpd_planner = "kvpd.plugin:register"\n'
+    )
+    monkeypatch.setattr(wheels, "_pyproject", lambda: py)
+    info = wheels._dist_info()
+    assert info["entry_points.txt"].decode() == (
+        "[vllm.general_plugins]\nkvpd_planner = kvpd.plugin:register\n\n"
+    )
+    assert b"Requires-Dist" not in info["METADATA"]
+
+
+def test_plan_shows_who_gets_the_bundle_and_why() -> None:
+    from kvpd.cli.bundle_view import plan_lines
+
+    lines = plan_lines(load_plan("local", base_dir="/srv"))
+    assert lines[1] == (
+        "  localhost (engine slot, python of `vllm`): prefill-0: kv connector kvpd_store; "
+        "decode-0: kv connector kvpd_store"
+    )
+    assert lines[2] == "  localhost (proxy slot, python3): proxy: kvpd proxy"
+    assert plan_lines(load_plan("ucm-pd-mixed", base_dir="/srv")) == []

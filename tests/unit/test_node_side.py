@@ -1,0 +1,123 @@
+"""The node side of kvpd imports nothing but the standard library, NumPy and what the engine
+already has (vLLM, torch): the node bundle is installed without dependencies.
+
+Every module of the node-side packages is imported in a fresh `python -I` whose import system
+refuses, for imports made by kvpd's own code, any top-level package other than those. Imports
+made inside vLLM or torch are theirs and not policed. With the engine's Python (a venv without
+kvpd, see scripts/install-engine.sh) the modules that need vLLM are imported too; elsewhere they
+are reported as needing the engine and only the rest is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# Packages whose modules run in node processes (engines, proxy) and the scripts `up` runs there.
+NODE_PACKAGES = ("kvpd/connectors", "kvpd/native", "kvpd/proxy", "kvpd/plugin")
+NODE_SCRIPTS = ("kvpd/exec/bundle_node.py", "kvpd/exec/wheel_build.py")
+ALLOWED = {"kvpd", "numpy", "vllm", "torch", "uvloop"}  # uvloop: optional, guarded by the proxy
+
+BLOCKER = r"""
+import importlib.abc, json, sys
+repo, allowed, modules = sys.argv[1], set(json.loads(sys.argv[2])), json.loads(sys.argv[3])
+allowed |= set(sys.stdlib_module_names)
+
+class NodeSideOnly(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in allowed:
+            return None
+        f = sys._getframe(1)
+        skip = ("importlib", "_frozen")
+        while f is not None and f.f_globals.get("__name__", "").startswith(skip):
+            f = f.f_back
+        caller = f.f_globals.get("__name__", "") if f is not None else ""
+        if caller.startswith("kvpd"):
+            raise ImportError(f"node side: {caller} imports {name}", name=name)
+        return None
+
+sys.meta_path.insert(0, NodeSideOnly())
+sys.path.insert(0, repo)
+out = {}
+for m in modules:
+    try:
+        __import__(m)
+        out[m] = "ok"
+    except ImportError as e:
+        msg = str(e)
+        if msg.startswith("node side:"):
+            out[m] = msg
+        elif e.name and e.name.partition(".")[0] in ("vllm", "torch"):
+            out[m] = "needs the engine"
+        else:
+            out[m] = "error: " + msg
+    except Exception as e:
+        out[m] = f"error: {e!r}"
+print(json.dumps(out))
+"""
+
+
+def node_modules() -> list[str]:
+    out = []
+    for pkg in NODE_PACKAGES:
+        for path in sorted((REPO / pkg).glob("**/*.py")) if (REPO / pkg).is_dir() else []:
+            mod = path.relative_to(REPO).with_suffix("").as_posix().replace("/", ".")
+            out.append(mod.removesuffix(".__init__"))
+    out += [s.removesuffix(".py").replace("/", ".") for s in NODE_SCRIPTS]
+    return out
+
+
+def engine_python() -> str | None:
+    venv = os.environ.get("KVPD_ENGINE_VENV") or str(REPO / ".venv-engine")
+    py = Path(venv) / "bin" / "python"
+    return str(py) if py.exists() else None
+
+
+def run(python: str, modules: list[str]) -> dict[str, str]:
+    r = subprocess.run(
+        [python, "-I", "-c", BLOCKER, str(REPO), json.dumps(sorted(ALLOWED)), json.dumps(modules)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd="/",
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_node_side_modules_are_found() -> None:
+    mods = node_modules()
+    assert "kvpd.connectors.store" in mods and "kvpd.proxy.app" in mods
+    assert "kvpd.native" in mods and "kvpd.exec.bundle_node" in mods
+
+
+def test_node_side_imports_only_stdlib_numpy_and_the_engine() -> None:
+    result = run(sys.executable, node_modules())
+    bad = {m: r for m, r in result.items() if r not in ("ok", "needs the engine")}
+    assert not bad, bad
+    assert result["kvpd.proxy.app"] == "ok"
+    assert result["kvpd.native"] == "ok"
+
+
+def test_the_blocker_refuses_orchestrator_packages() -> None:
+    """The check has teeth: kvpd's orchestrator modules are refused under the same rules."""
+    result = run(sys.executable, ["kvpd.profile.schema", "kvpd.cli.main"])
+    want = "node side: kvpd.profile.schema imports pydantic"
+    assert result["kvpd.profile.schema"].startswith(want)
+    assert result["kvpd.cli.main"].startswith("node side:")
+
+
+def test_node_side_with_the_engine_python() -> None:
+    py = engine_python()
+    if py is None:
+        pytest.skip("no engine venv (make engine): vLLM-side modules not imported")
+    result = run(py, node_modules())
+    bad = {m: r for m, r in result.items() if r != "ok"}
+    assert not bad, bad
