@@ -27,6 +27,7 @@ from kvpd.exec import wheel as wheels
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.stop import NullReporter, Reporter
 from kvpd.exec.transport import Transport
+from kvpd.exec.transports import TransportPool
 from kvpd.plan.bundle import BUNDLE_DIR, BundleUse
 from kvpd.plan.model import Plan
 
@@ -374,14 +375,17 @@ def fix_hint(rep: dict[str, Any]) -> str:
 def install_bundle(
     plan: Plan,
     run_dirs: dict[str, str],
-    transports: Callable[[str], Transport],
+    transports: TransportPool,
     reporter: Reporter | None = None,
     *,
     max_workers: int = 16,
 ) -> list[dict[str, Any]]:
-    """The executor's step: per-slot results as recorded in the state; warnings (e.g. the
-    NumPy fallback on a platform without a compiler) go to the reporter."""
-    inst = BundleInstaller(transports, reporter, max_workers=max_workers)
+    """The executor's step: per-slot results as recorded in the state (none when no process
+    of the plan imports kvpd); warnings (e.g. the NumPy fallback on a platform without a
+    compiler) go to the reporter."""
+    if not plan.bundle:
+        return []
+    inst = BundleInstaller(transports.__getitem__, reporter, max_workers=max_workers)
     results = inst.install(plan, run_dirs)
     for w in inst.warnings:
         if reporter is not None:

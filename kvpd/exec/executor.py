@@ -123,12 +123,8 @@ class Executor:
             try:
                 self._resolve_run_dirs(state, pool)
                 self._write_files(state, pool)
-                if plan.bundle:  # kvpd on every host slot of the plan, verified, before starts
-                    state.bundle = install_bundle(
-                        plan, state.run_dirs, lambda h: self.transports[h], self.reporter,
-                        max_workers=1 if self.serial else self.max_workers,
-                    )  # fmt: skip
-                    self._save(state)
+                # kvpd on every host slot of the plan (node bundle), verified, before any start
+                state.bundle = install_bundle(plan, state.run_dirs, self.transports, self.reporter)
                 for stage in plan.stages:
                     for batch in self._batches(stage):
                         records = self._start_stage(state, batch, pool)
