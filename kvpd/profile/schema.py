@@ -221,6 +221,22 @@ class BenchSweep(_Model):
     max_concurrency: list[Positive] = Field(default_factory=list)
 
 
+class BenchScenario(_Model):
+    """One `kvpd bench` scenario: what it changes, and which cache the proof expects."""
+
+    sets: list[str] = Field(default_factory=list, description="`--set` overrides")
+    without: list[KvComponent] = Field(
+        default_factory=list,
+        description="KV connectors to detach from every group (e.g. the external store: [ucm])",
+    )
+    cache: Literal["none", "hbm", "external"] | None = Field(
+        None,
+        description="what the bench proof checks from /metrics: none = zero HBM and zero "
+        "external prefix-cache hits, hbm = zero external hits, external = external hits > 0 "
+        "(unset: no cache check)",
+    )
+
+
 class Bench(_Model):
     """Defaults of `kvpd bench` (the guides' `vllm bench serve` protocol)."""
 
@@ -234,17 +250,25 @@ class Bench(_Model):
     prefix_ratio: float = Field(0.8, gt=0, lt=1)
     protocol: Literal["plain", "prefix", "twice"] = "plain"
     sweep: BenchSweep | None = None
-    scenarios: dict[str, list[str]] = Field(
+    scenarios: dict[str, BenchScenario] = Field(
         default_factory=dict,
-        description="name -> `--set` overrides; `kvpd bench --scenario NAME` restarts the "
-        "deployment with them. Names starting with external/ucm must show external cache hits.",
+        description="name -> {sets, without, cache} (a plain list is `sets`); `kvpd bench "
+        "--scenario NAME` restarts the deployment with them. Presets: recompute, hbm, external.",
     )
+
+    @field_validator("scenarios", mode="before")
+    @classmethod
+    def _list_is_sets(cls, v: Any) -> Any:
+        """`name: [a=b, ...]` is short for `name: {sets: [a=b, ...]}` (no cache check)."""
+        if isinstance(v, dict):
+            return {k: {"sets": s} if isinstance(s, list) else s for k, s in v.items()}
+        return v
 
     @field_validator("scenarios")
     @classmethod
-    def _overrides(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
-        for name, sets in v.items():
-            for item in sets:
+    def _overrides(cls, v: dict[str, BenchScenario]) -> dict[str, BenchScenario]:
+        for name, scn in v.items():
+            for item in scn.sets:
                 key, eq, _ = item.partition("=")
                 if not eq or not key.strip():
                     raise ValueError(

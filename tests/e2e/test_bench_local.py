@@ -52,7 +52,7 @@ def test_prefix_protocol_hits_the_seeded_prefixes(bench_deployment, tmp_path: Pa
     # the seeding phase is where KV moved from prefill to decode
     assert seed["metrics"]["summary"]["decode_kv_received_tokens"] > 0
     assert measured["metrics"]["summary"]["decode_requests"] >= 8
-    for name in ("results.json", "results.csv", "ttft.png", "tpot.png"):
+    for name in ("results.json", "results.csv", "latency.png", "ttft_cdf.png"):
         assert (out / name).is_file(), name
     assert json.loads((out / "results.json").read_text())["format"] == "kvpd-bench/1"
     # the saved run reads back: compared with itself nothing changed, so a 0 % gate passes.

@@ -391,6 +391,36 @@ def test_bench_longer_than_max_model_len_warns() -> None:
     assert "exceed max_model_len 512" in warnings("local", "bench.input_len=600")
 
 
+def test_guide_32k_against_max_model_len_17000_names_both_fixes() -> None:
+    """large-ep benches the guide's 32k prompts; its engines serve --max-model-len 17000."""
+    w = warnings("large-ep")
+    assert "input 32000 + output 1000 tokens exceed max_model_len 17000" in w
+    assert "--set bench.input_len=16000" in w and "--set model.max_model_len=33000" in w
+    assert "exceed" not in warnings("large-ep", "bench.input_len=16000")
+    assert "exceed" not in warnings("large-ep", "model.max_model_len=33000")
+
+
+def test_scenario_without_unknown_connector_and_external_without_store() -> None:
+    msg = error("ucm-mooncake-2p2d", "bench.scenarios.x={without: [kvpd_store]}")
+    assert "bench.scenarios.x.without: scenario 'x' detaches kvpd_store, which no group" in msg
+    assert "Remove it from `without`" in msg
+    msg = error("ucm-mooncake-2p2d", "bench.scenarios.x={without: [ucm], cache: external}")
+    assert "bench.scenarios.x.cache: scenario 'x' expects external prefix-cache hits" in msg
+    assert "set cache: hbm or none" in msg
+    msg = error("ucm-mooncake-2p2d", "bench.scenarios.x={cache: some}")
+    assert "bench.scenarios.x" in msg and "cache" in msg
+
+
+def test_ucm_profiles_carry_the_guides_three_scenarios() -> None:
+    for name in ("large-ep", "ucm-mooncake-2p2d", "ucm-pd-mixed"):
+        s = plan(name).bench.scenarios
+        assert {k: (v.without, v.cache) for k, v in s.items()} == {
+            "recompute": (("ucm",), "none"),
+            "hbm": (("ucm",), "hbm"),
+            "ucm": ((), "external"),
+        }
+
+
 def test_nixl_on_cpu_gets_side_channel_ports_and_ucx_env() -> None:
     p = plan("local", "prefill.kv_connectors=[nixl]", "decode.kv_connectors=[nixl]")
     pre, dec = dict(p.process("prefill-0").env), dict(p.process("decode-0").env)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from kvpd.plan.facts import Facts
 from kvpd.plan.rules import (
+    bench,
     connectors,
     env,
     kvservices,
@@ -25,7 +26,8 @@ from kvpd.plan.rules.base import Checker, Finding
 Rule = Callable[[Checker], None]
 
 RULES: tuple[Rule, ...] = (
-    topology.rule_bench,
+    bench.rule_bench,
+    bench.rule_scenarios,
     topology.rule_host_refs,
     topology.rule_groups_present,
     topology.rule_parallelism,

@@ -1,0 +1,56 @@
+"""`bench:` rules: benchmark lengths against max_model_len, and scenarios that can mean what
+they say (pure)."""
+
+from __future__ import annotations
+
+from kvpd.plan.rules.base import Checker
+
+# The connectors that are an external KV store (a prefix cache of their own); the others only
+# move KV from prefill to decode. Kept in step with kvpd.bench.settings.STORE_CONNECTORS.
+STORES = frozenset({"ucm", "kvpd_store", "ascend_store", "example"})
+
+
+def rule_bench(c: Checker) -> None:
+    """Bench lengths that vLLM would reject, named with both numbers and both fixes (the UCM
+    guide benchmarks 32k prompts against --max-model-len 17000)."""
+    b = c.p.bench
+    lens = [g.max_model_len for g in c.gfacts() if g.max_model_len]
+    longest = max([b.input_len, *(b.sweep.input_len if b.sweep else [])])
+    out = max([b.output_len, *(b.sweep.output_len if b.sweep else [])])
+    if lens and longest + out > min(lens):
+        field = ("bench", "sweep", "input_len") if longest > b.input_len else ("bench", "input_len")
+        need = longest + out
+        c.warn(
+            field,
+            f"input {longest} + output {out} tokens exceed max_model_len {min(lens)}; vLLM "
+            f"will reject these requests. Either bench what the deployment serves (bench."
+            f"input_len <= {max(1, min(lens) - out)}, e.g. --set bench.input_len="
+            f"{max(1, min(lens) - out)}) or serve what you bench (model.max_model_len >= "
+            f"{need}, e.g. --set model.max_model_len={need}; it needs the KV memory).",
+        )
+
+
+def rule_scenarios(c: Checker) -> None:
+    """A scenario's `without` must name connectors the deployment has, and `cache: external`
+    needs a store left attached."""
+    used: set[str] = set()
+    for g in c.gfacts():
+        used |= set(g.connectors)
+    for name, scn in c.p.bench.scenarios.items():
+        path = ("bench", "scenarios", name)
+        unused = [k for k in scn.without if k not in used]
+        if unused:
+            c.err(
+                (*path, "without"),
+                f"scenario {name!r} detaches {', '.join(unused)}, which no group uses "
+                f"(connectors here: {', '.join(sorted(used)) or 'none'}). Remove it from "
+                "`without` or name a connector of prefill/decode/mixed.",
+            )
+        left = (used - set(scn.without)) & STORES
+        if scn.cache == "external" and not left:
+            c.err(
+                (*path, "cache"),
+                f"scenario {name!r} expects external prefix-cache hits (cache: external) but "
+                "no external KV store (ucm, kvpd_store, ascend_store, example) is attached "
+                "in it. Attach one to a group's kv_connectors, or set cache: hbm or none.",
+            )
