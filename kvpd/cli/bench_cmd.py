@@ -46,7 +46,8 @@ def register(app: typer.Typer) -> None:
             "NAME:field.path=value;... inline. Speedups are against recompute (else the first).",
         ),
         all_scenarios: bool = typer.Option(
-            False, "--all-scenarios",
+            False,
+            "--all-scenarios",
             help="Run every scenario of the profile's bench.scenarios (none defined: the "
             "presets recompute, hbm, external).",
         ),
