@@ -10,14 +10,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from kvpd.bench import logcheck, proof, results, runner
 from kvpd.bench import metrics as m
-from kvpd.bench import proof, results, runner
 from kvpd.bench.saved import BenchRun, Record
 from kvpd.bench.settings import Point, Scenario, Settings
 from kvpd.errors import BenchError, KvpdError, StateError
 from kvpd.exec.health import probe
 from kvpd.exec.service import Deployments
 from kvpd.plan.model import HealthCheck, Plan
+
+# How much of each engine's log the confirmations read (a line per request at most).
+LOG_LINES = 20000
 
 
 class Progress(Protocol):
@@ -95,6 +98,7 @@ class Session:
         if not self.scenarios:
             target = self._current_target(base)
             self._run_points("as-is", target, run, cache=None)
+            self._confirm("as-is", target.plan, run, None)
             return run
         was_running = self.service.running(base.deployment) is not None
         started = False
@@ -115,6 +119,7 @@ class Session:
                     continue
                 target = self._target(state.plan)
                 self._run_points(scn.name, target, run, cache=scn.cache)
+                self._confirm(scn.name, state.plan, run, scn.cache)
         finally:
             if started and not self.keep_up:
                 self.progress.status(f"stopping {base.deployment}")
@@ -135,6 +140,22 @@ class Session:
                 f"could not stop deployment {deployment!r} between scenarios ({e}). "
                 f"Run `kvpd down {self.profile}` and check `kvpd status`."
             ) from e
+
+    def _confirm(self, scenario: str, plan: Plan, run: BenchRun, cache: str | None) -> None:
+        """The guides' log confirmations (layerwise reuse, store hits) for this scenario."""
+        if not plan.log_checks:
+            return
+
+        def read(process: str) -> str | None:
+            try:
+                return self.service.logs(process, deployment=plan.deployment, lines=LOG_LINES).text
+            except (KvpdError, OSError):
+                return None
+
+        self.progress.status(f"scenario {scenario}: reading engine logs")
+        got = logcheck.confirm(scenario, plan.log_checks, read, cache)
+        run.notes += got.notes
+        run.failures += got.problems
 
     # -- targets -------------------------------------------------------------------------
 

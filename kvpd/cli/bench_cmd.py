@@ -145,6 +145,8 @@ def register(app: typer.Typer) -> None:
                 output.out.print(report.results_table(run, stat))
             if run.records:
                 output.out.print(report.proof_table(run))
+            for note in run.notes:
+                output.out.print(f"log: {note}")
             output.out.print(f"Results: {json_path}, {csv_path}")
             for p in pngs:
                 output.out.print(f"Chart: {p}")

@@ -11,6 +11,7 @@ from kvpd.plan import configfiles, kvconfig
 from kvpd.plan.bench import bench_spec
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
+from kvpd.plan.logchecks import log_checks
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
 from kvpd.plan.processes import Proc, all_procs
 from kvpd.plan.rehearse import rehearsal_notes
@@ -228,6 +229,7 @@ def build_plan(
         requirements=build_requirements(
             profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
         ),
+        log_checks=log_checks(facts, procs),
     )
 
 

@@ -149,6 +149,16 @@ class HostRequirements:
 
 
 @dataclass(frozen=True)
+class LogCheck:
+    """A line the guides tell the user to look for in a process's log; `kvpd bench` checks it.
+    Kinds: `layerwise_reuse` (AscendStore layerwise buffer reuse is on), `store_hits` (the
+    per-request `hit external` counts of a UCM or kvpd store connector)."""
+
+    process: str
+    kind: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything `up` does, in order. Built by `kvpd.plan.build.build_plan` (pure)."""
 
@@ -173,6 +183,7 @@ class Plan:
     # launch scripts `up` writes; every serialised form (plan.json, --json, state.json) masks
     # them, and they are never compared or shown.
     secret_values: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    log_checks: tuple[LogCheck, ...] = ()
 
     @property
     def stages(self) -> list[list[ProcessSpec]]:
@@ -235,4 +246,5 @@ class Plan:
             },
             fresh_dirs=tuple(d.get("fresh_dirs", ())),
             sizing=d.get("sizing", {}),
+            log_checks=tuple(LogCheck(**c) for c in d.get("log_checks", ())),
         )
