@@ -494,3 +494,14 @@ def test_dev_shm_is_required_only_for_ucm_share_buffers_per_dp_rank() -> None:
     # QwQ-32B (GQA): the buffer is not shared memory unless asked; then per DP rank (DP2)
     assert shm("ucm-pd-mixed") == {}
     assert shm("ucm-pd-mixed", "kv.ucm.config={share_buffer_enable: true}") == {"n1": 128.0}
+
+
+def test_ucm_yaml_stays_in_the_run_dir_unless_the_profile_says_otherwise() -> None:
+    p = plan("ucm-mooncake-2p2d")
+    ucm_files = [f.path for f in p.files if f.template == "ucm.yaml"]
+    assert ucm_files and all(not f.startswith("/") for f in ucm_files)
+    assert "UCM ships" not in warnings("ucm-mooncake-2p2d")
+    example = "/vllm-workspace/unified-cache-management/examples/ucm_config_example.yaml"
+    w = warnings("ucm-mooncake-2p2d", f"kv.ucm.config_file={example}")
+    assert f"kv.ucm.config_file: kvpd writes the UCM yaml to {example}" in w
+    assert "Leave config_file unset" in w
