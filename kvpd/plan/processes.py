@@ -15,6 +15,7 @@ from kvpd.plan.kvconfig import (
     ucm_config_path,
 )
 from kvpd.plan.layout import EngineProc, Layout, hardware_of, merged
+from kvpd.plan.proxyargs import proxy_timeout_args
 from kvpd.plan.sparse_planner import planner_env
 from kvpd.profile.schema import ASCEND, Group, Profile, ServeOptions
 
@@ -305,7 +306,7 @@ def proxy_proc(
         argv += ["--prefiller-hosts", *ph, "--prefiller-ports", *pp]
     argv += ["--decoder-hosts", *dh, "--decoder-ports", *dp]
     if px.impl == "kvpd" or rehearse:
-        argv += ["--flow", flow]
+        argv += ["--flow", flow, *proxy_timeout_args(px)]
     return Proc(
         name="proxy",
         host=px.host,

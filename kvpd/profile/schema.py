@@ -211,6 +211,20 @@ class Proxy(_Model):
     )
     script: Line | None = Field(None, description="path of the vLLM-Ascend example proxy")
     python: Command = "python"
+    # kvpd's proxy only. Unset: its defaults, which wait for prefill and for a decoder's first
+    # byte without limit, as the upstream proxies do (the UCM guide's 128k rows take minutes).
+    prefill_timeout_s: float | None = Field(
+        None, gt=0, description="longest wait for a prefiller's answer (unset: no limit)"
+    )
+    first_byte_timeout_s: float | None = Field(
+        None, gt=0, description="longest wait for a decoder's first byte (unset: no limit)"
+    )
+    read_timeout_s: float | None = Field(
+        None, gt=0, description="longest silence between a decoder's stream chunks (unset: 300)"
+    )
+    connect_timeout_s: float | None = Field(
+        None, gt=0, description="longest wait for a backend connection (unset: 3)"
+    )
 
 
 class BenchSweep(_Model):

@@ -505,3 +505,30 @@ def test_ucm_yaml_stays_in_the_run_dir_unless_the_profile_says_otherwise() -> No
     w = warnings("ucm-mooncake-2p2d", f"kv.ucm.config_file={example}")
     assert f"kv.ucm.config_file: kvpd writes the UCM yaml to {example}" in w
     assert "Leave config_file unset" in w
+
+
+def test_proxy_timeouts_render_what_the_profile_sets_and_default_to_no_limit() -> None:
+    from kvpd.proxy.config import ProxyConfig, parse_args
+
+    cmd = plan("large-ep").process("proxy").command
+    assert not any(a.endswith("-timeout") for a in cmd)  # the proxy's own defaults
+    d = ProxyConfig()
+    # no limit for the prefill answer and a decoder's first byte (the guide's 128k rows have a
+    # mean TTFT of 268 s); only the silence between stream chunks is bounded
+    assert (d.prefill_timeout, d.first_byte_timeout, d.read_timeout) == (0.0, 0.0, 300.0)
+    cmd = plan("large-ep", "proxy.prefill_timeout_s=900", "proxy.first_byte_timeout_s=1200",
+               "proxy.read_timeout_s=60.5").process("proxy").command  # fmt: skip
+    i = cmd.index("--prefill-timeout")
+    assert cmd[i:] == ("--prefill-timeout", "900", "--first-byte-timeout", "1200",
+                       "--read-timeout", "60.5")  # fmt: skip
+    hosts = ["--prefiller-hosts", "127.0.0.1", "--prefiller-ports", "8001"]
+    hosts += ["--decoder-hosts", "127.0.0.1", "--decoder-ports", "8002"]
+    cfg = parse_args([*hosts, *cmd[i:]])
+    assert (cfg.prefill_timeout, cfg.first_byte_timeout, cfg.read_timeout) == (900, 1200, 60.5)
+
+
+def test_proxy_timeouts_are_refused_for_vllm_ascends_proxy_and_when_not_positive() -> None:
+    msg = error("large-ep", "proxy.impl=vllm-ascend", "proxy.prefill_timeout_s=600")
+    assert "proxy.prefill_timeout_s: vLLM-Ascend's example proxy has no timeout options" in msg
+    assert "use kvpd's proxy (impl: kvpd)" in msg
+    assert "proxy.read_timeout_s" in error("large-ep", "proxy.read_timeout_s=0")
