@@ -63,6 +63,13 @@ def log_path(run_dir: str, spec: ProcessSpec) -> str:
     return posixpath.join(run_dir, spec.log or f"logs/{spec.name}.log")
 
 
+# After this long without health, `up` shows a process as still initialising, with the last
+# line of its log (read at most every LOG_LINE_EVERY_S): sparse decode with a large host pool
+# can take tens of minutes, and the log says whether it progresses.
+STILL_INIT_AFTER_S = 30.0
+LOG_LINE_EVERY_S = 10.0
+
+
 class Executor:
     """Runs a Plan through transports. `clock`/`sleep` are injectable so tests of deadlines
     run instantly; `wall` is Unix time for the records."""
@@ -260,11 +267,20 @@ class Executor:
     ) -> None:
         specs = {p.name: p for p in stage}
         pending = list(started)
+        line_read: dict[str, float] = {}  # when each process's last log line was read
         while pending:
             round_start = self.clock()
-            checks = pool.map(lambda rt: self._check(specs[rt[0].name], rt[0]), pending)
+            due = {
+                rec.name
+                for rec, t0 in pending
+                if round_start - t0 >= STILL_INIT_AFTER_S
+                and round_start - line_read.get(rec.name, -LOG_LINE_EVERY_S) >= LOG_LINE_EVERY_S
+            }
+            line_read.update((n, round_start) for n in due)
+            asks = [(rec, rec.name in due) for rec, _ in pending]
+            checks = pool.map(lambda a: self._check(specs[a[0].name], a[0], a[1]), asks)
             now, still = self.clock(), []
-            for (rec, t0), (alive, pr) in zip(pending, checks, strict=True):
+            for (rec, t0), (alive, pr, line) in zip(pending, checks, strict=True):
                 spec, elapsed = specs[rec.name], now - t0
                 if not alive:  # checked first: a foreign server may answer on a clashing port
                     last = f" (last probe: {pr.detail})" if pr else ""
@@ -284,9 +300,19 @@ class Executor:
                         f"(GET {spec.health.url} -> {pr.detail})",
                         timeout=True,
                     )
-                self.reporter.process(
-                    rec.name, "waiting", host=rec.host, detail=pr.detail, elapsed_s=elapsed
-                )
+                if line is not None:
+                    # a slow start is not a hung one: show what the engine is doing
+                    self.reporter.process(
+                        rec.name,
+                        "initialising",
+                        host=rec.host,
+                        detail=f"limit {spec.health.timeout_s:g}s; log: {line}",
+                        elapsed_s=elapsed,
+                    )
+                elif rec.name not in line_read:
+                    self.reporter.process(
+                        rec.name, "waiting", host=rec.host, detail=pr.detail, elapsed_s=elapsed
+                    )
                 still.append((rec, t0))
             pending = still
             if pending:
@@ -295,10 +321,20 @@ class Executor:
                 every = min(specs[r.name].health.interval_s for r, _ in pending)  # type: ignore[union-attr]
                 self.sleep(max(0.0, every - (self.clock() - round_start)))
 
-    def _check(self, spec: ProcessSpec, rec: ProcessRecord) -> tuple[bool, ProbeResult | None]:
+    def _check(
+        self, spec: ProcessSpec, rec: ProcessRecord, read_line: bool = False
+    ) -> tuple[bool, ProbeResult | None, str | None]:
+        """Alive, the health probe, and (when asked) the last line of the process's log."""
         pr = probe(spec.health, timeout_s=self.probe_timeout_s) if spec.health else None
         alive = self.transports[rec.host].alive(rec.pid, start_ticks=rec.start_ticks)
-        return alive, pr
+        line = None
+        if read_line and alive and pr is not None and not pr.ok:
+            try:
+                tail = logs.tail(self.transports[rec.host], rec.log, 5, timeout_s=10)
+            except Exception:  # noqa: BLE001 - a progress line must never fail the wait
+                tail = ""
+            line = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+        return alive, pr, line
 
     def _roll_back(self, state: DeploymentState, err: BaseException, pool: Fanout) -> BaseException:
         """Stop what this run started; return the exception `up` raises."""

@@ -280,12 +280,26 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
     return profile.model_copy(update={"model": model, "kv": kv.model_copy(update=upd)})
 
 
+# Seconds per GiB of a sparse-offload host pool that `up` allows on top of the engine's own
+# start: decode allocates and registers `dram_size_per_dp_gb` per DP rank before it answers
+# /health, which on a large pool takes tens of minutes. A generous bound, not a measurement.
+POOL_INIT_S_PER_GB = 20.0
+
+
 def _health_timeout(profile: Profile, p: Proc, rehearse: bool = False) -> float:
     if rehearse and p.role not in ("metaservice", "mooncake", "proxy"):
         return profile.rehearsal.health_timeout_s
     if p.role in ("metaservice", "mooncake", "proxy"):
         return min(120.0, profile.runtime.health_timeout_s)
-    return profile.runtime.health_timeout_s
+    group = getattr(profile, p.role, None)
+    if group is not None and group.health_timeout_s is not None:
+        return group.health_timeout_s
+    base = profile.runtime.health_timeout_s
+    so = group.sparse_offload if group is not None else None
+    if so is not None and so.enabled:
+        ranks = max(1, len(p.devices) // max(1, group.tp * group.pp))
+        return base + POOL_INIT_S_PER_GB * so.dram_size_per_dp_gb * ranks
+    return base
 
 
 def load_plan(

@@ -192,6 +192,12 @@ class Group(ServeOptions):
     log_name: Line | None = Field(
         None, description="tee the engine log like the guide, e.g. prefiller_dp_{dp_rank}.log"
     )
+    health_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="how long `up` waits for this group's engines to become healthy (default: "
+        "runtime.health_timeout_s, plus time to set up a sparse-offload host pool)",
+    )
 
     @field_validator("kv_connectors", mode="before")
     @classmethod

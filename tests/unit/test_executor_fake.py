@@ -112,6 +112,34 @@ def test_health_deadline_uses_the_clock(hosts, tmp_path) -> None:
     assert not hosts["h1"].processes
 
 
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def process(self, name: str, phase: str, *, host: str = "", detail: str = "",
+                elapsed_s: float | None = None) -> None:  # fmt: skip
+        self.events.append((name, phase, detail))
+
+    def message(self, text: str) -> None:
+        pass
+
+
+def test_slow_start_shows_still_initialising_with_the_last_log_line(hosts, tmp_path) -> None:
+    """A sparse decode setting up a large host pool answers /health after tens of minutes:
+    while `up` waits it shows the process as still initialising with its log's last line."""
+    hosts["h1"].script("p00.sh", FakeProgram(output="Allocating host pool 96/128 GiB\n"))
+    never = HealthCheck("http://127.0.0.1:9/health", timeout_s=120, interval_s=10)
+    rec = Recorder()
+    ex = executor(hosts, tmp_path, probe_timeout_s=0.2, reporter=rec)
+    with pytest.raises(HealthTimeout, match="within 120s"):
+        ex.up(plan(PROCS[:1], health=never))
+    init = [d for n, phase, d in rec.events if phase == "initialising"]
+    assert init and init[0] == "limit 120s; log: Allocating host pool 96/128 GiB"
+    # before 30 s it is plain waiting; the log is read at most every 10 s
+    assert rec.events.index(next(e for e in rec.events if e[1] == "initialising")) > 1
+    assert len(init) <= 10
+
+
 def test_stubborn_process_is_killed_after_the_grace(hosts, tmp_path) -> None:
     hosts["h1"].script("p00.sh", FakeProgram(ports=(9000,), ignore_term=True))
     ex = executor(hosts, tmp_path, grace_s=20)

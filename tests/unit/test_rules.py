@@ -532,3 +532,17 @@ def test_proxy_timeouts_are_refused_for_vllm_ascends_proxy_and_when_not_positive
     assert "proxy.prefill_timeout_s: vLLM-Ascend's example proxy has no timeout options" in msg
     assert "use kvpd's proxy (impl: kvpd)" in msg
     assert "proxy.read_timeout_s" in error("large-ep", "proxy.read_timeout_s=0")
+
+
+def test_health_timeouts_per_group_default_sized_from_the_sparse_pool() -> None:
+    def timeouts(*sets: str) -> dict[str, float]:
+        p = plan(LW, *sets)
+        return {x.name: x.health.timeout_s for x in p.processes if x.health}
+
+    t = timeouts()
+    # decode allocates dram_size_per_dp_gb 128 for its one DP rank before /health answers
+    assert t["prefill-0"] == 1800 and t["decode-0"] == 1800 + 20 * 128
+    assert timeouts("decode.health_timeout_s=7200")["decode-0"] == 7200
+    assert timeouts("runtime.health_timeout_s=900")["decode-0"] == 900 + 20 * 128
+    assert timeouts("prefill.health_timeout_s=60")["prefill-0"] == 60
+    assert "decode.health_timeout_s" in error(LW, "decode.health_timeout_s=0")
