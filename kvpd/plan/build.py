@@ -12,6 +12,7 @@ from kvpd.plan.bench import bench_spec
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
+from kvpd.plan.lognames import log_file
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
 from kvpd.plan.processes import Proc, all_procs
 from kvpd.plan.rehearse import rehearsal_notes
@@ -167,9 +168,11 @@ def build_plan(
     processes: list[ProcessSpec] = []
     ports: list[PortUse] = []
     secrets = sorted({v for p in procs for k, v in p.env if v and mask(k, v) != v})
+    engine_procs = {ep.name: ep for ep in layout.procs}
     for p in procs:
         script = f"{p.name}/launch.sh"
-        log = f"logs/{p.name}.log"
+        ep = engine_procs.get(p.name)
+        log = log_file(getattr(profile, ep.role).log_name, ep) if ep else f"logs/{p.name}.log"
         secret = any(mask(k, v) != v for k, v in p.env)
         put(
             p.host,

@@ -190,7 +190,9 @@ class Group(ServeOptions):
     model_runner_v2: bool = False
     sfa_c8: bool = False
     log_name: Line | None = Field(
-        None, description="tee the engine log like the guide, e.g. prefiller_dp_{dp_rank}.log"
+        None,
+        description="name of each engine's log file in the run dir's logs/, like the guide's "
+        "prefiller_dp_{dp_rank}.log (placeholders {name} {role} {host} {instance} {dp_rank})",
     )
     health_timeout_s: float | None = Field(
         None,

@@ -546,3 +546,33 @@ def test_health_timeouts_per_group_default_sized_from_the_sparse_pool() -> None:
     assert timeouts("runtime.health_timeout_s=900")["decode-0"] == 900 + 20 * 128
     assert timeouts("prefill.health_timeout_s=60")["prefill-0"] == 60
     assert "decode.health_timeout_s" in error(LW, "decode.health_timeout_s=0")
+
+
+def test_log_name_names_the_engine_logs_like_the_guide() -> None:
+    p = plan("large-ep")
+    logs = {x.name: x.log for x in p.processes}
+    assert logs["prefill-dp2"] == "logs/prefiller_dp_2.log"
+    assert logs["decode-dp7"] == "logs/decoder_dp_7.log"
+    assert logs["proxy"] == "logs/proxy.log" and plan("local").process("prefill-0").log == (
+        "logs/prefill-0.log"
+    )
+    script = next(f.content for f in p.files if f.path == "prefill-dp2/launch.sh")
+    assert "logs/prefiller_dp_2.log" in script
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("x{foo}.log", "prefill.log_name: 'x{foo}.log' uses {foo}; the placeholders are {name}"),
+        ("a/b.log", "prefill.log_name: 'a/b.log' must be a file name"),
+        ("x{.log", "is not a valid template"),
+    ],
+)
+def test_bad_log_name_templates(value: str, message: str) -> None:
+    assert message in error("large-ep", f"prefill.log_name={value}")
+
+
+def test_log_name_must_give_each_process_its_own_file() -> None:
+    msg = error("large-ep", "decode.log_name=decoder.log")
+    assert "decode-dp0 and decode-dp1 on d1 would both write logs/decoder.log" in msg
+    assert "put {dp_rank} or {name} into log_name" in msg

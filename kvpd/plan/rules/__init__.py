@@ -15,6 +15,7 @@ from kvpd.plan.rules import (
     connectors,
     env,
     kvservices,
+    logs,
     memcache,
     offload,
     planner,
@@ -53,6 +54,7 @@ RULES: tuple[Rule, ...] = (
     ports.rule_proxy,
     ports.rule_ports,
     topology.rule_model,
+    logs.rule_log_names,
 )
 
 
