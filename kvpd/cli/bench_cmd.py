@@ -185,7 +185,6 @@ def _run(
     restore: bool,
     quiet: bool,
 ):
-    from kvpd.bench import runner
     from kvpd.bench.progress import RichProgress
     from kvpd.bench.session import NullProgress, Session
     from kvpd.bench.settings import check_lengths, int_list, make_settings, resolve_scenarios
@@ -194,8 +193,9 @@ def _run(
     from kvpd.exec.state import state_root
     from kvpd.plan.build import load_plan
 
-    vllm = runner.find_vllm()  # before anything starts: a missing client is a setup problem
     base = load_plan(profile, sets=list(sets))
+    # where the client runs, decided before anything starts: a missing client is a setup problem
+    vllm, client_host = _client(base, tokenizer)
     settings = make_settings(
         base.bench,
         protocol=protocol,
@@ -231,6 +231,14 @@ def _run(
         restore=restore,
         keep_up=keep_up,
     )
+    if client_host is not None:
+        from kvpd.bench.remote import RemoteClient
+
+        session.run_client = RemoteClient(
+            session.service, base, client_host, Path(out_dir).name, vllm
+        )
+        if not quiet:
+            output.err.print(f"vllm bench serve runs on {client_host} (bench.host)")
     with session.service:
         if quiet:
             session.progress = NullProgress()
@@ -256,3 +264,33 @@ def _profile_facts(profile: str, sets: list[str]) -> tuple[dict[str, list[str]],
             if n:
                 lens.append(n)
     return connectors, min(lens) if lens else None
+
+
+def _client(plan, tokenizer: str | None) -> tuple[str, str | None]:
+    """(the `vllm` command, the host the client runs on or None for this machine).
+
+    `bench.host` decides; unset, this machine when it has `vllm` and the tokenizer, else the
+    proxy's host (which has both, like every cluster node the guides bench from)."""
+    from kvpd.bench import runner
+    from kvpd.bench.remote import default_host
+    from kvpd.plan.rules.bench import LOCAL
+
+    host = plan.bench.host
+    remote_vllm = next(
+        (p.command[0] for p in plan.processes if p.role in ("prefill", "decode", "mixed")),
+        "vllm",
+    )
+    if host == LOCAL:
+        return runner.find_vllm(), None
+    if host is not None:
+        return remote_vllm, host
+    tok = tokenizer or plan.tokenizer
+    try:
+        vllm = runner.find_vllm()
+    except runner.ClientNotInstalled:
+        vllm = ""
+    has_tok = not tok.startswith("/") or Path(tok).exists()  # a hub name or a folder here
+    chosen = default_host(plan, bool(vllm) and has_tok)
+    if chosen is None:
+        return vllm or runner.find_vllm(), None
+    return remote_vllm, chosen

@@ -46,6 +46,7 @@ class BenchSpec:
     protocol: str
     sweep: BenchSweep | None
     scenarios: dict[str, ScenarioSpec] = field(default_factory=dict)
+    host: str | None = None  # where the client runs ("local": this machine; None: choose)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BenchSpec:
@@ -70,6 +71,7 @@ def bench_spec(b: Bench) -> BenchSpec:
         if s is None
         else BenchSweep(tuple(s.input_len), tuple(s.output_len), tuple(s.max_concurrency)),
         scenarios={k: _scenario(v) for k, v in b.scenarios.items()},
+        host=b.host,
     )
 
 

@@ -272,6 +272,12 @@ class Bench(_Model):
     prefix_ratio: float = Field(0.8, gt=0, lt=1)
     protocol: Literal["plain", "prefix", "twice"] = "plain"
     sweep: BenchSweep | None = None
+    host: HostName | None = Field(
+        None,
+        description="where `vllm bench serve` runs: a host of the profile (over SSH, with the "
+        "model's path as tokenizer; results are copied back) or `local` (this machine). "
+        "Default: this machine when it has vllm and the tokenizer, else the proxy's host",
+    )
     scenarios: dict[str, BenchScenario] = Field(
         default_factory=dict,
         description="name -> {sets, without, cache} (a plain list is `sets`); `kvpd bench "

@@ -29,6 +29,7 @@ Rule = Callable[[Checker], None]
 RULES: tuple[Rule, ...] = (
     bench.rule_bench,
     bench.rule_scenarios,
+    bench.rule_bench_host,
     topology.rule_host_refs,
     topology.rule_groups_present,
     topology.rule_parallelism,

@@ -7,6 +7,7 @@ from kvpd.plan.rules.base import Checker
 
 # The connectors that are an external KV store (a prefix cache of their own); the others only
 # move KV from prefill to decode. Kept in step with kvpd.bench.settings.STORE_CONNECTORS.
+LOCAL = "local"  # bench.host: the machine kvpd runs on
 STORES = frozenset({"ucm", "kvpd_store", "ascend_store", "example"})
 
 
@@ -54,3 +55,15 @@ def rule_scenarios(c: Checker) -> None:
                 "no external KV store (ucm, kvpd_store, ascend_store, example) is attached "
                 "in it. Attach one to a group's kv_connectors, or set cache: hbm or none.",
             )
+
+
+def rule_bench_host(c: Checker) -> None:
+    """`bench.host` is a host of the profile, or `local` for this machine."""
+    h = c.p.bench.host
+    if h is not None and h != LOCAL and not c.known_host(h):
+        c.err(
+            ("bench", "host"),
+            f"'{h}' is not a host of this profile.{c.suggest_host(h)} Name one of "
+            f"{', '.join(c.p.hosts)} to run `vllm bench serve` there, or `{LOCAL}` for this "
+            "machine.",
+        )
