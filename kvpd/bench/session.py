@@ -15,6 +15,7 @@ from kvpd.bench import metrics as m
 from kvpd.bench.saved import BenchRun, Record
 from kvpd.bench.settings import Point, Scenario, Settings
 from kvpd.errors import BenchError, KvpdError, StateError
+from kvpd.exec.diagnose import current_run
 from kvpd.exec.health import probe
 from kvpd.exec.service import Deployments
 from kvpd.plan.model import HealthCheck, Plan
@@ -148,7 +149,8 @@ class Session:
 
         def read(process: str) -> str | None:
             try:
-                return self.service.logs(process, deployment=plan.deployment, lines=LOG_LINES).text
+                text = self.service.logs(process, deployment=plan.deployment, lines=LOG_LINES).text
+                return current_run(text)  # logs append across restarts: this start only
             except (KvpdError, OSError):
                 return None
 

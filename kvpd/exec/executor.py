@@ -16,7 +16,7 @@ from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
 from kvpd.exec.transport import Transport
 from kvpd.exec.transports import TransportPool
-from kvpd.plan.model import FileSpec, HostSpec, Plan, ProcessSpec
+from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 
 DEFAULT_GRACE_S = 20.0
 # Written through bash's positional parameters so no value is ever parsed as shell code.
@@ -327,6 +327,8 @@ class Executor:
         """Alive, the health probe, and (when asked) the last line of the process's log."""
         pr = probe(spec.health, timeout_s=self.probe_timeout_s) if spec.health else None
         alive = self.transports[rec.host].alive(rec.pid, start_ticks=rec.start_ticks)
+        if alive and pr is not None and not pr.ok and spec.health and spec.health.ready_log:
+            pr = self._ready_without_endpoint(spec.health, rec) or pr
         line = None
         if read_line and alive and pr is not None and not pr.ok:
             try:
@@ -335,6 +337,24 @@ class Executor:
                 tail = ""
             line = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
         return alive, pr, line
+
+    def _ready_without_endpoint(
+        self, health: HealthCheck, rec: ProcessRecord
+    ) -> ProbeResult | None:
+        """A build without the HTTP health endpoint is ready when its port listens and its log
+        has the ready line (the versions preflight reports say which builds those are)."""
+        t = self.transports[rec.host]
+        if health.ready_port is None or not t.ports_listening([health.ready_port]):
+            return None
+        try:
+            tail = logs.tail(t, rec.log, 200, timeout_s=10)
+        except Exception:  # noqa: BLE001 - no fallback then; the HTTP probe's answer stands
+            return None
+        if health.ready_log not in diagnose.current_run(tail):  # logs append across ups
+            return None
+        return ProbeResult(
+            True, f"port {health.ready_port} listens and the log says {health.ready_log!r}"
+        )
 
     def _roll_back(self, state: DeploymentState, err: BaseException, pool: Fanout) -> BaseException:
         """Stop what this run started; return the exception `up` raises."""

@@ -193,7 +193,10 @@ def build_plan(
                 log=log,
                 ports=tuple(port for port, _ in p.ports),
                 health=HealthCheck(
-                    url=p.health_url, timeout_s=_health_timeout(profile, p, rehearse)
+                    url=p.health_url,
+                    timeout_s=_health_timeout(profile, p, rehearse),
+                    ready_port=p.ready[0] if p.ready else None,
+                    ready_log=p.ready[1] if p.ready else "",
                 ),
                 devices=p.devices,
                 substituted=notes.get(p.name, ""),

@@ -46,12 +46,16 @@ class FileSpec:
 
 @dataclass(frozen=True)
 class HealthCheck:
-    """How to know a process is ready: HTTP GET `url` returns `expect_status`."""
+    """How to know a process is ready: HTTP GET `url` returns `expect_status`. Where builds
+    without that endpoint exist (memcache before 1.3, Mooncake before 0.3.13), also ready when
+    `ready_port` listens and the log has `ready_log`."""
 
     url: str
     expect_status: int = 200
     timeout_s: float = 600.0
     interval_s: float = 0.5
+    ready_port: int | None = None
+    ready_log: str = ""
 
 
 @dataclass(frozen=True)

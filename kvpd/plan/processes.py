@@ -35,6 +35,8 @@ class Proc:
     source: tuple[str, ...] = ()  # scripts to `source` first (set_env.sh)
     ports: tuple[tuple[int, str], ...] = ()  # (port, purpose)
     health_url: str = ""
+    # without the HTTP endpoint (older builds): ready when this port listens and the log says so
+    ready: tuple[int, str] | None = None
     devices: tuple[int, ...] = ()
     files: tuple[str, ...] = ()  # rendered config files this process reads
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -232,6 +234,7 @@ def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
                     (mc.metrics_port, "memcache metrics http"),
                 ),
                 health_url=f"http://{a}:{mc.metrics_port}/health",
+                ready=(mc.port, "Meta Service launched successfully"),
                 files=(MMC_META,),
             )
         )
@@ -263,6 +266,7 @@ def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
                 env=env,
                 ports=tuple(ports),
                 health_url=f"http://{a}:{mk.metrics_port}/health",
+                ready=(mk.port, "Master service started on port"),
             )
         )
     return out
