@@ -62,3 +62,21 @@ def test_plans_name_the_checks_their_connectors_call_for() -> None:
     assert load_plan("local").log_checks == (LogCheck("prefill-0", "store_hits"),)
     # a rehearsal replaces UCM and AscendStore: their lines cannot appear there
     assert load_plan("large-ep", rehearse=True).log_checks == ()
+
+
+def test_up_confirms_the_layerwise_layout_from_this_starts_log() -> None:
+    from types import SimpleNamespace
+
+    from kvpd.cli.deploy_cmd import _confirm_layout
+
+    plan = load_plan("layerwise-sparse-1p1d")
+    old = "=== kvpd: lw/prefill-0 started 1 ===\n" + LAYERWISE
+    logs = {"prefill-0": old + "=== kvpd: lw/prefill-0 started 2 ===\nready\n"}
+    svc = SimpleNamespace(logs=lambda n, deployment, lines: SimpleNamespace(text=logs[n]))
+    ((ok, text),) = _confirm_layout(svc, plan)  # the line of an earlier start does not count
+    assert not ok and "no `Layerwise KV cache reuse merged ...` line" in text
+    logs["prefill-0"] += LAYERWISE
+    assert _confirm_layout(svc, plan) == [
+        (True, "scenario 'as started': prefill-0: layerwise KV cache reuse is on.")
+    ]
+    assert _confirm_layout(svc, load_plan("local")) == []
