@@ -30,7 +30,7 @@ from kvpd.plan.sizing import (
 )
 from kvpd.profile.load import Source, load_profile
 from kvpd.profile.messages import dotted
-from kvpd.profile.schema import Profile
+from kvpd.profile.schema import Group, Profile
 
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 
@@ -297,11 +297,13 @@ def _health_timeout(profile: Profile, p: Proc, rehearse: bool = False) -> float:
         return profile.rehearsal.health_timeout_s
     if p.role in ("metaservice", "mooncake", "proxy"):
         return min(120.0, profile.runtime.health_timeout_s)
-    group = getattr(profile, p.role, None)
-    if group is not None and group.health_timeout_s is not None:
-        return group.health_timeout_s
     base = profile.runtime.health_timeout_s
-    so = group.sparse_offload if group is not None else None
+    group: Group | None = getattr(profile, p.role, None)
+    if group is None:
+        return base
+    if group.health_timeout_s is not None:
+        return group.health_timeout_s
+    so = group.sparse_offload
     if so is not None and so.enabled:
         ranks = max(1, len(p.devices) // max(1, group.tp * group.pp))
         return base + POOL_INIT_S_PER_GB * so.dram_size_per_dp_gb * ranks

@@ -55,6 +55,8 @@ def test_prefix_protocol_hits_the_seeded_prefixes(bench_deployment, tmp_path: Pa
     for name in ("results.json", "results.csv", "latency.png", "ttft_cdf.png"):
         assert (out / name).is_file(), name
     assert json.loads((out / "results.json").read_text())["format"] == "kvpd-bench/1"
+    # the store connector's per-request `hit ... hit external` lines were read from the log
+    assert any("store log lines of 1 engine(s)" in n for n in run["notes"]), run["notes"]
     # the saved run reads back: compared with itself nothing changed, so a 0 % gate passes.
     # (A second bench of the same prompts is not run here: with ExampleConnector on vLLM 0.32
     # repeated prompts can crash the engines' metrics loop, see the bench report.)
