@@ -108,7 +108,7 @@ def _bars(plt: Any, run: BenchRun, ok: list[Record]) -> Any:
         for x, (m, p) in enumerate(zip(means, p99, strict=True)):
             if p is not None and p > m:
                 ax.plot([x, x], [m, p], color="black", linewidth=1)
-        ax.bar_label(bars, fmt="%.1f", fontsize="small")
+        ax.bar_label(bars, fmt="%.1f", fontsize="small", label_type="center", color="white")
         ax.set_ylabel(f"{label} (ms): mean, line to p99")
         ax.set_title(label)
         ax.grid(True, axis="y", alpha=0.3)
