@@ -9,14 +9,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
-from kvpd.exec import diagnose, logs
+from kvpd.exec import diagnose, logs, readiness
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
 from kvpd.exec.transport import Transport
 from kvpd.exec.transports import TransportPool
-from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.plan.model import FileSpec, HostSpec, Plan, ProcessSpec
 
 DEFAULT_GRACE_S = 20.0
 # Written through bash's positional parameters so no value is ever parsed as shell code.
@@ -61,13 +61,6 @@ class DownResult:
 
 def log_path(run_dir: str, spec: ProcessSpec) -> str:
     return posixpath.join(run_dir, spec.log or f"logs/{spec.name}.log")
-
-
-# After this long without health, `up` shows a process as still initialising, with the last
-# line of its log (read at most every LOG_LINE_EVERY_S): sparse decode with a large host pool
-# can take tens of minutes, and the log says whether it progresses.
-STILL_INIT_AFTER_S = 30.0
-LOG_LINE_EVERY_S = 10.0
 
 
 class Executor:
@@ -270,13 +263,9 @@ class Executor:
         line_read: dict[str, float] = {}  # when each process's last log line was read
         while pending:
             round_start = self.clock()
-            due = {
-                rec.name
-                for rec, t0 in pending
-                if round_start - t0 >= STILL_INIT_AFTER_S
-                and round_start - line_read.get(rec.name, -LOG_LINE_EVERY_S) >= LOG_LINE_EVERY_S
-            }
-            line_read.update((n, round_start) for n in due)
+            due = readiness.log_lines_due(
+                [(r.name, t0) for r, t0 in pending], line_read, round_start
+            )
             asks = [(rec, rec.name in due) for rec, _ in pending]
             checks = pool.map(lambda a: self._check(specs[a[0].name], a[0], a[1]), asks)
             now, still = self.clock(), []
@@ -326,35 +315,14 @@ class Executor:
     ) -> tuple[bool, ProbeResult | None, str | None]:
         """Alive, the health probe, and (when asked) the last line of the process's log."""
         pr = probe(spec.health, timeout_s=self.probe_timeout_s) if spec.health else None
-        alive = self.transports[rec.host].alive(rec.pid, start_ticks=rec.start_ticks)
-        if alive and pr is not None and not pr.ok and spec.health and spec.health.ready_log:
-            pr = self._ready_without_endpoint(spec.health, rec) or pr
+        t = self.transports[rec.host]
+        alive = t.alive(rec.pid, start_ticks=rec.start_ticks)
+        if alive and pr is not None and not pr.ok and spec.health is not None:
+            pr = readiness.ready_without_endpoint(t, spec.health, rec.log) or pr
         line = None
         if read_line and alive and pr is not None and not pr.ok:
-            try:
-                tail = logs.tail(self.transports[rec.host], rec.log, 5, timeout_s=10)
-            except Exception:  # noqa: BLE001 - a progress line must never fail the wait
-                tail = ""
-            line = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+            line = readiness.last_log_line(t, rec.log)
         return alive, pr, line
-
-    def _ready_without_endpoint(
-        self, health: HealthCheck, rec: ProcessRecord
-    ) -> ProbeResult | None:
-        """A build without the HTTP health endpoint is ready when its port listens and its log
-        has the ready line (the versions preflight reports say which builds those are)."""
-        t = self.transports[rec.host]
-        if health.ready_port is None or not t.ports_listening([health.ready_port]):
-            return None
-        try:
-            tail = logs.tail(t, rec.log, 200, timeout_s=10)
-        except Exception:  # noqa: BLE001 - no fallback then; the HTTP probe's answer stands
-            return None
-        if health.ready_log not in diagnose.current_run(tail):  # logs append across ups
-            return None
-        return ProbeResult(
-            True, f"port {health.ready_port} listens and the log says {health.ready_log!r}"
-        )
 
     def _roll_back(self, state: DeploymentState, err: BaseException, pool: Fanout) -> BaseException:
         """Stop what this run started; return the exception `up` raises."""
