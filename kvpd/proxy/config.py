@@ -146,11 +146,6 @@ class ProxyConfig:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1/metaserver"
 
-    @property
-    def prefill_limit(self) -> float | None:
-        """The prefill wait for asyncio (None: no limit)."""
-        return self.prefill_timeout or None
-
     def with_port(self, port: int) -> ProxyConfig:
         return replace(self, port=port)
 

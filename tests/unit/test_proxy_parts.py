@@ -217,8 +217,7 @@ def test_cli_reports_bad_flags_without_traceback() -> None:
 
 
 def test_prefill_and_first_byte_waits_may_be_unlimited_but_not_negative() -> None:
-    assert ProxyConfig(prefill_timeout=0, first_byte_timeout=0).prefill_limit is None
-    assert ProxyConfig(prefill_timeout=5).prefill_limit == 5
+    assert ProxyConfig(prefill_timeout=0, first_byte_timeout=0).prefill_timeout == 0
     with pytest.raises(ProxyConfigError, match="--prefill-timeout must be >= 0"):
         ProxyConfig(prefill_timeout=-1)
     with pytest.raises(ProxyConfigError, match="--first-byte-timeout must be >= 0"):
