@@ -6,11 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpd.errors import BenchError
-from kvpd.plan.bench import PROTOCOLS, BenchSpec, ScenarioSpec
+from kvpd.plan.bench import PROTOCOLS, STORE_CONNECTORS, BenchSpec, ScenarioSpec
 
-# Connectors that are a prefix cache of their own (an external KV store), as opposed to the
-# P2P connectors (mooncake, mooncake_layerwise, nixl, sfa_d2h) that only move KV from P to D.
-STORE_CONNECTORS: tuple[str, ...] = ("ucm", "kvpd_store", "ascend_store", "example")
 # Where `without` takes connectors away from.
 GROUPS: tuple[str, ...] = ("prefill", "decode", "mixed")
 

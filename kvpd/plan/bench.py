@@ -8,6 +8,10 @@ from typing import Any, get_args
 
 from kvpd.profile.schema import Bench, BenchScenario
 
+# Connectors that are a prefix cache of their own (an external KV store), as opposed to the
+# P2P connectors (mooncake, mooncake_layerwise, nixl, sfa_d2h) that only move KV from P to D.
+STORE_CONNECTORS: tuple[str, ...] = ("ucm", "kvpd_store", "ascend_store", "example")
+
 # The protocol names, as the schema spells them.
 PROTOCOLS: tuple[str, ...] = get_args(Bench.model_fields["protocol"].annotation)
 

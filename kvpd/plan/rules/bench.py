@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from kvpd.plan.rules.base import Checker
 
-# The connectors that are an external KV store (a prefix cache of their own); the others only
-# move KV from prefill to decode. Kept in step with kvpd.bench.settings.STORE_CONNECTORS.
 LOCAL = "local"  # bench.host: the machine kvpd runs on
-STORES = frozenset({"ucm", "kvpd_store", "ascend_store", "example"})
+STORES = frozenset(STORE_CONNECTORS)  # the external KV stores (a prefix cache of their own)
 
 
 def rule_bench(c: Checker) -> None:
