@@ -3,6 +3,7 @@ they say (pure)."""
 
 from __future__ import annotations
 
+from kvpd.plan.bench import STORE_CONNECTORS
 from kvpd.plan.rules.base import Checker
 
 LOCAL = "local"  # bench.host: the machine kvpd runs on
