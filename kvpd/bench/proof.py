@@ -14,7 +14,7 @@ def check_phase(
     measured: bool,
     protocol: str,
     disaggregated: bool,
-    expect_external: bool,
+    cache: str | None,
     result: dict[str, Any],
     delta: Delta,
 ) -> list[str]:
@@ -27,9 +27,11 @@ def check_phase(
       prompts: the P->D handoff does not work. (Decode may legitimately receive nothing when
       its own prefix cache already holds the prompts, e.g. the measured phase of the prefix
       protocol; the seeding phase before it is where the transfer must show.)
-    - A scenario that must hit the external KV store and never did, in the phase whose prompts
-      were seeded before (prefix: measured; twice: warm). In a P/D deployment decode's
-      external hits are the P->D handoff, so only prefill (and mixed) engines count.
+    - The scenario's cache, whatever the scenario is called: `external` must hit the external
+      KV store in the phase whose prompts were seeded before (prefix: measured; twice: warm);
+      `none` (recompute) must show zero vLLM prefix-cache and zero external hits and `hbm` zero
+      external hits, in every phase. In a P/D deployment decode's external hits are the P->D
+      handoff, so only prefill (and mixed) engines count as external hits.
     """
     problems: list[str] = []
     where = f"scenario {scenario!r}, phase {phase}"
@@ -45,18 +47,37 @@ def check_phase(
     seeded_phase = (protocol == "prefix" and phase == "measured") or (
         protocol == "twice" and phase == "warm"
     )
-    if expect_external and seeded_phase and measured:
-        roles = ("prefill", "mixed") if disaggregated else ("prefill", "decode", "mixed")
-        engines = [n for n, r in delta.roles.items() if r in roles]
-        if engines and all(n in delta.missing for n in engines):
-            problems.append(f"{where}: cannot check external cache hits: no engine /metrics.")
-        elif sum(delta.role_sum(r, "external_prefix_cache_hits") for r in roles) <= 0:
-            problems.append(
-                f"{where}: zero external prefix-cache hits (vllm:external_prefix_cache_hits_total "
-                f"of the {'/'.join(roles)} engines did not grow) although this phase repeats "
-                "seeded prompts: the external KV store is not used. Check the scenario's "
-                "connector settings and the store's logs."
-            )
+    ext_roles = ("prefill", "mixed") if disaggregated else ("prefill", "decode", "mixed")
+    if cache is None:
+        return problems
+    engines = [n for n, r in delta.roles.items() if r in ("prefill", "decode", "mixed")]
+    if engines and all(n in delta.missing for n in engines):
+        if cache != "external" or (seeded_phase and measured):
+            problems.append(f"{where}: cannot check the {cache} cache: no engine /metrics.")
+        return problems
+    external = sum(delta.role_sum(r, "external_prefix_cache_hits") for r in ext_roles)
+    if cache == "external" and seeded_phase and measured and external <= 0:
+        problems.append(
+            f"{where}: zero external prefix-cache hits (vllm:external_prefix_cache_hits_total "
+            f"of the {'/'.join(ext_roles)} engines did not grow) although this phase repeats "
+            "seeded prompts: the external KV store is not used. Check the scenario's "
+            "connector settings and the store's logs."
+        )
+    if cache in ("none", "hbm") and external > 0:
+        problems.append(
+            f"{where}: {external:.0f} external prefix-cache hits on the "
+            f"{'/'.join(ext_roles)} engines in a scenario without an external KV store "
+            f"(cache: {cache}): a store is still attached, so this is not the guide's "
+            f"{'recompute' if cache == 'none' else 'HBM prefix cache'} row. Check the "
+            "scenario's `without` list."
+        )
+    hbm = delta.engines_sum("prefix_cache_hits")
+    if cache == "none" and hbm > 0:
+        problems.append(
+            f"{where}: {hbm:.0f} vLLM prefix-cache hits (vllm:prefix_cache_hits_total) in a "
+            "recompute scenario (cache: none): prefix caching is still on somewhere. Set "
+            "enable_prefix_caching=false on every group in the scenario's sets."
+        )
     return problems
 
 

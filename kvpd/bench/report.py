@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rich.table import Table
 
 from kvpd.bench.results import value
@@ -47,11 +45,19 @@ def _col_title(col: tuple[str, str], multi_phase: bool) -> str:
     return f"{scenario}/{phase}" if multi_phase else scenario
 
 
+def baseline_column(run: BenchRun, cols: list[tuple[str, str]]) -> int:
+    """The column speedups are against: the recompute scenario (cache: none), else the first."""
+    none = {s["name"] for s in run.scenarios if s.get("cache") == "none"}
+    return next((i for i, c in enumerate(cols) if c[0] in none), 0)
+
+
 def results_table(run: BenchRun, stat: str = "mean") -> Table:
-    """Rows: input/output length (and concurrency when swept); per scenario column group:
-    TTFT, TPOT, E2EL (ms, `stat`), output throughput, and the TTFT/E2EL speedup against the
-    first group. A failed record shows its numbers struck through in red: not a result."""
+    """The guide's table: rows input/output length (and concurrency when swept); per scenario
+    column group TTFT, TPOT, E2EL (ms, `stat`) and the TTFT/E2EL speedup against recompute
+    (the scenario with cache: none, else the first group). A failed record shows its numbers
+    struck through in red: not a result."""
     cols = columns(run)
+    base = baseline_column(run, cols)
     multi_phase = len({c[1] for c in cols}) > 1
     swept_c = len({r[2] for r in rows(run)}) > 1
     t = Table(title=f"{run.deployment}: {run.protocol} protocol, {stat} latency (ms)")
@@ -63,20 +69,18 @@ def results_table(run: BenchRun, stat: str = "mean") -> Table:
         name = _col_title(col, multi_phase)
         for _, label in TABLE_METRICS:
             t.add_column(f"{name}\n{label}", justify="right")
-        t.add_column(f"{name}\ntok/s", justify="right")
-        if i > 0:
+        if i != base:
             t.add_column(f"{name}\nspeedup", justify="right")
     for row in rows(run):
         cells = [str(row[0]), str(row[1])]
         if swept_c:
             cells.append("-" if row[2] is None else str(row[2]))
-        first = _find(run, cols[0], row) if cols else None
+        first = _find(run, cols[base], row) if cols else None
         for i, col in enumerate(cols):
             r = _find(run, col, row)
             vals = [value(r.result, k, stat) if r else None for k, _ in TABLE_METRICS]
-            thr = r.result.get("output_throughput") if r else None
-            group = [_fmt(v) for v in vals] + [_fmt(thr)]
-            if i > 0:
+            group = [_fmt(v) for v in vals]
+            if i != base:
                 group.append(speedup(first, r, stat))
             if r is not None and not int(r.result.get("completed") or 0):
                 group = ["[red]failed[/]"] + ["-"] * (len(group) - 1)
@@ -149,45 +153,3 @@ def proof_table(run: BenchRun) -> Table:
             n("external_prefix_cache_hits"), verdict,
         )  # fmt: skip
     return t
-
-
-def charts(run: BenchRun, out_dir: Path) -> list[Path]:
-    """ttft.png and tpot.png: mean latency per scenario over input length (one line per
-    scenario/phase and concurrency). Skipped (empty list) without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
-    written = []
-    cols = columns(run)
-    multi_phase = len({c[1] for c in cols}) > 1
-    concs = sorted({r[2] for r in rows(run)}, key=lambda c: -1 if c is None else c)
-    for metric, label in (("ttft", "TTFT"), ("tpot", "TPOT")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for col in cols:
-            for c in concs:
-                pts = sorted(
-                    (r.input_len, value(r.result, metric))
-                    for r in run.measured
-                    if (r.scenario, r.phase) == col and r.max_concurrency == c and r.ok
-                )
-                pts = [(x, y) for x, y in pts if y is not None]
-                if not pts:
-                    continue
-                name = _col_title(col, multi_phase) + ("" if len(concs) == 1 else f" c={c}")
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-        ax.set_xlabel("input length (tokens)")
-        ax.set_ylabel(f"mean {label} (ms)")
-        ax.set_title(f"{run.deployment}: {label} per scenario ({run.protocol})")
-        ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend()
-        path = out_dir / f"{metric}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
-    return written

@@ -149,6 +149,7 @@ def build_argv(
         "--metric-percentiles", METRIC_PERCENTILES,
         "--disable-tqdm",
         "--save-result",
+        "--save-detailed",  # per-request TTFTs for the distribution chart
         "--result-dir", result_dir,
         "--result-filename", result_filename,
     ]  # fmt: skip

@@ -66,6 +66,7 @@ class BenchRun:
     records: list[Record] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # problems outside any record
     out_dir: str = ""
+    notes: list[str] = field(default_factory=list)  # what the logs confirmed
 
     @property
     def measured(self) -> list[Record]:
@@ -105,6 +106,7 @@ class BenchRun:
             records=[Record.from_dict(r) for r in d.get("records", [])],
             failures=list(d.get("failures", [])),
             out_dir=d.get("out_dir", ""),
+            notes=list(d.get("notes", [])),
         )
 
 

@@ -10,14 +10,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from kvpd.bench import logcheck, proof, results, runner
 from kvpd.bench import metrics as m
-from kvpd.bench import proof, results, runner
 from kvpd.bench.saved import BenchRun, Record
 from kvpd.bench.settings import Point, Scenario, Settings
 from kvpd.errors import BenchError, KvpdError, StateError
+from kvpd.exec.diagnose import current_run
 from kvpd.exec.health import probe
 from kvpd.exec.service import Deployments
 from kvpd.plan.model import HealthCheck, Plan
+
+# How much of each engine's log the confirmations read (a line per request at most).
+LOG_LINES = 20000
 
 
 class Progress(Protocol):
@@ -83,7 +87,10 @@ class Session:
             protocol=self.settings.protocol,
             created=_dt.datetime.now().isoformat(timespec="seconds"),
             settings={**asdict(self.settings), "points": [asdict(p) for p in self.settings.points]},
-            scenarios=[{"name": s.name, "sets": list(s.sets)} for s in self.scenarios],
+            scenarios=[
+                {"name": s.name, "sets": list(s.sets), "cache": s.cache, "without": list(s.without)}
+                for s in self.scenarios
+            ],
             out_dir=str(self.out_dir),
         )
         phases_per_point = 2 if self.settings.protocol in ("prefix", "twice") else 1
@@ -91,7 +98,8 @@ class Session:
         self.progress.start(n_scen * len(self.settings.points) * phases_per_point)
         if not self.scenarios:
             target = self._current_target(base)
-            self._run_points("as-is", target, run, expect_external=False)
+            self._run_points("as-is", target, run, cache=None)
+            self._confirm("as-is", target.plan, run, None)
             return run
         was_running = self.service.running(base.deployment) is not None
         started = False
@@ -100,7 +108,9 @@ class Session:
                 self.progress.status(f"scenario {scn.name}: restarting {base.deployment}")
                 try:
                     self._stop(base.deployment)
-                    plan = self.load([*self.user_sets, *scn.sets])
+                    # the scenario's plan is the deployment under test; the profile's scenarios
+                    # (checked against the deployment as written) do not apply to it
+                    plan = self.load([*self.user_sets, *scn.sets, "bench.scenarios={}"])
                     started = True
                     state = self.service.up(plan, profile=self.profile)
                 except KvpdError as e:
@@ -109,7 +119,8 @@ class Session:
                         self.progress.advance()
                     continue
                 target = self._target(state.plan)
-                self._run_points(scn.name, target, run, expect_external=scn.expect_external)
+                self._run_points(scn.name, target, run, cache=scn.cache)
+                self._confirm(scn.name, state.plan, run, scn.cache)
         finally:
             if started and not self.keep_up:
                 self.progress.status(f"stopping {base.deployment}")
@@ -130,6 +141,23 @@ class Session:
                 f"could not stop deployment {deployment!r} between scenarios ({e}). "
                 f"Run `kvpd down {self.profile}` and check `kvpd status`."
             ) from e
+
+    def _confirm(self, scenario: str, plan: Plan, run: BenchRun, cache: str | None) -> None:
+        """The guides' log confirmations (layerwise reuse, store hits) for this scenario."""
+        if not plan.log_checks:
+            return
+
+        def read(process: str) -> str | None:
+            try:
+                text = self.service.logs(process, deployment=plan.deployment, lines=LOG_LINES).text
+                return current_run(text)  # logs append across restarts: this start only
+            except (KvpdError, OSError):
+                return None
+
+        self.progress.status(f"scenario {scenario}: reading engine logs")
+        got = logcheck.confirm(scenario, plan.log_checks, read, cache)
+        run.notes += got.notes
+        run.failures += got.problems
 
     # -- targets -------------------------------------------------------------------------
 
@@ -169,7 +197,7 @@ class Session:
     # -- phases --------------------------------------------------------------------------
 
     def _run_points(
-        self, scenario: str, target: Target, run: BenchRun, *, expect_external: bool
+        self, scenario: str, target: Target, run: BenchRun, *, cache: str | None
     ) -> None:
         from kvpd.bench.runner import protocol_phases
 
@@ -188,7 +216,7 @@ class Session:
             )
             for ph in phases:
                 self.progress.phase(scenario, point, ph.name)
-                rec = self._run_phase(scenario, point, ph, target, run, expect_external)
+                rec = self._run_phase(scenario, point, ph, target, run, cache)
                 run.records.append(rec)
                 self.progress.advance()
 
@@ -199,7 +227,7 @@ class Session:
         ph: runner.Phase,
         target: Target,
         run: BenchRun,
-        expect_external: bool,
+        cache: str | None,
     ) -> Record:
         result_dir = self.out_dir / "raw" / scenario
         result_dir.mkdir(parents=True, exist_ok=True)
@@ -271,7 +299,7 @@ class Session:
                 measured=ph.measured,
                 protocol=run.protocol,
                 disaggregated=is_disaggregated(target.plan),
-                expect_external=expect_external,
+                cache=cache,
                 result=result,
                 delta=delta,
             )

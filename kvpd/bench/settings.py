@@ -6,31 +6,68 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpd.errors import BenchError
-from kvpd.plan.bench import PROTOCOLS, BenchSpec
+from kvpd.plan.bench import PROTOCOLS, STORE_CONNECTORS, BenchSpec, ScenarioSpec
 
-# Scenarios every profile has. `external` depends on the profile's KV store, so a profile that
-# wants it defines it under `bench.scenarios` (e.g. the connector to switch on).
-PRESET_SCENARIOS: dict[str, tuple[str, ...]] = {
-    "recompute": ("engine.enable_prefix_caching=false",),
-    "hbm": ("engine.enable_prefix_caching=true",),
-    "as-is": (),
+# Where `without` takes connectors away from.
+GROUPS: tuple[str, ...] = ("prefill", "decode", "mixed")
+
+# The UCM guide's three setups, which every profile has (a profile's own entry of the same
+# name replaces the preset): recompute = no prefix cache of any kind, hbm = vLLM's prefix cache
+# only, external = the deployment as it is (its store must hit). `as-is` checks no cache.
+PRESET_SCENARIOS: dict[str, ScenarioSpec] = {
+    "recompute": ScenarioSpec(
+        sets=("engine.enable_prefix_caching=false",), without=STORE_CONNECTORS, cache="none"
+    ),
+    "hbm": ScenarioSpec(
+        sets=("engine.enable_prefix_caching=true",), without=STORE_CONNECTORS, cache="hbm"
+    ),
+    "external": ScenarioSpec(cache="external"),
+    "as-is": ScenarioSpec(),
 }
-
-
-def expects_external(name: str) -> bool:
-    """Scenarios named `external...` or `ucm...` must show external prefix-cache hits."""
-    n = name.lower()
-    return n.startswith("external") or n.startswith("ucm")
 
 
 @dataclass(frozen=True)
 class Scenario:
+    """A resolved scenario: `sets` already include the connector removals."""
+
     name: str
     sets: tuple[str, ...] = ()
+    cache: str | None = None  # none | hbm | external | None (not checked)
+    without: tuple[str, ...] = ()  # connectors it detached (for the report)
 
     @property
     def expect_external(self) -> bool:
-        return expects_external(self.name)
+        return self.cache == "external"
+
+
+def without_sets(
+    name: str, connectors: dict[str, list[str]], without: tuple[str, ...]
+) -> tuple[list[str], list[str]]:
+    """`--set` values that detach `without` from every group, and the connectors detached.
+
+    `connectors` is each group's `kv_connectors` (role -> names). A store that is the only
+    connector of a P/D group is its P->D path: taking it away would leave decode without KV,
+    so that is refused rather than benched as something it is not."""
+    sets: list[str] = []
+    removed: list[str] = []
+    pd = "prefill" in connectors and "decode" in connectors
+    for group in GROUPS:
+        if group not in connectors:
+            continue
+        have = connectors[group]
+        keep = [c for c in have if c not in without]
+        if keep == have:
+            continue
+        if pd and not keep:
+            raise BenchError(
+                f"scenario {name!r}: {' + '.join(have)} is the only KV connector of {group}, "
+                "the P->D path of this deployment; without it decode would get no KV. Define "
+                f"the scenario in the profile instead (bench.scenarios.{name}: {{sets: [...], "
+                "cache: none|hbm|external}}) with what this deployment can compare."
+            )
+        removed += [c for c in have if c in without and c not in removed]
+        sets.append(f"{group}.kv_connectors=[{', '.join(keep)}]")
+    return sets, removed
 
 
 @dataclass(frozen=True)
@@ -121,9 +158,29 @@ def make_settings(
     )
 
 
-def resolve_scenarios(names: list[str], bench: BenchSpec) -> list[Scenario]:
+def check_lengths(settings: Settings, max_model_len: int | None) -> None:
+    """Refuse, before anything restarts, points whose prompts vLLM would reject (the UCM
+    guide benchmarks 32k prompts against --max-model-len 17000), naming both fixes."""
+    if max_model_len is None:
+        return
+    bad = [p for p in settings.points if p.input_len + p.output_len > max_model_len]
+    if bad:
+        p = max(bad, key=lambda q: q.input_len + q.output_len)
+        raise BenchError(
+            f"input {p.input_len} + output {p.output_len} tokens exceed max_model_len "
+            f"{max_model_len}: vLLM would reject every request. Either bench what is served "
+            f"(--input-len {max(1, max_model_len - p.output_len)}, or --set bench.input_len=...) "
+            f"or serve what you bench (--set model.max_model_len={p.input_len + p.output_len}; "
+            "it needs the KV memory)."
+        )
+
+
+def resolve_scenarios(
+    names: list[str], bench: BenchSpec, connectors: dict[str, list[str]] | None = None
+) -> list[Scenario]:
     """CLI `--scenario` values, in order. Each is NAME (from the profile's `bench.scenarios`,
-    else a preset) or NAME:field=value[;field=value...] defined inline."""
+    else a preset) or NAME:field=value[;field=value...] defined inline (no cache check).
+    `connectors` (group -> kv_connectors of the profile) is what `without` acts on."""
     defined = bench.scenarios
     out: list[Scenario] = []
     seen: set[str] = set()
@@ -143,10 +200,11 @@ def resolve_scenarios(names: list[str], bench: BenchSpec) -> list[Scenario]:
                     f"scenario {name!r}: {bad[0]!r} is not field.path=value "
                     "(separate several with ';')."
                 )
+            spec = ScenarioSpec(sets=sets)
         elif name in defined:
-            sets = tuple(defined[name])
+            spec = defined[name]
         elif name in PRESET_SCENARIOS:
-            sets = PRESET_SCENARIOS[name]
+            spec = PRESET_SCENARIOS[name]
         else:
             known = sorted(set(defined) | set(PRESET_SCENARIOS))
             raise BenchError(
@@ -154,5 +212,6 @@ def resolve_scenarios(names: list[str], bench: BenchSpec) -> list[Scenario]:
                 f"profile under bench.scenarios ({name}: [field.path=value, ...]) or inline "
                 f"with --scenario '{name}:field.path=value;...'."
             )
-        out.append(Scenario(name, sets))
+        extra, removed = without_sets(name, connectors or {}, spec.without)
+        out.append(Scenario(name, (*spec.sets, *extra), spec.cache, tuple(removed)))
     return out

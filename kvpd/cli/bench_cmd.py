@@ -41,11 +41,15 @@ def register(app: typer.Typer) -> None:
             [],
             "--scenario",
             help="Restart the deployment with this variant and bench it; repeat to compare. "
-            "NAME from the profile's bench.scenarios or a preset (recompute, hbm, as-is), or "
-            "NAME:field.path=value;... inline. The first is the speedup baseline.",
+            "NAME from the profile's bench.scenarios or a preset (recompute: no prefix cache "
+            "of any kind; hbm: vLLM's prefix cache only; external: as deployed; as-is), or "
+            "NAME:field.path=value;... inline. Speedups are against recompute (else the first).",
         ),
         all_scenarios: bool = typer.Option(
-            False, "--all-scenarios", help="Run every scenario of the profile's bench.scenarios."
+            False,
+            "--all-scenarios",
+            help="Run every scenario of the profile's bench.scenarios (none defined: the "
+            "presets recompute, hbm, external).",
         ),
         sets: list[str] = typer.Option(
             [], "--set", help="Override a profile field for every run (field.path=value)."
@@ -89,6 +93,7 @@ def register(app: typer.Typer) -> None:
 
         Prints the guide-shaped table (TTFT/TPOT/E2EL per scenario, throughput, speedup) and the proof from /metrics; saves JSON, CSV and charts. Exits non-zero when a phase failed, decode received no KV, an external scenario had no external hits, or a metric regressed beyond --max-regression against --baseline.
         """  # noqa: E501
+        from kvpd.bench import charts as charts_mod
         from kvpd.bench import compare as cmp
         from kvpd.bench import gate, report, saved
         from kvpd.cli import output
@@ -130,7 +135,7 @@ def register(app: typer.Typer) -> None:
         )
         out_dir = Path(run.out_dir)
         json_path, csv_path = saved.save(run, out_dir)
-        pngs = report.charts(run, out_dir) if charts and run.measured else []
+        pngs = charts_mod.charts(run, out_dir) if charts and run.measured else []
         if json_out:
             output.print_json(run.to_dict())
         else:
@@ -140,6 +145,8 @@ def register(app: typer.Typer) -> None:
                 output.out.print(report.results_table(run, stat))
             if run.records:
                 output.out.print(report.proof_table(run))
+            for note in run.notes:
+                output.out.print(f"log: {note}")
             output.out.print(f"Results: {json_path}, {csv_path}")
             for p in pngs:
                 output.out.print(f"Chart: {p}")
@@ -178,17 +185,17 @@ def _run(
     restore: bool,
     quiet: bool,
 ):
-    from kvpd.bench import runner
     from kvpd.bench.progress import RichProgress
     from kvpd.bench.session import NullProgress, Session
-    from kvpd.bench.settings import int_list, make_settings, resolve_scenarios
+    from kvpd.bench.settings import check_lengths, int_list, make_settings, resolve_scenarios
     from kvpd.cli import output
     from kvpd.exec.service import Deployments
     from kvpd.exec.state import state_root
     from kvpd.plan.build import load_plan
 
-    vllm = runner.find_vllm()  # before anything starts: a missing client is a setup problem
     base = load_plan(profile, sets=list(sets))
+    # where the client runs, decided before anything starts: a missing client is a setup problem
+    vllm, client_host = _client(base, tokenizer)
     settings = make_settings(
         base.bench,
         protocol=protocol,
@@ -202,11 +209,12 @@ def _run(
     )
     names = list(scenario)
     if all_scenarios:
-        defined = list(base.bench.scenarios)
-        if not defined:
-            raise BenchError(f"profile {profile!r} defines no bench.scenarios.")
+        # the profile's own, else the guide's three presets
+        defined = list(base.bench.scenarios) or ["recompute", "hbm", "external"]
         names += [n for n in defined if n not in names]
-    scenarios = resolve_scenarios(names, base.bench)
+    connectors, max_len = _profile_facts(profile, sets)
+    check_lengths(settings, max_len)
+    scenarios = resolve_scenarios(names, base.bench, connectors)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = results_dir or state_root() / base.deployment / "bench" / stamp
     session = Session(
@@ -223,6 +231,14 @@ def _run(
         restore=restore,
         keep_up=keep_up,
     )
+    if client_host is not None:
+        from kvpd.bench.remote import RemoteClient
+
+        session.run_client = RemoteClient(
+            session.service, base, client_host, Path(out_dir).name, vllm
+        )
+        if not quiet:
+            output.err.print(f"vllm bench serve runs on {client_host} (bench.host)")
     with session.service:
         if quiet:
             session.progress = NullProgress()
@@ -230,3 +246,51 @@ def _run(
         with RichProgress(output.err) as progress:
             session.progress = progress
             return session.run()
+
+
+def _profile_facts(profile: str, sets: list[str]) -> tuple[dict[str, list[str]], int | None]:
+    """Each group's kv_connectors (what a scenario's `without` detaches from) and the smallest
+    max_model_len of the engines (what a benchmark prompt must fit)."""
+    from kvpd.profile.load import load_profile
+
+    p, _ = load_profile(profile, sets=list(sets))
+    connectors: dict[str, list[str]] = {}
+    lens: list[int] = []
+    for role in ("prefill", "decode", "mixed"):
+        group = getattr(p, role, None)
+        if group is not None:
+            connectors[role] = list(group.kv_connectors)
+            n = group.max_model_len or p.engine.max_model_len or p.model.max_model_len
+            if n:
+                lens.append(n)
+    return connectors, min(lens) if lens else None
+
+
+def _client(plan, tokenizer: str | None) -> tuple[str, str | None]:
+    """(the `vllm` command, the host the client runs on or None for this machine).
+
+    `bench.host` decides; unset, this machine when it has `vllm` and the tokenizer, else the
+    proxy's host (which has both, like every cluster node the guides bench from)."""
+    from kvpd.bench import runner
+    from kvpd.bench.remote import default_host
+    from kvpd.plan.rules.bench import LOCAL
+
+    host = plan.bench.host
+    remote_vllm = next(
+        (p.command[0] for p in plan.processes if p.role in ("prefill", "decode", "mixed")),
+        "vllm",
+    )
+    if host == LOCAL:
+        return runner.find_vllm(), None
+    if host is not None:
+        return remote_vllm, host
+    tok = tokenizer or plan.tokenizer
+    try:
+        vllm = runner.find_vllm()
+    except runner.ClientNotInstalled:
+        vllm = ""
+    has_tok = not tok.startswith("/") or Path(tok).exists()  # a hub name or a folder here
+    chosen = default_host(plan, bool(vllm) and has_tok)
+    if chosen is None:
+        return vllm or runner.find_vllm(), None
+    return remote_vllm, chosen

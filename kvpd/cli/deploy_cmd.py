@@ -117,6 +117,10 @@ def register(app: typer.Typer) -> None:
                     data = output.state_json(failed, path) if failed else {}
                     output.print_json({**data, "status": "failed", "error": str(e)})
                 raise
+            if not json_out:
+                for ok, text in _confirm_layout(svc, plan):
+                    tag = "[green]confirmed:[/]" if ok else "[yellow]warning:[/]"
+                    output.err.print(f"{tag} {text}")
         if json_out:
             data = output.state_json(state, str(svc.store.path(plan.deployment)))
             output.print_json({**data, "bundle": state.bundle})
@@ -240,3 +244,24 @@ def register(app: typer.Typer) -> None:
                         sys.stdout.flush()
                 except KeyboardInterrupt:
                     return
+
+
+def _confirm_layout(svc, plan) -> list[tuple[bool, str]]:
+    """The guide's `Layerwise KV cache reuse merged ...` check, once the engines are healthy
+    (vLLM-Ascend logs it when it lays out the KV cache); `kvpd bench` checks it again."""
+    from kvpd.bench.logcheck import confirm
+    from kvpd.errors import KvpdError
+    from kvpd.exec.diagnose import current_run
+
+    checks = tuple(c for c in plan.log_checks if c.kind == "layerwise_reuse")
+    if not checks:
+        return []
+
+    def read(process: str) -> str | None:
+        try:
+            return current_run(svc.logs(process, deployment=plan.deployment, lines=5000).text)
+        except (KvpdError, OSError):
+            return None
+
+    got = confirm("as started", checks, read, None)
+    return [(False, p) for p in got.problems] + [(True, n) for n in got.notes]

@@ -28,6 +28,7 @@ _PHASE_STYLE = {
     "pending": "dim",
     "starting": "cyan",
     "waiting": "yellow",
+    "initialising": "yellow",
     "healthy": "green",
     "failed": "bold red",
     "stopping": "magenta",
@@ -134,13 +135,14 @@ class LiveProgress:
                 elapsed = r.get("elapsed")
                 if phase in ("starting", "waiting", "stopping") and r.get("t") is not None:
                     elapsed = now - r["t"] if elapsed is None else elapsed
-                label = "waiting for health" if phase == "waiting" else phase
+                label = {"waiting": "waiting for health", "initialising": "still initialising"}
+                label_text = label.get(phase, phase)
                 t.add_row(
                     name,
                     r.get("host", ""),
-                    Text(label, style=_PHASE_STYLE.get(phase, "")),
+                    Text(label_text, style=_PHASE_STYLE.get(phase, "")),
                     fmt_duration(elapsed) if elapsed is not None else "",
-                    Text(str(r.get("detail", ""))[:80], style="dim"),
+                    Text(str(r.get("detail", ""))[:120], style="dim"),
                 )
         return t
 

@@ -121,9 +121,15 @@ def _ranges(devs: tuple[int, ...]) -> str:
 
 
 def _ports_short(ports: tuple[int, ...]) -> list[str]:
-    if len(ports) <= 3:
-        return [str(p) for p in ports]
-    return [str(ports[0]), f"{ports[1]}-{ports[-1]}"]
+    """Ports in the plan's order with consecutive runs joined (`20001-20008`); ports that are
+    not consecutive stay apart, so unrelated ports never read as one range."""
+    runs: list[list[int]] = []
+    for port in ports:
+        if runs and port == runs[-1][-1] + 1:
+            runs[-1].append(port)
+        else:
+            runs.append([port])
+    return [str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs]
 
 
 def register(app: typer.Typer) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
-from kvpd.exec import diagnose, logs
+from kvpd.exec import diagnose, logs, readiness
 from kvpd.exec.bundle import install_bundle
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
@@ -263,11 +263,16 @@ class Executor:
     ) -> None:
         specs = {p.name: p for p in stage}
         pending = list(started)
+        line_read: dict[str, float] = {}  # when each process's last log line was read
         while pending:
             round_start = self.clock()
-            checks = pool.map(lambda rt: self._check(specs[rt[0].name], rt[0]), pending)
+            due = readiness.log_lines_due(
+                [(r.name, t0) for r, t0 in pending], line_read, round_start
+            )
+            asks = [(rec, rec.name in due) for rec, _ in pending]
+            checks = pool.map(lambda a: self._check(specs[a[0].name], a[0], a[1]), asks)
             now, still = self.clock(), []
-            for (rec, t0), (alive, pr) in zip(pending, checks, strict=True):
+            for (rec, t0), (alive, pr, line) in zip(pending, checks, strict=True):
                 spec, elapsed = specs[rec.name], now - t0
                 if not alive:  # checked first: a foreign server may answer on a clashing port
                     last = f" (last probe: {pr.detail})" if pr else ""
@@ -287,9 +292,19 @@ class Executor:
                         f"(GET {spec.health.url} -> {pr.detail})",
                         timeout=True,
                     )
-                self.reporter.process(
-                    rec.name, "waiting", host=rec.host, detail=pr.detail, elapsed_s=elapsed
-                )
+                if line is not None:
+                    # a slow start is not a hung one: show what the engine is doing
+                    self.reporter.process(
+                        rec.name,
+                        "initialising",
+                        host=rec.host,
+                        detail=f"limit {spec.health.timeout_s:g}s; log: {line}",
+                        elapsed_s=elapsed,
+                    )
+                elif rec.name not in line_read:
+                    self.reporter.process(
+                        rec.name, "waiting", host=rec.host, detail=pr.detail, elapsed_s=elapsed
+                    )
                 still.append((rec, t0))
             pending = still
             if pending:
@@ -298,10 +313,19 @@ class Executor:
                 every = min(specs[r.name].health.interval_s for r, _ in pending)  # type: ignore[union-attr]
                 self.sleep(max(0.0, every - (self.clock() - round_start)))
 
-    def _check(self, spec: ProcessSpec, rec: ProcessRecord) -> tuple[bool, ProbeResult | None]:
+    def _check(
+        self, spec: ProcessSpec, rec: ProcessRecord, read_line: bool = False
+    ) -> tuple[bool, ProbeResult | None, str | None]:
+        """Alive, the health probe, and (when asked) the last line of the process's log."""
         pr = probe(spec.health, timeout_s=self.probe_timeout_s) if spec.health else None
-        alive = self.transports[rec.host].alive(rec.pid, start_ticks=rec.start_ticks)
-        return alive, pr
+        t = self.transports[rec.host]
+        alive = t.alive(rec.pid, start_ticks=rec.start_ticks)
+        if alive and pr is not None and not pr.ok and spec.health is not None:
+            pr = readiness.ready_without_endpoint(t, spec.health, rec.log) or pr
+        line = None
+        if read_line and alive and pr is not None and not pr.ok:
+            line = readiness.last_log_line(t, rec.log)
+        return alive, pr, line
 
     def _roll_back(self, state: DeploymentState, err: BaseException, pool: Fanout) -> BaseException:
         """Stop what this run started; return the exception `up` raises."""

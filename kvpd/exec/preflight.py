@@ -233,6 +233,10 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                     else "mount the same shared filesystem (NFS/3FS) at this path on every host",
                 )
             )
+    from kvpd.exec.versions import service_versions  # imports Check from here
+
+    reached_hosts = {c.host for c in checks if c.name == "reachable" and c.ok}
+    checks += service_versions(plan, transports, reached_hosts)
     for name, by_host in versions.items():
         found = {v for v in by_host.values() if v}
         if len(found) > 1:

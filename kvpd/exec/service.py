@@ -7,6 +7,7 @@ renders. Nothing here prints.
 
 from __future__ import annotations
 
+import posixpath
 import signal
 import threading
 from collections.abc import Iterator, Mapping
@@ -22,7 +23,7 @@ from kvpd.exec.preflight import run_checks
 from kvpd.exec.purge import purge_run_dirs
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import Reporter
-from kvpd.exec.transport import Transport
+from kvpd.exec.transport import CommandResult, Transport
 from kvpd.exec.transports import TransportPool
 from kvpd.plan.model import Plan
 
@@ -220,6 +221,30 @@ class Deployments:
         state, rec = self._process(name, deployment)
         text = logs.tail(self._pool[rec.host], rec.log, lines)
         return LogTail(state.deployment, rec.name, rec.host, rec.log, text)
+
+    # -- a client on a cluster host (kvpd bench with bench.host) -------------------------------
+
+    def host_dir(self, plan: Plan, host: str, *parts: str) -> str:
+        """An absolute folder inside `host`'s run dir (created), for what a client writes."""
+        self._pool.add_hosts(plan.hosts)
+        t = self._pool[host]
+        path = t.resolve(posixpath.join(plan.host(host).run_dir, *parts))
+        r = t.run(["mkdir", "-p", "--", path], timeout_s=60)
+        if not r.ok:
+            raise DeployError(f"could not create {path} on {host}: {r.stderr.strip()}")
+        return path
+
+    def run_on(
+        self, plan: Plan, host: str, argv: list[str], *, env: dict[str, str], timeout_s: float
+    ) -> CommandResult:
+        """Run a command to completion on `host` (a benchmark client), its output returned."""
+        self._pool.add_hosts(plan.hosts)
+        return self._pool[host].run(argv, env=env, timeout_s=timeout_s)
+
+    def read_on(self, plan: Plan, host: str, path: str) -> bytes:
+        """A file from `host` (a client's results); FileNotFoundError if it is not there."""
+        self._pool.add_hosts(plan.hosts)
+        return self._pool[host].read(path)
 
     def follow(self, log: LogTail) -> Iterator[str]:
         """What is appended to `log` from now on, until the caller stops iterating."""

@@ -6,7 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from kvpd.profile.schema import Bench
+from kvpd.profile.schema import Bench, BenchScenario
+
+# Connectors that are a prefix cache of their own (an external KV store), as opposed to the
+# P2P connectors (mooncake, mooncake_layerwise, nixl, sfa_d2h) that only move KV from P to D.
+STORE_CONNECTORS: tuple[str, ...] = ("ucm", "kvpd_store", "ascend_store", "example")
 
 # The protocol names, as the schema spells them.
 PROTOCOLS: tuple[str, ...] = get_args(Bench.model_fields["protocol"].annotation)
@@ -19,6 +23,16 @@ class BenchSweep:
     input_len: tuple[int, ...] = ()
     output_len: tuple[int, ...] = ()
     max_concurrency: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    """A profile's `bench.scenarios` entry: `--set` overrides, KV connectors to detach, and
+    the cache the proof expects (None: no cache check)."""
+
+    sets: tuple[str, ...] = ()
+    without: tuple[str, ...] = ()
+    cache: str | None = None
 
 
 @dataclass(frozen=True)
@@ -35,7 +49,8 @@ class BenchSpec:
     prefix_ratio: float
     protocol: str
     sweep: BenchSweep | None
-    scenarios: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> --set values
+    scenarios: dict[str, ScenarioSpec] = field(default_factory=dict)
+    host: str | None = None  # where the client runs ("local": this machine; None: choose)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BenchSpec:
@@ -59,8 +74,13 @@ def bench_spec(b: Bench) -> BenchSpec:
         sweep=None
         if s is None
         else BenchSweep(tuple(s.input_len), tuple(s.output_len), tuple(s.max_concurrency)),
-        scenarios={k: tuple(v) for k, v in b.scenarios.items()},
+        scenarios={k: _scenario(v) for k, v in b.scenarios.items()},
+        host=b.host,
     )
+
+
+def _scenario(v: BenchScenario) -> ScenarioSpec:
+    return ScenarioSpec(sets=tuple(v.sets), without=tuple(v.without), cache=v.cache)
 
 
 def default_bench() -> BenchSpec:

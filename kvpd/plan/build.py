@@ -12,6 +12,8 @@ from kvpd.plan.bench import bench_spec
 from kvpd.plan.bundle import bundle_uses, with_bundle_paths
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
+from kvpd.plan.logchecks import log_checks
+from kvpd.plan.lognames import log_file
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
 from kvpd.plan.processes import Proc, all_procs
 from kvpd.plan.rehearse import rehearsal_notes
@@ -29,7 +31,7 @@ from kvpd.plan.sizing import (
 )
 from kvpd.profile.load import Source, load_profile
 from kvpd.profile.messages import dotted
-from kvpd.profile.schema import Profile
+from kvpd.profile.schema import Group, Profile
 
 LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
 
@@ -169,9 +171,11 @@ def build_plan(
     processes: list[ProcessSpec] = []
     ports: list[PortUse] = []
     secrets = sorted({v for p in procs for k, v in p.env if v and mask(k, v) != v})
+    engine_procs = {ep.name: ep for ep in layout.procs}
     for p in procs:
         script = f"{p.name}/launch.sh"
-        log = f"logs/{p.name}.log"
+        ep = engine_procs.get(p.name)
+        log = log_file(getattr(profile, ep.role).log_name, ep) if ep else f"logs/{p.name}.log"
         secret = any(mask(k, v) != v for k, v in p.env)
         put(
             p.host,
@@ -192,7 +196,10 @@ def build_plan(
                 log=log,
                 ports=tuple(port for port, _ in p.ports),
                 health=HealthCheck(
-                    url=p.health_url, timeout_s=_health_timeout(profile, p, rehearse)
+                    url=p.health_url,
+                    timeout_s=_health_timeout(profile, p, rehearse),
+                    ready_port=p.ready[0] if p.ready else None,
+                    ready_log=p.ready[1] if p.ready else "",
                 ),
                 devices=p.devices,
                 substituted=notes.get(p.name, ""),
@@ -232,6 +239,7 @@ def build_plan(
             profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
         ),
         bundle=bundle,
+        log_checks=log_checks(facts, procs),
     )
 
 
@@ -282,12 +290,28 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
     return profile.model_copy(update={"model": model, "kv": kv.model_copy(update=upd)})
 
 
+# Seconds per GiB of a sparse-offload host pool that `up` allows on top of the engine's own
+# start: decode allocates and registers `dram_size_per_dp_gb` per DP rank before it answers
+# /health, which on a large pool takes tens of minutes. A generous bound, not a measurement.
+POOL_INIT_S_PER_GB = 20.0
+
+
 def _health_timeout(profile: Profile, p: Proc, rehearse: bool = False) -> float:
     if rehearse and p.role not in ("metaservice", "mooncake", "proxy"):
         return profile.rehearsal.health_timeout_s
     if p.role in ("metaservice", "mooncake", "proxy"):
         return min(120.0, profile.runtime.health_timeout_s)
-    return profile.runtime.health_timeout_s
+    base = profile.runtime.health_timeout_s
+    group: Group | None = getattr(profile, p.role, None)
+    if group is None:
+        return base
+    if group.health_timeout_s is not None:
+        return group.health_timeout_s
+    so = group.sparse_offload
+    if so is not None and so.enabled:
+        ranks = max(1, len(p.devices) // max(1, group.tp * group.pp))
+        return base + POOL_INIT_S_PER_GB * so.dram_size_per_dp_gb * ranks
+    return base
 
 
 def load_plan(

@@ -47,12 +47,16 @@ class FileSpec:
 
 @dataclass(frozen=True)
 class HealthCheck:
-    """How to know a process is ready: HTTP GET `url` returns `expect_status`."""
+    """How to know a process is ready: HTTP GET `url` returns `expect_status`. Where builds
+    without that endpoint exist (memcache before 1.3, Mooncake before 0.3.13), also ready when
+    `ready_port` listens and the log has `ready_log`."""
 
     url: str
     expect_status: int = 200
     timeout_s: float = 600.0
     interval_s: float = 0.5
+    ready_port: int | None = None
+    ready_log: str = ""
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,16 @@ class HostRequirements:
 
 
 @dataclass(frozen=True)
+class LogCheck:
+    """A line the guides tell the user to look for in a process's log; `kvpd bench` checks it.
+    Kinds: `layerwise_reuse` (AscendStore layerwise buffer reuse is on), `store_hits` (the
+    per-request `hit external` counts of a UCM or kvpd store connector)."""
+
+    process: str
+    kind: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything `up` does, in order. Built by `kvpd.plan.build.build_plan` (pure)."""
 
@@ -176,6 +190,7 @@ class Plan:
     # launch scripts `up` writes; every serialised form (plan.json, --json, state.json) masks
     # them, and they are never compared or shown.
     secret_values: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    log_checks: tuple[LogCheck, ...] = ()
 
     @property
     def stages(self) -> list[list[ProcessSpec]]:
@@ -239,4 +254,5 @@ class Plan:
             fresh_dirs=tuple(d.get("fresh_dirs", ())),
             sizing=d.get("sizing", {}),
             bundle=tuple(BundleUse.from_dict(u) for u in d.get("bundle", ())),
+            log_checks=tuple(LogCheck(**c) for c in d.get("log_checks", ())),
         )

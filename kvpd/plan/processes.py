@@ -16,6 +16,7 @@ from kvpd.plan.kvconfig import (
     ucm_config_path,
 )
 from kvpd.plan.layout import EngineProc, Layout, hardware_of, merged
+from kvpd.plan.proxyargs import proxy_timeout_args
 from kvpd.plan.sparse_planner import planner_env
 from kvpd.profile.schema import ASCEND, Group, Profile, ServeOptions
 
@@ -35,6 +36,8 @@ class Proc:
     source: tuple[str, ...] = ()  # scripts to `source` first (set_env.sh)
     ports: tuple[tuple[int, str], ...] = ()  # (port, purpose)
     health_url: str = ""
+    # without the HTTP endpoint (older builds): ready when this port listens and the log says so
+    ready: tuple[int, str] | None = None
     devices: tuple[int, ...] = ()
     files: tuple[str, ...] = ()  # rendered config files this process reads
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -235,6 +238,7 @@ def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
                     (mc.metrics_port, "memcache metrics http"),
                 ),
                 health_url=f"http://{a}:{mc.metrics_port}/health",
+                ready=(mc.port, "Meta Service launched successfully"),
                 files=(MMC_META,),
             )
         )
@@ -266,6 +270,7 @@ def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
                 env=env,
                 ports=tuple(ports),
                 health_url=f"http://{a}:{mk.metrics_port}/health",
+                ready=(mk.port, "Master service started on port"),
             )
         )
     return out
@@ -311,7 +316,7 @@ def proxy_proc(
         argv += ["--prefiller-hosts", *ph, "--prefiller-ports", *pp]
     argv += ["--decoder-hosts", *dh, "--decoder-ports", *dp]
     if px.impl == "kvpd" or rehearse:
-        argv += ["--flow", flow]
+        argv += ["--flow", flow, *proxy_timeout_args(px)]
     return Proc(
         name="proxy",
         host=px.host,

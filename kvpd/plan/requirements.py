@@ -58,6 +58,33 @@ class _Needs:
         )
 
 
+# Attention kinds vLLM runs as MLA (UCM's `is_mla`): MLA and the sparse MLA variants.
+MLA_KINDS = ("mla", "sfa", "dsa")
+
+
+def ucm_share_buffer(profile: Profile) -> bool:
+    """Whether UCM's cache buffer is a /dev/shm file: `share_buffer_enable`, which defaults to
+    the model being MLA (kv-stores.md, UCM's Cache store)."""
+    ucm = profile.kv.ucm
+    if ucm is None:
+        return False
+    given = ucm.config.get("share_buffer_enable")
+    if isinstance(given, bool):
+        return given
+    return profile.model.attention in MLA_KINDS
+
+
+def ucm_shm_gb(profile: Profile, devices: int, devices_per_rank: int) -> float:
+    """/dev/shm one engine process's UCM needs: `cache_buffer_capacity_gb` per DP rank when the
+    share buffer is on (each DP instance creates `/dev/shm/uc_shm_cache_<engine_id>`), none
+    when it is off (the buffer is then ordinary pinned memory per device)."""
+    ucm = profile.kv.ucm
+    if ucm is None or not ucm_share_buffer(profile):
+        return 0.0
+    ranks = max(1, devices // max(1, devices_per_rank))
+    return float(ucm.cache_buffer_capacity_gb * ranks)
+
+
 def build_requirements(
     profile: Profile,
     procs: list[Proc],
@@ -99,7 +126,7 @@ def build_requirements(
                 h.pkg(py, "uc-manager")
                 for d in kv.ucm.storage.split(":"):
                     _add(h.shared_dirs, d)
-                h.shm_gb += kv.ucm.cache_buffer_capacity_gb
+                h.shm_gb += ucm_shm_gb(profile, len(p.devices), g.tp * g.pp)
             if "kvpd_store" in comps and kv.kvpd_store is not None:
                 _add(h.shared_dirs, kv.kvpd_store.path)
             if "example" in comps and kv.example_path:

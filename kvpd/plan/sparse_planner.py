@@ -33,7 +33,14 @@ def sparse_planner(group: Group | None, native_core: bool = True) -> Planner | N
     return so.planner
 
 
+# Sparse offload refuses Model Runner V2 ("Sparse KV offload doesn't support model_runner_v2
+# now"); vLLM reads this variable (vllm/envs.py) to pick the runner, and newer releases may
+# default to V2, so it is rendered, not only checked.
+RUNNER_ENV = ("VLLM_USE_V2_MODEL_RUNNER", "0")
+
+
 def planner_env(group: Group | None, native_core: bool = True) -> dict[str, str]:
-    """Environment of a group's engines for the planner choice (empty without sparse offload)."""
+    """Environment of a group's engines for sparse offload: the planner choice and Model Runner
+    V1 (empty without sparse offload)."""
     planner = sparse_planner(group, native_core)
-    return {ENV: planner} if planner else {}
+    return {ENV: planner, RUNNER_ENV[0]: RUNNER_ENV[1]} if planner else {}

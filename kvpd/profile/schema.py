@@ -190,7 +190,15 @@ class Group(ServeOptions):
     model_runner_v2: bool = False
     sfa_c8: bool = False
     log_name: Line | None = Field(
-        None, description="tee the engine log like the guide, e.g. prefiller_dp_{dp_rank}.log"
+        None,
+        description="name of each engine's log file in the run dir's logs/, like the guide's "
+        "prefiller_dp_{dp_rank}.log (placeholders {name} {role} {host} {instance} {dp_rank})",
+    )
+    health_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="how long `up` waits for this group's engines to become healthy (default: "
+        "runtime.health_timeout_s, plus time to set up a sparse-offload host pool)",
     )
 
     @field_validator("kv_connectors", mode="before")
@@ -211,6 +219,20 @@ class Proxy(_Model):
     )
     script: Line | None = Field(None, description="path of the vLLM-Ascend example proxy")
     python: Command = "python"
+    # kvpd's proxy only. Unset: its defaults, which wait for prefill and for a decoder's first
+    # byte without limit, as the upstream proxies do (the UCM guide's 128k rows take minutes).
+    prefill_timeout_s: float | None = Field(
+        None, gt=0, description="longest wait for a prefiller's answer (unset: no limit)"
+    )
+    first_byte_timeout_s: float | None = Field(
+        None, gt=0, description="longest wait for a decoder's first byte (unset: no limit)"
+    )
+    read_timeout_s: float | None = Field(
+        None, gt=0, description="longest silence between a decoder's stream chunks (unset: 300)"
+    )
+    connect_timeout_s: float | None = Field(
+        None, gt=0, description="longest wait for a backend connection (unset: 3)"
+    )
 
 
 class BenchSweep(_Model):
@@ -219,6 +241,22 @@ class BenchSweep(_Model):
     input_len: list[Positive] = Field(default_factory=list)
     output_len: list[Positive] = Field(default_factory=list)
     max_concurrency: list[Positive] = Field(default_factory=list)
+
+
+class BenchScenario(_Model):
+    """One `kvpd bench` scenario: what it changes, and which cache the proof expects."""
+
+    sets: list[str] = Field(default_factory=list, description="`--set` overrides")
+    without: list[KvComponent] = Field(
+        default_factory=list,
+        description="KV connectors to detach from every group (e.g. the external store: [ucm])",
+    )
+    cache: Literal["none", "hbm", "external"] | None = Field(
+        None,
+        description="what the bench proof checks from /metrics: none = zero HBM and zero "
+        "external prefix-cache hits, hbm = zero external hits, external = external hits > 0 "
+        "(unset: no cache check)",
+    )
 
 
 class Bench(_Model):
@@ -234,17 +272,31 @@ class Bench(_Model):
     prefix_ratio: float = Field(0.8, gt=0, lt=1)
     protocol: Literal["plain", "prefix", "twice"] = "plain"
     sweep: BenchSweep | None = None
-    scenarios: dict[str, list[str]] = Field(
-        default_factory=dict,
-        description="name -> `--set` overrides; `kvpd bench --scenario NAME` restarts the "
-        "deployment with them. Names starting with external/ucm must show external cache hits.",
+    host: HostName | None = Field(
+        None,
+        description="where `vllm bench serve` runs: a host of the profile (over SSH, with the "
+        "model's path as tokenizer; results are copied back) or `local` (this machine). "
+        "Default: this machine when it has vllm and the tokenizer, else the proxy's host",
     )
+    scenarios: dict[str, BenchScenario] = Field(
+        default_factory=dict,
+        description="name -> {sets, without, cache} (a plain list is `sets`); `kvpd bench "
+        "--scenario NAME` restarts the deployment with them. Presets: recompute, hbm, external.",
+    )
+
+    @field_validator("scenarios", mode="before")
+    @classmethod
+    def _list_is_sets(cls, v: Any) -> Any:
+        """`name: [a=b, ...]` is short for `name: {sets: [a=b, ...]}` (no cache check)."""
+        if isinstance(v, dict):
+            return {k: {"sets": s} if isinstance(s, list) else s for k, s in v.items()}
+        return v
 
     @field_validator("scenarios")
     @classmethod
-    def _overrides(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
-        for name, sets in v.items():
-            for item in sets:
+    def _overrides(cls, v: dict[str, BenchScenario]) -> dict[str, BenchScenario]:
+        for name, scn in v.items():
+            for item in scn.sets:
                 key, eq, _ = item.partition("=")
                 if not eq or not key.strip():
                     raise ValueError(

@@ -47,9 +47,20 @@ class ProxyConfig:
         "", "URL decoders use to reach /v1/metaserver (layerwise; default from --host/--port)"
     )
     connect_timeout: float = _opt(3.0, "longest wait for a backend connection", "S")
-    prefill_timeout: float = _opt(300.0, "longest wait for a prefiller's answer", "S")
+    prefill_timeout: float = _opt(
+        0.0,
+        "longest wait for a prefiller's answer; 0: no limit, as vLLM-Ascend's proxies (a "
+        "128k-token prefill takes minutes)",
+        "S",
+    )
+    first_byte_timeout: float = _opt(
+        0.0,
+        "longest wait for a decoder's first byte; 0: no limit (with --flow layerwise the "
+        "decoder answers only after the whole prefill)",
+        "S",
+    )
     read_timeout: float = _opt(
-        300.0, "longest silence of a decoder, before or during its stream", "S"
+        300.0, "longest silence of a decoder between stream chunks, once it answers", "S"
     )
     client_timeout: float = _opt(
         30.0,
@@ -106,12 +117,12 @@ class ProxyConfig:
             problem = _host_problem(host) or _port_problem(port)
             if problem:
                 problems.append(problem)
-        for name in ("connect_timeout", "prefill_timeout", "read_timeout", "client_timeout",
+        for name in ("connect_timeout", "read_timeout", "client_timeout",
                      "idle_timeout", "health_interval", "health_timeout", "breaker_cooldown",
                      "drain_timeout"):  # fmt: skip
             if getattr(self, name) <= 0:
                 problems.append(f"--{name.replace('_', '-')} must be > 0")
-        for name in ("max_retries", "shutdown_grace"):
+        for name in ("max_retries", "shutdown_grace", "prefill_timeout", "first_byte_timeout"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name.replace('_', '-')} must be >= 0")
         for name in ("max_connections", "breaker_failures"):

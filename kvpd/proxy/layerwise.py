@@ -154,7 +154,7 @@ class Layerwise:
             record.dispatched = True
             self.spawn(self._prefill(record, done))
         try:
-            failure = await asyncio.wait_for(asyncio.shield(done), self.prefill_timeout)
+            failure = await asyncio.wait_for(asyncio.shield(done), self.prefill_timeout or None)
         except asyncio.TimeoutError:
             failure = Failure(504, "prefill_timeout", "prefill did not finish in time")
         if failure is None:

@@ -195,7 +195,9 @@ class Steps:
             relay.upstream = conn
             client.relay = conn
             client.on_lost = lambda: relay.abandon(ClientGone())
-            conn.send(request, relay, self.cfg.read_timeout)
+            conn.send(
+                request, relay, self.cfg.read_timeout, first_timeout=self.cfg.first_byte_timeout
+            )
             outcome = await relay.future
             if isinstance(outcome, ConnectionLost) and outcome.stale and not attempt:
                 relay.future = self.loop.create_future()

@@ -78,6 +78,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._seen_ticks = -1
         self._timer: asyncio.TimerHandle | None = None
         self._timeout = 0.0
+        self._then_timeout: float | None = None  # the silence limit once the first byte came
         self._head_request = False
         self._paused = False
 
@@ -120,6 +121,13 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self._received += len(data)
         self._ticks += 1
+        if self._then_timeout is not None:
+            # the first byte: from now on the limit is the silence between chunks
+            self._cancel_timer()
+            self._timeout, self._then_timeout = self._then_timeout, None
+            self._seen_ticks = self._ticks
+            if self._timeout > 0:
+                self._timer = self.pool.loop.call_later(self._timeout, self._tick)
         if not self._in_body:
             head = self._head + data if self._head else data
             end = head.find(b"\r\n\r\n")
@@ -177,20 +185,30 @@ class UpstreamConnection(asyncio.Protocol):
             sink.on_body(data)
 
     # --- request side ------------------------------------------------------------------------
-    def send(self, request: bytes, sink: Sink, timeout: float, head_request: bool = False) -> None:
+    def send(
+        self,
+        request: bytes,
+        sink: Sink,
+        timeout: float,
+        head_request: bool = False,
+        first_timeout: float | None = None,
+    ) -> None:
         """Write a complete request; the response goes to `sink`. `timeout` is the longest
         silence allowed (the check runs every `timeout` seconds, so the effective limit is
-        between one and two periods; this avoids re-arming a timer on every read)."""
+        between one and two periods; this avoids re-arming a timer on every read); 0 is no
+        limit. `first_timeout`, if given, bounds the wait for the first byte instead (0: no
+        limit), and `timeout` applies from the first byte on."""
         self.sink = sink
         self._in_body = False
         self._head = b""
         self._received = 0
         self._keep_alive = True
         self._head_request = head_request
-        self._timeout = timeout
+        self._timeout = timeout if first_timeout is None else first_timeout
+        self._then_timeout = None if first_timeout is None else timeout
         self._seen_ticks = -1
-        if timeout > 0:
-            self._timer = self.pool.loop.call_later(timeout, self._tick)
+        if self._timeout > 0:
+            self._timer = self.pool.loop.call_later(self._timeout, self._tick)
         self.transport.write(request)  # type: ignore[union-attr]
 
     def _start_body(self, status: int, headers: dict[bytes, bytes]) -> None:

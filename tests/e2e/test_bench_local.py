@@ -52,9 +52,11 @@ def test_prefix_protocol_hits_the_seeded_prefixes(bench_deployment, tmp_path: Pa
     # the seeding phase is where KV moved from prefill to decode
     assert seed["metrics"]["summary"]["decode_kv_received_tokens"] > 0
     assert measured["metrics"]["summary"]["decode_requests"] >= 8
-    for name in ("results.json", "results.csv", "ttft.png", "tpot.png"):
+    for name in ("results.json", "results.csv", "latency.png", "ttft_cdf.png"):
         assert (out / name).is_file(), name
     assert json.loads((out / "results.json").read_text())["format"] == "kvpd-bench/1"
+    # the store connector's per-request `hit ... hit external` lines were read from the log
+    assert any("store log lines of 1 engine(s)" in n for n in run["notes"]), run["notes"]
     # the saved run reads back: compared with itself nothing changed, so a 0 % gate passes.
     # (A second bench of the same prompts is not run here: with ExampleConnector on vLLM 0.32
     # repeated prompts can crash the engines' metrics loop, see the bench report.)

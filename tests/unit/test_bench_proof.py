@@ -30,7 +30,7 @@ def _delta(name: str, phase: str) -> Delta:
 
 def _check(delta: Delta, **kw: object) -> list[str]:
     args: dict = dict(scenario="as-is", phase="run", measured=True, protocol="plain",
-                      disaggregated=True, expect_external=False,
+                      disaggregated=True, cache=None,
                       result={"completed": 20, "failed": 0}, delta=delta)  # fmt: skip
     args.update(kw)
     return proof.check_phase(**args)
@@ -65,7 +65,7 @@ def test_unreachable_decode_metrics_or_idle_decode_fail() -> None:
 
 def test_external_scenario_without_external_hits_fails() -> None:
     d = _delta("pd_deltas.json", "measured")
-    kw = dict(scenario="external", phase="measured", protocol="prefix", expect_external=True)
+    kw = dict(scenario="any-name", phase="measured", protocol="prefix", cache="external")
     (problem,) = _check(d, **kw)
     assert "zero external prefix-cache hits" in problem
     # decode's external hits are the P->D handoff, not store hits: they do not count
@@ -75,6 +75,29 @@ def test_external_scenario_without_external_hits_fails() -> None:
     assert _check(d, **kw) == []
     # seeding and cold phases are not expected to hit
     assert _check(_delta("pd_deltas.json", "measured"), **{**kw, "phase": "seed"}) == []
+
+
+def test_recompute_and_hbm_caches_are_checked_whatever_the_name() -> None:
+    """cache: none -> zero HBM and zero external hits; hbm -> zero external hits; in every
+    phase, by the scenario's cache and never by its name."""
+    d = _delta("pd_deltas.json", "measured")
+    for k in d.per_target:
+        d.per_target[k]["prefix_cache_hits"] = 0.0
+        d.per_target[k]["external_prefix_cache_hits"] = 0.0
+    assert _check(d, scenario="ucm-looks-external", cache="none") == []
+    d.per_target["decode-0"]["prefix_cache_hits"] = 32.0
+    (problem,) = _check(d, scenario="x", cache="none", phase="seed", measured=False)
+    assert "32 vLLM prefix-cache hits" in problem and "enable_prefix_caching=false" in problem
+    assert _check(d, scenario="x", cache="hbm") == []
+    d.per_target["prefill-0"]["external_prefix_cache_hits"] = 64.0
+    (problem,) = _check(d, scenario="x", cache="hbm")
+    assert "64 external prefix-cache hits" in problem and "`without`" in problem
+    assert len(_check(d, scenario="x", cache="none")) == 2
+    # decode's external hits are the P->D handoff: never a store hit
+    d.per_target["prefill-0"]["external_prefix_cache_hits"] = 0.0
+    d.per_target["decode-0"]["prefix_cache_hits"] = 0.0
+    d.per_target["decode-0"]["external_prefix_cache_hits"] = 500.0
+    assert _check(d, scenario="x", cache="none") == []
 
 
 def test_failed_requests_fail() -> None:

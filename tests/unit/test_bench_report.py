@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from kvpd.bench import compare, gate, report, results, saved
+from kvpd.bench import charts, compare, gate, report, results, saved
 from kvpd.bench.saved import BenchRun, Record
 from kvpd.errors import BenchError
 
@@ -33,9 +33,10 @@ def _record(scenario: str, input_len: int, scale: float = 1.0, phase: str = "mea
 
 
 def _run(*records: Record) -> BenchRun:
+    cache = {"recompute": "none", "hbm": "hbm", "external": "external"}
     return BenchRun("local", "local", "abc", "prefix", "2026-01-01T00:00:00",
-                    scenarios=[{"name": n, "sets": []} for n in dict.fromkeys(
-                        r.scenario for r in records)],
+                    scenarios=[{"name": n, "sets": [], "cache": cache.get(n)}
+                               for n in dict.fromkeys(r.scenario for r in records)],
                     records=list(records))  # fmt: skip
 
 
@@ -50,13 +51,40 @@ def test_results_table_has_the_guide_shape_and_speedup() -> None:
                _record("recompute", 256, 2.0), _record("hbm", 256, 1.0))  # fmt: skip
     text = _text(report.results_table(run))
     assert "recompute" in text and "hbm" in text
-    for label in ("TTFT", "TPOT", "E2EL", "tok/s", "speedup"):
+    for label in ("TTFT", "TPOT", "E2EL", "speedup"):
         assert label in text
     assert "2.00x / 2.00x" in text  # recompute twice as slow as hbm on TTFT and E2EL
     rows = [ln for ln in text.splitlines() if re.match(r"^│\s+(128|256)\s+│\s+16\s+│", ln)]
     assert len(rows) == 2  # one row per input/output length
     med = _text(report.results_table(run, "p99"))
     assert "p99 latency" in med
+
+
+def test_speedup_is_against_recompute_whatever_the_order() -> None:
+    """The guide's columns: recompute, HBM PC, UCM PC; speedups are against recompute even
+    when it is not the first scenario run."""
+    run = _run(_record("external", 128, 1.0), _record("hbm", 128, 2.0),
+               _record("recompute", 128, 4.0))  # fmt: skip
+    text = _text(report.results_table(run))
+    assert "4.00x / 4.00x" in text and "2.00x / 2.00x" in text
+    assert "recompute\nspeedup" not in text and text.count("speedup") == 2
+
+
+def test_single_length_charts_are_bars_and_a_ttft_cdf(tmp_path: Path) -> None:
+    """One input length: a bar per scenario and the per-request TTFT distribution from the
+    saved per-request data (vllm bench serve --save-detailed's `ttfts`, in seconds)."""
+    recs = []
+    for name, scale in (("recompute", 3.0), ("hbm", 2.0), ("external", 1.0)):
+        r = _record(name, 128, scale)
+        raw = tmp_path / f"{name}.json"
+        raw.write_text(json.dumps({"ttfts": [0.01 * scale * (k + 1) for k in range(20)] + [0.0]}))
+        r.raw_file = str(raw)
+        recs.append(r)
+        assert charts.request_ttfts(r)[0] == pytest.approx(10.0 * scale)  # failed 0.0 dropped
+        assert len(charts.request_ttfts(r)) == 20
+    pngs = charts.charts(_run(*recs), tmp_path)
+    assert [p.name for p in pngs] == ["latency.png", "ttft_cdf.png"]
+    assert all(p.stat().st_size > 10_000 for p in pngs)
 
 
 def test_failed_record_is_not_shown_as_a_result() -> None:
@@ -81,8 +109,8 @@ def test_save_load_roundtrip_csv_and_charts(tmp_path: Path) -> None:
     assert len(rows) == 3
     assert rows[1]["scenario"] == "hbm" and rows[1]["input_len"] == "128"
     assert float(rows[1]["mean_ttft_ms"]) == pytest.approx(run.records[1].result["mean_ttft_ms"])
-    pngs = report.charts(run, tmp_path)
-    assert [p.name for p in pngs] == ["ttft.png", "tpot.png"]
+    pngs = charts.charts(run, tmp_path)
+    assert [p.name for p in pngs] == ["latency.png"]  # swept input lengths, no per-request data
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     with pytest.raises(BenchError, match="no saved bench run"):
         saved.load(tmp_path / "nothing")

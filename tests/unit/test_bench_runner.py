@@ -145,15 +145,59 @@ def test_scenarios_from_profile_presets_and_inline() -> None:
         ["recompute", "hbm", "external", "tuned:engine.max_num_seqs=8;engine.block_size=64"], bench
     )
     assert got == [
-        Scenario("recompute", ("engine.enable_prefix_caching=false",)),
-        Scenario("hbm", ("engine.enable_prefix_caching=true",)),
+        Scenario("recompute", ("engine.enable_prefix_caching=false",), "none"),
+        Scenario("hbm", ("engine.enable_prefix_caching=true",), "hbm"),
+        # a profile's list form replaces the preset and checks no cache: no behaviour is
+        # keyed on a scenario's name
         Scenario("external", ("kv.ucm.enabled=true", "prefill.kv_connectors=[ucm]")),
         Scenario("tuned", ("engine.max_num_seqs=8", "engine.block_size=64")),
     ]
-    assert [s.expect_external for s in got] == [False, False, True, False]
     with pytest.raises(BenchError, match="unknown scenario 'x'"):
         resolve_scenarios(["x"], bench)
     with pytest.raises(BenchError, match="twice"):
         resolve_scenarios(["hbm", "hbm"], bench)
     with pytest.raises(BenchError, match="field.path=value"):
         resolve_scenarios(["bad:novalue"], bench)
+
+
+def test_presets_detach_external_stores_and_keep_the_p2p_path() -> None:
+    """The guide's recompute and HBM rows have no UCM: the presets take every store connector
+    away (Mooncake, the P->D path, stays); `external` is the deployment as it is."""
+    conns = {"prefill": ["mooncake", "ucm"], "decode": ["mooncake"]}
+    rec, hbm, ext = resolve_scenarios(["recompute", "hbm", "external"], bench_spec(Bench()), conns)
+    assert rec.sets == ("engine.enable_prefix_caching=false", "prefill.kv_connectors=[mooncake]")
+    assert (rec.cache, rec.without) == ("none", ("ucm",))
+    assert hbm.sets[-1] == "prefill.kv_connectors=[mooncake]" and hbm.cache == "hbm"
+    assert (ext.sets, ext.cache) == ((), "external")
+    mixed = resolve_scenarios(["recompute"], bench_spec(Bench()), {"mixed": ["ucm"]})
+    assert mixed[0].sets[-1] == "mixed.kv_connectors=[]"
+    # a store that is the only P->D path cannot be taken away
+    with pytest.raises(BenchError, match="only KV connector of prefill, the P->D path"):
+        resolve_scenarios(["hbm"], bench_spec(Bench()), {"prefill": ["ucm"], "decode": ["ucm"]})
+
+
+def test_profile_scenario_mapping_names_its_cache() -> None:
+    from kvpd.profile.schema import BenchScenario
+
+    b = Bench(
+        scenarios={
+            "ucm-off": BenchScenario(without=["ucm"], cache="hbm"),
+            "mine": BenchScenario(sets=["engine.max_num_seqs=8"], cache="external"),
+        }
+    )
+    conns = {"prefill": ["mooncake", "ucm"], "decode": ["mooncake"]}
+    off, mine = resolve_scenarios(["ucm-off", "mine"], bench_spec(b), conns)
+    assert off.sets == ("prefill.kv_connectors=[mooncake]",) and off.cache == "hbm"
+    assert mine.expect_external and mine.without == ()
+
+
+def test_prompts_longer_than_max_model_len_are_refused_with_both_fixes() -> None:
+    from kvpd.bench.settings import check_lengths
+
+    s = make_settings(bench_spec(Bench(input_len=32000, output_len=1000)))
+    with pytest.raises(BenchError) as e:
+        check_lengths(s, 17000)
+    assert "exceed max_model_len 17000" in str(e.value)
+    assert "--input-len 16000" in str(e.value) and "model.max_model_len=33000" in str(e.value)
+    check_lengths(s, 33000)
+    check_lengths(s, None)

@@ -105,3 +105,15 @@ def test_a_missing_command_module_fails_loudly(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(main, "_COMMAND_MODULES", ("kvpd.cli.plan_cmd", "kvpd.cli.no_such_cmd"))
     with pytest.raises(ModuleNotFoundError, match="no_such_cmd"):
         main.build_app()
+
+
+def test_plan_table_port_column_keeps_unrelated_ports_apart() -> None:
+    """large-ep's prefill rank 0 has HTTP 9000, Mooncake 20001-20008 and the DP RPC port 13395:
+    three things, never one range `20001-13395`."""
+    from kvpd.cli.plan_cmd import _ports_short
+
+    assert _ports_short((9000, *range(20001, 20009), 13395)) == ["9000", "20001-20008", "13395"]
+    assert _ports_short((50088, 9003)) == ["50088", "9003"]
+    assert _ports_short(()) == []
+    out = kvpd("plan", "large-ep").stdout
+    assert "20001-13395" not in out and "20001-20008" in out

@@ -12,6 +12,7 @@ import pytest
 from kvpd.errors import DeployError, HealthTimeout, StateError
 from kvpd.exec.executor import Executor
 from kvpd.exec.state import StateStore
+from kvpd.exec.transport import CommandResult
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 from kvpd.testing.transport import FakeProgram, FakeTransport
 
@@ -110,6 +111,68 @@ def test_health_deadline_uses_the_clock(hosts, tmp_path) -> None:
     with pytest.raises(HealthTimeout, match="did not become healthy within 600s"):
         ex.up(plan(PROCS[:1], health=never))
     assert not hosts["h1"].processes
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def process(self, name: str, phase: str, *, host: str = "", detail: str = "",
+                elapsed_s: float | None = None) -> None:  # fmt: skip
+        self.events.append((name, phase, detail))
+
+    def message(self, text: str) -> None:
+        pass
+
+
+def test_slow_start_shows_still_initialising_with_the_last_log_line(hosts, tmp_path) -> None:
+    """A sparse decode setting up a large host pool answers /health after tens of minutes:
+    while `up` waits it shows the process as still initialising with its log's last line."""
+    hosts["h1"].script("p00.sh", FakeProgram(output="Allocating host pool 96/128 GiB\n"))
+    never = HealthCheck("http://127.0.0.1:9/health", timeout_s=120, interval_s=10)
+    rec = Recorder()
+    ex = executor(hosts, tmp_path, probe_timeout_s=0.2, reporter=rec)
+    with pytest.raises(HealthTimeout, match="within 120s"):
+        ex.up(plan(PROCS[:1], health=never))
+    init = [d for n, phase, d in rec.events if phase == "initialising"]
+    assert init and init[0] == "limit 120s; log: Allocating host pool 96/128 GiB"
+    # before 30 s it is plain waiting; the log is read at most every 10 s
+    assert rec.events.index(next(e for e in rec.events if e[1] == "initialising")) > 1
+    assert len(init) <= 10
+
+
+def test_service_without_a_health_endpoint_is_ready_by_port_and_log_line(hosts, tmp_path) -> None:
+    """An older MetaService (memcache < 1.3) serves no HTTP /health: it is ready when its RPC
+    port listens and its log says so, and not before the line is there."""
+    ready = "Meta Service launched successfully"
+    no_http = HealthCheck("http://127.0.0.1:9/health", timeout_s=60, interval_s=1,
+                          ready_port=9000, ready_log=ready)  # fmt: skip
+    hosts["h1"].script("p00.sh", FakeProgram(output=ready + "\n", ports=(9000,)))
+    rec = Recorder()
+    state = executor(hosts, tmp_path, probe_timeout_s=0.2, reporter=rec).up(
+        plan(PROCS[:1], health=no_http)
+    )
+    assert state.status == "up"
+    assert any(p == "healthy" and "port 9000 listens" in d for _, p, d in rec.events)
+    hosts["h1"].script("p00.sh", FakeProgram(output="still loading\n", ports=(9000,)))
+    with pytest.raises(HealthTimeout):
+        executor(hosts, tmp_path / "b", probe_timeout_s=0.2).up(plan(PROCS[:1], health=no_http))
+
+
+def test_versions_preflight_says_which_readiness_check_a_service_gets() -> None:
+    from kvpd.exec.versions import service_versions
+    from kvpd.plan.build import load_plan
+
+    p = load_plan("layerwise-sparse-1p1d")  # a MetaService on p1
+    t = FakeTransport("p1")
+    meta = p.process("metaservice")
+    t.commands[meta.command[0].rsplit("/", 1)[-1]] = lambda self, argv: CommandResult(
+        tuple(argv), 0, "1.2.1\n", ""
+    )
+    (c,) = service_versions(p, lambda h: t, {"p1"})
+    assert c.ok and "memcache-hybrid 1.2.1: /health is documented from 1.3.0" in c.detail
+    assert "Meta Service launched successfully" in c.detail
+    assert service_versions(p, lambda h: t, set()) == []
 
 
 def test_stubborn_process_is_killed_after_the_grace(hosts, tmp_path) -> None:

@@ -100,7 +100,11 @@ P2P_D = """vllm serve /models/QwQ-32B --host 0.0.0.0 --port 9000 --data-parallel
 
 
 def test_ucm_mooncake_p2p() -> None:
-    assert ours("ucm-mooncake-2p2d", "prefill-0") == guide(P2P_P)
+    # the one deliberate difference: the UCM yaml is kvpd's own copy in the run directory,
+    # not UCM's shipped example edited in place
+    ucm = _strip_ucm_path(ours("ucm-mooncake-2p2d", "prefill-0"))
+    assert ucm == _strip_ucm_path(guide(P2P_P))
+    assert "conf/ucm.yaml" in str(ours("ucm-mooncake-2p2d", "prefill-0"))
     assert ours("ucm-mooncake-2p2d", "decode-0") == guide(P2P_D)
     p = load_plan("ucm-mooncake-2p2d")
     env = dict(p.process("prefill-0").env)

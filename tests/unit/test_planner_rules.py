@@ -95,3 +95,13 @@ def test_rehearsal_decode_environment_carries_the_planner() -> None:
     p = load_plan(LW, rehearse=True, base_dir="/srv/kvpd")
     assert decode_env(p)["KVPD_SPARSE_PLANNER"] == "kvpd"
     assert "KVPD_SPARSE_PLANNER" not in dict(p.process("prefill-0").env)
+
+
+def test_sparse_decode_is_rendered_on_model_runner_v1() -> None:
+    """Sparse offload refuses Model Runner V2: the decode launch script selects V1 with the
+    variable the installed vLLM reads (vllm/envs.py), not only a rule on a flag."""
+    p = plan()
+    assert decode_env(p)["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    script = next(f.content for f in p.files if f.path == "decode-0/launch.sh")
+    assert "export VLLM_USE_V2_MODEL_RUNNER=0\n" in script
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in dict(p.process("prefill-0").env)

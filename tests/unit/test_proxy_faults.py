@@ -169,7 +169,7 @@ def test_hung_decoder_opens_the_circuit_then_half_open_probe_closes_it() -> None
         for _ in range(6):
             started = loop.time()
             r = await c.call("POST", "/v1/completions", COMPLETION)
-            assert loop.time() - started < 5  # bounded by the 0.3 s read timeout
+            assert loop.time() - started < 5  # bounded by the 0.3 s first-byte timeout
             results.append(r.status)
         assert results.count(504) == 2  # two timeouts on decode-0 open its circuit
         assert results.count(200) == 4 and sick.circuit == "open"
@@ -192,7 +192,7 @@ def test_hung_decoder_opens_the_circuit_then_half_open_probe_closes_it() -> None
         assert c.metric(state.replace('state="open"', 'state="closed"')) == 1
 
     run_cluster(
-        t, n_decode=2, read_timeout=0.3, max_retries=0, breaker_failures=2,
+        t, n_decode=2, first_byte_timeout=0.3, max_retries=0, breaker_failures=2,
         breaker_cooldown=0.3, health_interval=0.05,
     )  # fmt: skip
 

@@ -198,12 +198,27 @@ def test_dead_decoder_gives_a_quick_clear_error() -> None:
 
 
 def test_hung_decoder_times_out() -> None:
+    """A decoder that never answers is bounded by --first-byte-timeout (no limit by default:
+    in the layerwise flow the first byte waits for the whole prefill)."""
+
     async def t(c: Cluster) -> None:
         c.d[0].hang = True
         r = await c.call("POST", "/v1/completions", COMPLETION)
         assert r.status == 504
         assert r.json()["error"]["type"] == "decode_timeout"
-        assert "sent nothing" in r.json()["error"]["message"]
+        assert "sent nothing for 0.2 s" in r.json()["error"]["message"]
+
+    run_cluster(t, first_byte_timeout=0.2, read_timeout=30.0)
+
+
+def test_slow_first_byte_is_not_cut_by_the_read_timeout() -> None:
+    """The read timeout bounds silence between stream chunks only: a decoder whose first byte
+    takes longer than it (a long prefill ahead of it) is waited for."""
+
+    async def t(c: Cluster) -> None:
+        c.d[0].delay_s = 0.6
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 200
 
     run_cluster(t, read_timeout=0.2)
 

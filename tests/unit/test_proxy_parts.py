@@ -214,3 +214,11 @@ def test_cli_reports_bad_flags_without_traceback() -> None:
     finally:
         busy.close()
     assert r.returncode == 2 and "cannot listen on" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_prefill_and_first_byte_waits_may_be_unlimited_but_not_negative() -> None:
+    assert ProxyConfig(prefill_timeout=0, first_byte_timeout=0).prefill_timeout == 0
+    with pytest.raises(ProxyConfigError, match="--prefill-timeout must be >= 0"):
+        ProxyConfig(prefill_timeout=-1)
+    with pytest.raises(ProxyConfigError, match="--first-byte-timeout must be >= 0"):
+        ProxyConfig(first_byte_timeout=-1)

@@ -11,9 +11,11 @@ from collections.abc import Callable
 
 from kvpd.plan.facts import Facts
 from kvpd.plan.rules import (
+    bench,
     connectors,
     env,
     kvservices,
+    logs,
     memcache,
     offload,
     planner,
@@ -25,7 +27,9 @@ from kvpd.plan.rules.base import Checker, Finding
 Rule = Callable[[Checker], None]
 
 RULES: tuple[Rule, ...] = (
-    topology.rule_bench,
+    bench.rule_bench,
+    bench.rule_scenarios,
+    bench.rule_bench_host,
     topology.rule_host_refs,
     topology.rule_groups_present,
     topology.rule_parallelism,
@@ -51,6 +55,7 @@ RULES: tuple[Rule, ...] = (
     ports.rule_proxy,
     ports.rule_ports,
     topology.rule_model,
+    logs.rule_log_names,
 )
 
 

@@ -87,6 +87,14 @@ def rule_ucm(c: Checker) -> None:
                 (*path, "config", key),
                 f"{key} is written by kvpd; remove it from kv.ucm.config and set {use}.",
             )
+    if u.config_file and u.config_file.startswith("/"):
+        c.warn(
+            (*path, "config_file"),
+            f"kvpd writes the UCM yaml to {u.config_file} on every UCM host, outside its run "
+            "directory, replacing whatever file is there (UCM ships its example config under "
+            "examples/). Leave config_file unset to keep it in the run directory "
+            "(conf/ucm.yaml), or point it at a path kvpd may own.",
+        )
     _ucm_int(c, "data_dir_shard_bytes", 0, 5, "3 (4096 folders)")
     _ucm_int(c, "cache_stream_number", 1, 32, "a number from 1 to 32")
     engine = u.config.get("posix_io_engine")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 from kvpd.plan.processes import Proc
+from kvpd.plan.proxyargs import set_timeouts
 from kvpd.plan.rules.base import Checker, Path_
 from kvpd.profile.types import is_ip
 
@@ -17,6 +18,13 @@ def rule_proxy(c: Checker) -> None:
     px = c.p.proxy
     if px is None:
         return
+    if px.impl == "vllm-ascend" and not c.rehearse:
+        for name in set_timeouts(px):
+            c.err(
+                ("proxy", name),
+                "vLLM-Ascend's example proxy has no timeout options (it waits without limit); "
+                f"remove proxy.{name} or use kvpd's proxy (impl: kvpd).",
+            )
     flow = c.f.proxy_flow
     d = c.f.group("decode")
     bind = px.bind

@@ -150,18 +150,6 @@ def rule_model(c: Checker) -> None:
         )
 
 
-def rule_bench(c: Checker) -> None:
-    b = c.p.bench
-    lens = [g.max_model_len for g in c.gfacts() if g.max_model_len]
-    if lens and b.input_len + b.output_len > min(lens):
-        c.warn(
-            ("bench", "input_len"),
-            f"input {b.input_len} + output {b.output_len} tokens "
-            f"exceed max_model_len {min(lens)}; vLLM will reject these requests. Lower "
-            "bench.input_len/output_len or raise max_model_len.",
-        )
-
-
 def rule_dp_layout(c: Checker) -> None:
     """Where DP ranks land: every listed host used, the DP master on the group's rank 0."""
     if c.layout.problems:

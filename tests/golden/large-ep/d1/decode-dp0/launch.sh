@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # decode-dp0 on d1 (decode) for deployment large-ep.
-# Rendered by kvpd; `kvpd up` runs it with its output in logs/decode-dp0.log.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/decoder_dp_0.log.
 set -e
 cd "$(dirname "$0")/.."
 export MOONCAKE_CONFIG_PATH=conf/mooncake.json

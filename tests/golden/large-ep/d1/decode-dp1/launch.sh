@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # decode-dp1 on d1 (decode) for deployment large-ep.
-# Rendered by kvpd; `kvpd up` runs it with its output in logs/decode-dp1.log.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/decoder_dp_1.log.
 set -e
 cd "$(dirname "$0")/.."
 export MOONCAKE_CONFIG_PATH=conf/mooncake.json

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # decode-dp4 on d3 (decode) for deployment large-ep.
-# Rendered by kvpd; `kvpd up` runs it with its output in logs/decode-dp4.log.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/decoder_dp_4.log.
 set -e
 cd "$(dirname "$0")/.."
 export MOONCAKE_CONFIG_PATH=conf/mooncake.json

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # decode-dp7 on d4 (decode) for deployment large-ep.
-# Rendered by kvpd; `kvpd up` runs it with its output in logs/decode-dp7.log.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/decoder_dp_7.log.
 set -e
 cd "$(dirname "$0")/.."
 export MOONCAKE_CONFIG_PATH=conf/mooncake.json

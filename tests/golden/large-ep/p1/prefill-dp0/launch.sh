@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # prefill-dp0 on p1 (prefill) for deployment large-ep.
-# Rendered by kvpd; `kvpd up` runs it with its output in logs/prefill-dp0.log.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/prefiller_dp_0.log.
 set -e
 cd "$(dirname "$0")/.."
 export MOONCAKE_CONFIG_PATH=conf/mooncake.json

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # prefill-dp2 on p3 (prefill) for deployment large-ep.
-# Rendered by kvpd; `kvpd up` runs it with its output in logs/prefill-dp2.log.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/prefiller_dp_2.log.
 set -e
 cd "$(dirname "$0")/.."
 export MOONCAKE_CONFIG_PATH=conf/mooncake.json

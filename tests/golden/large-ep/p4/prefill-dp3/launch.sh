@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # prefill-dp3 on p4 (prefill) for deployment large-ep.
-# Rendered by kvpd; `kvpd up` runs it with its output in logs/prefill-dp3.log.
+# Rendered by kvpd; `kvpd up` runs it with its output in logs/prefiller_dp_3.log.
 set -e
 cd "$(dirname "$0")/.."
 export MOONCAKE_CONFIG_PATH=conf/mooncake.json

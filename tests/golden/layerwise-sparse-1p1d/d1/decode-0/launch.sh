@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 source /usr/local/memfabric_hybrid/set_env.sh
 export MEMFABRIC_HYBRID_EXTEND_LIB_PATH=/usr/local/memfabric_hybrid/1.2.0/aarch64-linux/lib64
 export KVPD_SPARSE_PLANNER=kvpd
+export VLLM_USE_V2_MODEL_RUNNER=0
 export PYTHONHASHSEED=0
 export HCCL_IF_IP=192.168.20.2
 export GLOO_SOCKET_IFNAME=eth0

@@ -1,0 +1,74 @@
+"""`bench.host`: the client runs on a cluster host through the deployment service (here the
+real local transport standing in for SSH), its result file comes back into the local results
+folder, and kvpd writes only inside that host's run dir."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpd.bench import runner
+from kvpd.bench.remote import RemoteClient, default_host
+from kvpd.errors import ProfileError
+from kvpd.exec.local import LocalTransport
+from kvpd.exec.service import Deployments
+from kvpd.exec.state import StateStore
+from kvpd.plan.build import load_plan
+from kvpd.plan.model import HostSpec, Plan
+
+# A stand-in for `vllm bench serve` (no vLLM client needed): it writes the result file where
+# --result-dir/--result-filename say and prints the last line of a real run's summary.
+STAND_IN = """#!{python}
+import json, os, sys
+a = sys.argv[1:]
+d, f = a[a.index("--result-dir") + 1], a[a.index("--result-filename") + 1]
+json.dump({{"completed": 3, "failed": 0, "argv": a, "env": dict(os.environ)}},
+          open(os.path.join(d, f), "w"))
+print("Successful requests:                     3")
+"""
+
+
+def test_client_runs_on_the_host_and_results_come_back(tmp_path: Path) -> None:
+    cluster = tmp_path / "node"  # the host's login dir
+    cluster.mkdir()
+    client = cluster / "vllm"
+    client.write_text(STAND_IN.format(python=sys.executable))
+    client.chmod(0o755)
+    plan = Plan("dep", "d", (HostSpec("p1", "10.0.0.1", run_dir="run"),), (), (),
+                tokenizer="/models/QwQ-32B")  # fmt: skip
+    service = Deployments(
+        StateStore(tmp_path / "state"), transports={"p1": LocalTransport(base_dir=str(cluster))}
+    )
+    local = tmp_path / "results" / "raw" / "ucm"
+    local.mkdir(parents=True)
+    phase = runner.Phase("measured", 32000, 1000, 3, 1, "inf", None, True)
+    argv = runner.build_argv("/here/vllm", phase, base_url="http://10.0.0.1:7850", model="m",
+                             tokenizer="/models/QwQ-32B", result_dir=str(local),
+                             result_filename="x.json")  # fmt: skip
+    env = runner.client_env("/models/QwQ-32B", "http://10.0.0.1:7850")
+    env["SECRET_OF_THIS_MACHINE"] = "not sent"
+    run = RemoteClient(service, plan, "p1", "20260101-000000", str(client))
+    out = run(argv, env=env, log=local / "x.log", timeout_s=60)
+    assert out.returncode == 0 and "Successful requests" in out.stdout
+    got = json.loads((local / "x.json").read_text())  # copied back
+    remote_dir = cluster / "run" / "bench" / "20260101-000000" / "ucm"
+    assert (remote_dir / "x.json").is_file()  # written inside the host's run dir
+    assert got["argv"][got["argv"].index("--result-dir") + 1] == str(remote_dir)
+    assert got["env"]["HF_HUB_OFFLINE"] == "1" and "SECRET_OF_THIS_MACHINE" not in got["env"]
+    assert out.argv[:4] == ["timeout", "-k", "10", "60"]
+    assert "(p1)" in (local / "x.log").read_text()
+
+
+def test_default_client_host_and_the_bench_host_field() -> None:
+    p = load_plan("large-ep", sets=["bench.input_len=16000"])
+    assert default_host(p, local_ok=True) is None
+    assert default_host(p, local_ok=False) == "p1"  # the proxy's host
+    assert load_plan("large-ep", sets=["bench.host=d2"]).bench.host == "d2"
+    with pytest.raises(ProfileError) as e:
+        load_plan("large-ep", sets=["bench.host=d9"])
+    assert "bench.host: 'd9' is not a host of this profile. Did you mean 'd4'?" in str(e.value)
+    assert "or `local` for this machine" in str(e.value)
+    assert load_plan("local", sets=["bench.host=local"]).bench.host == "local"
