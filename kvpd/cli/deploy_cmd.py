@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvpd.errors import KvpdError, StateError
+from kvpd.cli import complete
+from kvpd.errors import DeployError, KvpdError, StateError
 
 if TYPE_CHECKING:
     from kvpd.exec.state import StateStore
@@ -50,6 +51,21 @@ def _resolve_deployment(profile: str | None, deployment: str | None, store: Stat
     )
 
 
+def _canary_failed(plan: Plan, problems: list[str], profile: str, kept: bool) -> None:
+    engines = ", ".join(p.name for p in plan.processes if p.role in ("prefill", "decode", "mixed"))
+    what = "\n".join(f"  - {p}" for p in problems)
+    tail = (
+        f"The deployment is left up (--keep-on-failure): inspect with `kvpd logs "
+        f"{plan.deployment} NAME`, `kvpd diagnose {plan.deployment}`; stop with `kvpd down "
+        f"{profile}`."
+        if kept
+        else "The deployment was stopped; pass --keep-on-failure to keep it up for inspection."
+    )
+    raise DeployError(
+        f"the canary through the proxy failed (processes: proxy, {engines}):\n{what}\n{tail}"
+    )
+
+
 def register(app: typer.Typer) -> None:
     @app.command("up")
     def up_cmd(
@@ -74,6 +90,12 @@ def register(app: typer.Typer) -> None:
         ),
         serial: bool = typer.Option(
             False, "--serial", help="Bring each stage up one host at a time (slow; a baseline)."
+        ),
+        no_canary: bool = typer.Option(
+            False, "--no-canary", help="Skip the request that proves P/D works after start."
+        ),
+        keep_on_failure: bool = typer.Option(
+            False, "--keep-on-failure", help="Leave the deployment up when the canary fails."
         ),
     ) -> None:
         """Start a deployment: write its files, start its stages in order, gate on health."""
@@ -115,17 +137,31 @@ def register(app: typer.Typer) -> None:
                     data = output.state_json(failed, path) if failed else {}
                     output.print_json({**data, "status": "failed", "error": str(e)})
                 raise
+            result = None
+            if not no_canary:
+                result = svc.canary(plan, keep_on_failure=keep_on_failure)
         if json_out:
-            output.print_json(output.state_json(state, str(svc.store.path(plan.deployment))))
+            data = output.state_json(state, str(svc.store.path(plan.deployment)))
+            if result is not None:
+                data["canary"] = result.to_dict()
+            output.print_json(data)
+        else:
+            output.out.print(output.up_table(state))
+        if result is not None and not result.ok:
+            _canary_failed(plan, result.problems, profile, keep_on_failure)
+        if json_out:
             return
-        output.out.print(output.up_table(state))
+        if result is not None:
+            output.out.print(result.line)
         if plan.proxy_url:
             output.out.print(f"Proxy: {plan.proxy_url}")
         output.out.print(f"Stop with: kvpd down {profile}")
 
     @app.command("down")
     def down_cmd(
-        profile: str | None = typer.Argument(None, help="Profile or deployment name."),
+        profile: str | None = typer.Argument(
+            None, help="Profile or deployment name.", autocompletion=complete.deployments
+        ),
         deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
         grace: float = typer.Option(20.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -171,9 +207,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command("status")
     def status_cmd(
-        profile: str | None = typer.Argument(None, help="Profile or deployment name."),
+        profile: str | None = typer.Argument(
+            None, help="Profile or deployment name.", autocompletion=complete.deployments
+        ),
         deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        events: bool = typer.Option(
+            False, "--events", help="Show the deployment's event log (up, down, canary, ...)."
+        ),
     ) -> None:
         """Show each process: alive, healthy (one probe), uptime, ports."""
         from kvpd.cli import output
@@ -181,6 +222,13 @@ def register(app: typer.Typer) -> None:
 
         with Deployments() as svc:
             name = _resolve_deployment(profile, deployment, svc.store)
+            if events:
+                history = svc.history(name)
+                if json_out:
+                    output.print_json({"deployment": name, "events": [vars(e) for e in history]})
+                else:
+                    output.out.print(output.events_table(name, history))
+                return
             state, rows = svc.status(name)
         if json_out:
             output.print_json({**output.status_json(name, rows), "status": state.status})
@@ -189,7 +237,12 @@ def register(app: typer.Typer) -> None:
 
     @app.command("logs")
     def logs_cmd(
-        name: str = typer.Argument(..., help="Process name, e.g. decode-0 or proxy."),
+        targets: list[str] = typer.Argument(
+            ...,
+            help="[DEPLOYMENT] PROCESS, e.g. `local decode-0` (deployment optional when only "
+            "one has such a process).",
+            autocompletion=complete.processes,
+        ),
         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
         lines: int = typer.Option(50, "-n", "--lines", help="How many last lines to show."),
         deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
@@ -197,6 +250,14 @@ def register(app: typer.Typer) -> None:
         """Print the log of one process (from its host)."""
         from kvpd.exec.service import Deployments
 
+        if len(targets) > 2 or (len(targets) == 2 and deployment):
+            raise typer.BadParameter(
+                "give one process: `kvpd logs [DEPLOYMENT] PROCESS`", param_hint="TARGETS"
+            )
+        if len(targets) == 2:
+            deployment, name = targets
+        else:
+            name = targets[0]
         with Deployments() as svc:
             log = svc.logs(name, deployment=deployment, lines=lines)
             sys.stdout.write(log.text)

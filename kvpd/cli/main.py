@@ -34,7 +34,7 @@ def build_app() -> typer.Typer:
         name="kvpd",
         help="Plan, start, benchmark and stop P/D-disaggregated vLLM deployments.",
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=True,  # --install-completion / --show-completion for the user's shell
         pretty_exceptions_enable=False,
     )
 

@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from kvpd.exec.events import Event
 from kvpd.exec.executor import DownResult, ProcessStatus
 from kvpd.exec.preflight import Check
 from kvpd.exec.state import DeploymentState
@@ -275,3 +276,14 @@ def show_preflight(deployment: str, checks: list[Check], *, as_json: bool) -> bo
     else:
         out.print(preflight_table(deployment, checks))
     return all(c.ok for c in checks)
+
+
+def events_table(deployment: str, events: list[Event]) -> Table:
+    t = Table(title=f"events of {deployment}")
+    for col in ("time", "who", "event", "detail"):
+        t.add_column(col, overflow="fold")
+    for e in events:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
+        style = "red" if e.what.endswith("failed") or e.data.get("ok") is False else None
+        t.add_row(stamp, e.who, Text(e.what, style=style or ""), e.detail)
+    return t

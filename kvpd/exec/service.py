@@ -13,9 +13,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType, TracebackType
+from typing import TYPE_CHECKING
 
 from kvpd.errors import DeployError, StateError
 from kvpd.exec import logs
+from kvpd.exec.events import Event, EventLog
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus
 from kvpd.exec.preflight import Check, run_checks
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
@@ -23,6 +25,9 @@ from kvpd.exec.stop import Reporter
 from kvpd.exec.transport import Transport
 from kvpd.exec.transports import TransportPool
 from kvpd.plan.model import Plan
+
+if TYPE_CHECKING:
+    from kvpd.bench.canary import CanaryResult
 
 
 class PreflightFailed(DeployError):
@@ -145,15 +150,46 @@ class Deployments:
             checks = self.prepare(plan, profile=profile, preflight=preflight)
             if not all(c.ok for c in checks):
                 raise PreflightFailed(plan, checks)
-        with sigterm_as_interrupt():
-            return self._executor(reporter).up(plan, profile=profile, refuse_running=False)
+        events = self.events(plan.deployment)
+        try:
+            with sigterm_as_interrupt():
+                state = self._executor(reporter).up(plan, profile=profile, refuse_running=False)
+        except BaseException as e:
+            events.record("up-failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
+            raise
+        events.record("up", f"{len(state.processes)} processes", profile=profile)
+        return state
+
+    def canary(self, plan: Plan, *, keep_on_failure: bool = True) -> CanaryResult:
+        """One real request through the proxy, proven from /metrics (kvpd/bench/canary.py);
+        recorded in the event log. A failure stops the deployment unless `keep_on_failure`."""
+        from kvpd.bench import canary
+
+        result = canary.run(plan)
+        self.events(plan.deployment).record(
+            "canary", result.line, ok=result.ok, problems=result.problems
+        )
+        if not result.ok and not keep_on_failure:
+            self.down(plan.deployment)
+        return result
+
+    def events(self, deployment: str) -> EventLog:
+        """The append-only event log of `deployment` (next to its state)."""
+        return EventLog(self.store.root, deployment)
+
+    def history(self, deployment: str, last: int | None = None) -> list[Event]:
+        return self.events(deployment).read(last)
 
     def down(self, deployment: str, reporter: Reporter | None = None) -> DownResult | None:
         """Stop every recorded process of `deployment`; None when it has no state."""
         state = self.store.load(deployment)
         if state is None:
             return None
-        return self._executor(reporter).down(state)
+        result = self._executor(reporter).down(state)
+        self.events(deployment).record(
+            "down", "clean" if result.clean else "incomplete: " + "; ".join(problems(result))
+        )
+        return result
 
     def stop(self, deployment: str, reporter: Reporter | None = None) -> None:
         """`down`, raising StateError unless everything is gone and its ports are free."""
