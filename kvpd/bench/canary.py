@@ -66,6 +66,13 @@ def send(
     return tokens
 
 
+def applies(plan: Plan) -> bool:
+    """A canary needs engines with /metrics and a URL to send to (a plan of services only,
+    e.g. a KV store under test, has nothing to prove)."""
+    engines = [t for t in metrics.targets(plan) if t.role in metrics.ENGINE_ROLES]
+    return bool(engines and plan.proxy_url)
+
+
 def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
     """Scrape, send (one request, or one per mixed instance), scrape, judge."""
     tgts = metrics.targets(plan)

@@ -160,11 +160,14 @@ class Deployments:
         events.record("up", f"{len(state.processes)} processes", profile=profile)
         return state
 
-    def canary(self, plan: Plan, *, keep_on_failure: bool = True) -> CanaryResult:
+    def canary(self, plan: Plan, *, keep_on_failure: bool = True) -> CanaryResult | None:
         """One real request through the proxy, proven from /metrics (kvpd/bench/canary.py);
-        recorded in the event log. A failure stops the deployment unless `keep_on_failure`."""
+        recorded in the event log. A failure stops the deployment unless `keep_on_failure`.
+        None when the plan has nothing to prove (no engines or no URL)."""
         from kvpd.bench import canary
 
+        if not canary.applies(plan):
+            return None
         result = canary.run(plan)
         self.events(plan.deployment).record(
             "canary", result.line, ok=result.ok, problems=result.problems

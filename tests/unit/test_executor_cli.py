@@ -79,3 +79,16 @@ def test_up_needs_yes_when_not_interactive(cli) -> None:  # noqa: ANN001
 def test_down_without_state(cli) -> None:  # noqa: ANN001
     r = cli("down", "--deployment", "nope")
     assert r.exit_code == 0 and "Nothing to stop" in r.stdout
+
+
+def test_one_grammar_logs_and_events(cli) -> None:  # noqa: ANN001
+    """`kvpd logs DEPLOYMENT PROCESS` and `kvpd status DEPLOYMENT --events`."""
+    assert cli("up", "demo.yaml", "--yes", "--json").exit_code == 0
+    r = cli("logs", "demo", "proxy", "-n", "5")
+    assert r.exit_code == 0 and "proxy listening on" in r.stdout
+    r = cli("logs", "demo", "nope")
+    assert "has no process 'nope'" in str(r.exception)
+    assert cli("down", "demo").exit_code == 0
+    r = cli("status", "demo", "--events", "--json")
+    assert r.exit_code == 0, r.output
+    assert [e["what"] for e in json.loads(r.stdout)["events"]] == ["up", "down"]
