@@ -230,10 +230,23 @@ def register(app: typer.Typer) -> None:
                     output.out.print(output.events_table(name, history))
                 return
             state, rows = svc.status(name)
+            # A process its supervisor gave up on: the end of its log says why.
+            tails = {
+                r.name: svc.logs(r.name, deployment=name, lines=15).text
+                for r in rows
+                if r.supervisor is not None and r.supervisor.state == "failed"
+            }
         if json_out:
-            output.print_json({**output.status_json(name, rows), "status": state.status})
+            data = output.status_json(name, rows)
+            for p in data["processes"]:
+                if p["name"] in tails:
+                    p["log_tail"] = tails[p["name"]].splitlines()
+            output.print_json({**data, "status": state.status})
             return
         output.out.print(output.status_table(f"{name} ({state.status})", rows))
+        for proc, text in tails.items():
+            output.out.print(f"{proc} stopped restarting; the end of its log:")
+            output.out.print(text.rstrip(), markup=False)
 
     @app.command("logs")
     def logs_cmd(

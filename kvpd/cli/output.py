@@ -225,6 +225,7 @@ def status_json(deployment: str, rows: list[ProcessStatus]) -> dict[str, Any]:
                 "listening": s.listening,
                 "log": s.log,
                 "detail": s.detail,
+                "supervisor": dataclasses.asdict(s.supervisor) if s.supervisor else None,
             }
             for s in rows
         ],
@@ -233,7 +234,9 @@ def status_json(deployment: str, rows: list[ProcessStatus]) -> dict[str, Any]:
 
 def status_table(deployment: str, rows: list[ProcessStatus]) -> Table:
     t = Table(title=f"{deployment}")
-    for col in ("Process", "Host", "PID", "Alive", "Healthy", "Uptime", "Ports", "Detail"):
+    supervised = any(s.supervisor for s in rows)
+    cols = ["Process", "Host", "PID", "Alive", "Healthy", "Uptime", "Ports"]
+    for col in cols + (["Restarts", "Last exit"] if supervised else []) + ["Detail"]:
         t.add_column(col)
 
     def yn(v: bool | None) -> Text:
@@ -251,9 +254,21 @@ def status_table(deployment: str, rows: list[ProcessStatus]) -> Table:
             yn(s.healthy),
             fmt_duration(s.uptime_s),
             ports or "-",
+            *(_supervision_cells(s) if supervised else []),
             s.detail,
         )
     return t
+
+
+def _supervision_cells(s: ProcessStatus) -> list[str | Text]:
+    sup = s.supervisor
+    if sup is None:
+        return ["-", "-"]
+    restarts = Text(str(sup.restarts), style="yellow" if sup.restarts else "")
+    last = sup.last_exit or "-"
+    if sup.state == "failed":
+        return [restarts, Text(f"{last} (gave up: {sup.gave_up or 'no restart'})", style="red")]
+    return [restarts, last]
 
 
 def preflight_json(checks: list[Check]) -> dict[str, Any]:

@@ -16,12 +16,13 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
 from kvpd.errors import DeployError, StateError
-from kvpd.exec import logs
+from kvpd.exec import logs, supervised
 from kvpd.exec.events import Event, EventLog
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus
 from kvpd.exec.preflight import Check, run_checks
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
-from kvpd.exec.stop import Reporter
+from kvpd.exec.stop import Reporter, StopOutcome
+from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import Transport
 from kvpd.exec.transports import TransportPool
 from kvpd.plan.model import Plan
@@ -188,11 +189,32 @@ class Deployments:
         state = self.store.load(deployment)
         if state is None:
             return None
+        self._pool.add_hosts(state.plan.hosts)
+        children = self.supervisors(state)  # read before the supervisors go
         result = self._executor(reporter).down(state)
+        self._reap_children(state, children, result)
         self.events(deployment).record(
             "down", "clean" if result.clean else "incomplete: " + "; ".join(problems(result))
         )
         return result
+
+    def _reap_children(
+        self, state: DeploymentState, children: dict[str, Supervised], result: DownResult
+    ) -> None:
+        """A supervisor forwards the stop to its child; verify the child went with it (and
+        kill its group if not: a supervisor killed past its grace leaves it to the kernel's
+        PDEATHSIG, which does not reach the engine's own children)."""
+        for name, sup in children.items():
+            rec = state.record(name)
+            if rec is None or not sup.child_pid:
+                continue
+            t = self._pool[rec.host]
+            if sup.child_pgid and t.group_alive(sup.child_pgid):
+                t.signal_group(sup.child_pgid, signal.SIGKILL)
+                gone = not t.group_alive(sup.child_pgid)
+                how = "killed" if gone else "still running"
+                detail = f"supervised child pgid {sup.child_pgid} outlived its supervisor"
+                result.stop.outcomes.append(StopOutcome(f"{name} (child)", rec.host, how, detail))
 
     def stop(self, deployment: str, reporter: Reporter | None = None) -> None:
         """`down`, raising StateError unless everything is gone and its ports are free."""
@@ -212,7 +234,23 @@ class Deployments:
     def status(self, deployment: str) -> tuple[DeploymentState, list[ProcessStatus]]:
         """The recorded state and each process: alive, healthy, uptime, ports."""
         state = self.store.require(deployment)
-        return state, self._executor().status(state)
+        rows = self._executor().status(state)
+        for row in rows:
+            run_dir = state.run_dirs.get(row.host)
+            if run_dir and row.alive is not None:
+                row.supervisor = supervised.read(self._pool[row.host], run_dir, row.name, row.pid)
+        return state, rows
+
+    def supervisors(self, state: DeploymentState) -> dict[str, Supervised]:
+        """The supervisor status of each supervised process of `state`, by name."""
+        out: dict[str, Supervised] = {}
+        for rec in state.processes:
+            run_dir = state.run_dirs.get(rec.host)
+            if run_dir:
+                sup = supervised.read(self._pool[rec.host], run_dir, rec.name, rec.pid)
+                if sup is not None:
+                    out[rec.name] = sup
+        return out
 
     def running(self, deployment: str) -> DeploymentState | None:
         """The state of `deployment` if any of its processes is (or may be) alive."""

@@ -7,7 +7,7 @@ import posixpath
 from typing import Any
 
 from kvpd.errors import ProfileError
-from kvpd.plan import configfiles, kvconfig
+from kvpd.plan import configfiles, kvconfig, supervision
 from kvpd.plan.bench import bench_spec
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
@@ -173,7 +173,7 @@ def build_plan(
         put(
             p.host,
             script,
-            launch_script(p, profile.name, log, profile.runtime.dirs),
+            launch_script(p, profile.name, log, profile.runtime.dirs, _supervisor(profile, p)),
             "launch.sh.j2",
             0o700 if secret else 0o755,
         )
@@ -229,6 +229,11 @@ def build_plan(
             profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
         ),
     )
+
+
+def _supervisor(profile: Profile, p: Proc) -> tuple[str, ...]:
+    pol = supervision.policy_for(profile, p.role)
+    return () if pol is None else supervision.supervisor_argv(profile.runtime.python, p.name, pol)
 
 
 def _sizing(profile: Profile) -> dict[str, Any]:

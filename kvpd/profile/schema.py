@@ -142,6 +142,19 @@ class SparseOffload(_Model):
     )
 
 
+class RestartPolicy(_Model):
+    """What the node-side supervisor does when the process exits (kvpd/supervisor.py)."""
+
+    policy: Literal["never", "on-failure"] = Field(
+        "never", description="on-failure: restart after a non-zero exit or a signal"
+    )
+    max_restarts: int = Field(3, ge=1, le=10, description="give up after this many in window_s")
+    window_s: float = Field(600.0, gt=0, le=86400, description="seconds the restarts count in")
+    backoff_s: float = Field(
+        2.0, ge=0, le=600, description="wait before the first restart; doubles, at most 60 s"
+    )
+
+
 class ServeOptions(_Model):
     """`vllm serve` options. Set under `engine:` for all groups; a group overrides."""
 
@@ -192,6 +205,9 @@ class Group(ServeOptions):
     log_name: Line | None = Field(
         None, description="tee the engine log like the guide, e.g. prefiller_dp_{dp_rank}.log"
     )
+    restart: RestartPolicy | None = Field(
+        None, description="supervise and restart this group's engines (default: never)"
+    )
 
     @field_validator("kv_connectors", mode="before")
     @classmethod
@@ -211,6 +227,9 @@ class Proxy(_Model):
     )
     script: Line | None = Field(None, description="path of the vLLM-Ascend example proxy")
     python: Command = "python"
+    restart: RestartPolicy | None = Field(
+        None, description="supervise and restart the proxy (default: never)"
+    )
 
 
 class BenchSweep(_Model):

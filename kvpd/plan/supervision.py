@@ -1,0 +1,43 @@
+"""How a supervised process is launched: the one place that spells the supervisor's command.
+
+A group (or the proxy) with `restart: {policy: on-failure}` gets its launch script's command
+wrapped as `python3 -m kvpd.supervisor --status supervise/NAME.json ... -- COMMAND`. The python
+is the profile's `runtime.python` on the host, which must import kvpd (today: kvpd installed
+there or on its PYTHONPATH; the node bundle will point this at its own copy).
+"""
+
+from __future__ import annotations
+
+from kvpd.profile.schema import Profile, RestartPolicy
+
+STATUS_DIR = "supervise"  # relative to the host's run dir (launch scripts cd there)
+GRACE_S = 10.0  # child SIGTERM -> SIGKILL; below `kvpd down`'s default grace (20 s)
+
+
+def status_path(name: str) -> str:
+    return f"{STATUS_DIR}/{name}.json"
+
+
+def policy_for(profile: Profile, role: str) -> RestartPolicy | None:
+    """The restart policy of a process of `role` (None or `never`: not supervised)."""
+    if role == "proxy":
+        pol = profile.proxy.restart if profile.proxy is not None else None
+    else:
+        group = getattr(profile, role, None) if role in ("prefill", "decode", "mixed") else None
+        pol = getattr(group, "restart", None)
+    return pol if pol is not None and pol.policy != "never" else None
+
+
+def supervisor_argv(python: str, name: str, policy: RestartPolicy) -> tuple[str, ...]:
+    """The words before `COMMAND` in a supervised launch script."""
+    return (
+        python, "-m", "kvpd.supervisor",
+        "--status", status_path(name),
+        "--name", name,
+        "--restart", policy.policy,
+        "--max-restarts", str(policy.max_restarts),
+        "--window", f"{policy.window_s:g}",
+        "--backoff", f"{policy.backoff_s:g}",
+        "--grace", f"{GRACE_S:g}",
+        "--",
+    )  # fmt: skip
