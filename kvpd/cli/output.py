@@ -16,6 +16,7 @@ from rich.text import Text
 
 from kvpd.exec.events import Event
 from kvpd.exec.executor import DownResult, ProcessStatus
+from kvpd.exec.gather import Report
 from kvpd.exec.preflight import Check
 from kvpd.exec.state import DeploymentState
 from kvpd.plan.model import Plan
@@ -301,4 +302,16 @@ def events_table(deployment: str, events: list[Event]) -> Table:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
         style = "red" if e.what.endswith("failed") or e.data.get("ok") is False else None
         t.add_row(stamp, e.who, Text(e.what, style=style or ""), e.detail)
+    return t
+
+
+def diagnose_table(report: Report) -> Table:
+    t = Table(title=f"diagnose {report.deployment}")
+    for col in ("Process", "Host", "State", "Likely cause"):
+        t.add_column(col, overflow="fold")
+    for f in report.processes:
+        ok = f.state in ("healthy", "running")
+        t.add_row(f.name, f.host, Text(f.state, style="green" if ok else "red"), f.cause or "-")
+    for p in report.problems:
+        t.add_row("(hosts)", "", Text("problem", style="red"), p)
     return t

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING
 
 from kvpd.errors import DeployError, StateError
-from kvpd.exec import logs, supervised
+from kvpd.exec import admin_token, gather, logs, rolling, supervised
 from kvpd.exec.events import Event, EventLog
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus
 from kvpd.exec.preflight import Check, run_checks
+from kvpd.exec.proxy_admin import ProxyAdmin
+from kvpd.exec.rolling import Roller, Step
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import Reporter, StopOutcome
 from kvpd.exec.supervised import Supervised
@@ -152,6 +154,7 @@ class Deployments:
             if not all(c.ok for c in checks):
                 raise PreflightFailed(plan, checks)
         events = self.events(plan.deployment)
+        plan = admin_token.issue(plan, self.store.root)
         try:
             with sigterm_as_interrupt():
                 state = self._executor(reporter).up(plan, profile=profile, refuse_running=False)
@@ -229,7 +232,71 @@ class Deployments:
         self.stop(plan.deployment, reporter)
         return self.up(plan, profile=profile, reporter=reporter)
 
+    def roll(
+        self,
+        deployment: str,
+        targets: list[str],
+        *,
+        reporter: Reporter | None = None,
+        canary: bool = True,
+        drain_timeout_s: float = 60.0,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> list[Step]:
+        """Rolling restart of `targets` (names or groups; all when empty) of a running
+        deployment: for each in turn drain, stop, start, health gate, re-admit, canary (see
+        exec/rolling.py). Stops at the first failure (DeployError), the rest untouched."""
+        from kvpd.bench import canary as canary_mod
+
+        state = self.store.require(deployment)
+        plan = state.plan
+        self._pool.add_hosts(plan.hosts)
+        specs = rolling.select(plan, targets)
+        has_proxy = any(p.role == "proxy" for p in plan.processes)
+        admin = (
+            ProxyAdmin(plan.proxy_url, admin_token.read(self.store.root, deployment))
+            if has_proxy and plan.proxy_url
+            else None
+        )
+        check = None
+        if canary and canary_mod.applies(plan):
+
+            def check() -> tuple[bool, str]:
+                r = canary_mod.run(plan)
+                self.events(deployment).record("canary", r.line, ok=r.ok, problems=r.problems)
+                return r.ok, r.line
+
+        ex = self._executor(reporter)
+        ex.transports.add_hosts(plan.hosts)
+        roller = Roller(ex, state, admin, check, drain_timeout_s=drain_timeout_s,
+                        save=lambda: self.store.save(state))  # fmt: skip
+        steps: list[Step] = []
+        for spec in specs:
+            try:
+                step = roller.restart(spec)
+            except BaseException as e:
+                self.events(deployment).record("restart-failed", f"{spec.name}: {e}")
+                raise
+            self.events(deployment).record(
+                "restart", f"{spec.name} in {step.seconds:.1f}s", drained=step.drained
+            )
+            steps.append(step)
+            if on_step is not None:
+                on_step(step)
+        return steps
+
     # -- inspecting --------------------------------------------------------------------
+
+    def diagnose(self, deployment: str, *, lines: int = 200) -> gather.Report:
+        """Everything that explains `deployment`'s state, from every host in parallel, into
+        `<state root>/<deployment>/diagnose/<time>.tar.gz` (exec/gather.py)."""
+        state = self.store.require(deployment)
+        ev = self.events(deployment)
+        extra = {"events.jsonl": ev.path.read_bytes()} if ev.path.exists() else {}
+        out = self.store.root / deployment / "diagnose"
+        report = gather.gather(self._pool, state, out, lines=lines, extra=extra)
+        bad = [f.name for f in report.processes if f.state not in ("healthy", "running")]
+        ev.record("diagnose", str(report.archive), not_ok=bad)
+        return report
 
     def status(self, deployment: str) -> tuple[DeploymentState, list[ProcessStatus]]:
         """The recorded state and each process: alive, healthy, uptime, ports."""

@@ -267,6 +267,9 @@ def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
     return out
 
 
+ADMIN_TOKEN_FILE = "proxy/admin-token"  # relative to the proxy host's run dir
+
+
 def proxy_proc(
     profile: Profile, engines: list[Proc], stage: int, rehearse: bool = False
 ) -> Proc | None:
@@ -305,7 +308,8 @@ def proxy_proc(
         argv += ["--prefiller-hosts", *ph, "--prefiller-ports", *pp]
     argv += ["--decoder-hosts", *dh, "--decoder-ports", *dp]
     if px.impl == "kvpd" or rehearse:
-        argv += ["--flow", flow]
+        # The token itself is written by `up` (kvpd/exec/admin_token.py), never in the plan.
+        argv += ["--flow", flow, "--admin-token-file", ADMIN_TOKEN_FILE]
     return Proc(
         name="proxy",
         host=px.host,

@@ -11,4 +11,5 @@ exec kvpd proxy \
     --prefiller-ports 8100 \
     --decoder-hosts 192.168.20.2 \
     --decoder-ports 8200 \
-    --flow layerwise
+    --flow layerwise \
+    --admin-token-file proxy/admin-token

@@ -12,4 +12,5 @@ exec kvpd proxy \
     --prefiller-ports 18100 \
     --decoder-hosts 127.0.0.1 \
     --decoder-ports 18200 \
-    --flow prefill-first
+    --flow prefill-first \
+    --admin-token-file proxy/admin-token

@@ -11,4 +11,5 @@ exec kvpd proxy \
     --prefiller-ports 9000 9001 \
     --decoder-hosts 192.168.10.2 192.168.10.2 \
     --decoder-ports 9000 9001 \
-    --flow prefill-first
+    --flow prefill-first \
+    --admin-token-file proxy/admin-token
