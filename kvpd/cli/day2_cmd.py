@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         no_canary: bool = typer.Option(False, "--no-canary", help="Skip the canary per process."),
     ) -> None:
         """Rolling restart: drain, stop, start, health gate, re-admit, canary; one at a time."""
+        from kvpd.bench import canary
         from kvpd.cli import output
         from kvpd.exec.service import Deployments
 
@@ -53,7 +54,9 @@ def register(app: typer.Typer) -> None:
                 for note in step.notes:
                     output.err.print(f"  [yellow]note:[/] {note}")
 
-            steps = svc.roll(name, names, canary=not no_canary, drain_timeout_s=drain_timeout,
+            state = svc.store.require(name)
+            check = None if no_canary or not canary.applies(state.plan) else canary.run
+            steps = svc.roll(name, names, canary=check, drain_timeout_s=drain_timeout,
                              on_step=show)  # fmt: skip
         output.out.print(f"{name}: {len(steps)} processes restarted, one at a time.")
 

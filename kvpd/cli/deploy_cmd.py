@@ -99,6 +99,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Start a deployment: write its files, start its stages in order, gate on health."""
+        from kvpd.bench import canary
         from kvpd.cli import output
         from kvpd.exec.service import Deployments
 
@@ -138,8 +139,8 @@ def register(app: typer.Typer) -> None:
                     output.print_json({**data, "status": "failed", "error": str(e)})
                 raise
             result = None
-            if not no_canary:
-                result = svc.canary(plan, keep_on_failure=keep_on_failure)
+            if not no_canary and canary.applies(plan):
+                result = svc.canary(plan, canary.run, keep_on_failure=keep_on_failure)
         if json_out:
             data = output.state_json(state, str(svc.store.path(plan.deployment)))
             if result is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvpd.errors import DeployError
 from kvpd.exec.executor import Executor
@@ -22,6 +23,17 @@ from kvpd.exec.state import DeploymentState
 from kvpd.plan.model import Plan, ProcessSpec
 
 ENGINES = ("prefill", "decode", "mixed")
+
+
+class CanaryOutcome(Protocol):
+    """What a canary says (kvpd.bench.canary.CanaryResult is one)."""
+
+    ok: bool
+    line: str
+    problems: list[str]
+
+
+CanaryCheck = Callable[[Plan], CanaryOutcome]
 
 
 @dataclass

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING
 
 from kvpd.errors import DeployError, StateError
 from kvpd.exec import admin_token, gather, logs, rolling, supervised
@@ -21,16 +20,13 @@ from kvpd.exec.events import Event, EventLog
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus
 from kvpd.exec.preflight import Check, run_checks
 from kvpd.exec.proxy_admin import ProxyAdmin
-from kvpd.exec.rolling import Roller, Step
+from kvpd.exec.rolling import CanaryCheck, CanaryOutcome, Roller, Step
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import Reporter, StopOutcome
 from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import Transport
 from kvpd.exec.transports import TransportPool
 from kvpd.plan.model import Plan
-
-if TYPE_CHECKING:
-    from kvpd.bench.canary import CanaryResult
 
 
 class PreflightFailed(DeployError):
@@ -164,15 +160,13 @@ class Deployments:
         events.record("up", f"{len(state.processes)} processes", profile=profile)
         return state
 
-    def canary(self, plan: Plan, *, keep_on_failure: bool = True) -> CanaryResult | None:
-        """One real request through the proxy, proven from /metrics (kvpd/bench/canary.py);
-        recorded in the event log. A failure stops the deployment unless `keep_on_failure`.
-        None when the plan has nothing to prove (no engines or no URL)."""
-        from kvpd.bench import canary
-
-        if not canary.applies(plan):
-            return None
-        result = canary.run(plan)
+    def canary(
+        self, plan: Plan, run: CanaryCheck, *, keep_on_failure: bool = True
+    ) -> CanaryOutcome:
+        """`run(plan)` (the bench's canary: one real request through the proxy, proven from
+        /metrics; passed in, as exec does not import bench), recorded in the event log. A
+        failure stops the deployment unless `keep_on_failure`."""
+        result = run(plan)
         self.events(plan.deployment).record(
             "canary", result.line, ok=result.ok, problems=result.problems
         )
@@ -238,15 +232,14 @@ class Deployments:
         targets: list[str],
         *,
         reporter: Reporter | None = None,
-        canary: bool = True,
+        canary: CanaryCheck | None = None,
         drain_timeout_s: float = 60.0,
         on_step: Callable[[Step], None] | None = None,
     ) -> list[Step]:
         """Rolling restart of `targets` (names or groups; all when empty) of a running
         deployment: for each in turn drain, stop, start, health gate, re-admit, canary (see
-        exec/rolling.py). Stops at the first failure (DeployError), the rest untouched."""
-        from kvpd.bench import canary as canary_mod
-
+        exec/rolling.py), `canary(plan)` after each. Stops at the first failure (DeployError),
+        the rest untouched."""
         state = self.store.require(deployment)
         plan = state.plan
         self._pool.add_hosts(plan.hosts)
@@ -258,11 +251,10 @@ class Deployments:
             else None
         )
         check = None
-        if canary and canary_mod.applies(plan):
+        if canary is not None:
 
             def check() -> tuple[bool, str]:
-                r = canary_mod.run(plan)
-                self.events(deployment).record("canary", r.line, ok=r.ok, problems=r.problems)
+                r = self.canary(plan, canary)
                 return r.ok, r.line
 
         ex = self._executor(reporter)
