@@ -69,8 +69,7 @@ def register(app: typer.Typer) -> None:
         ),  # fmt: skip
         lines: int = typer.Option(200, "-n", "--lines", help="Log lines per process."),
     ) -> None:
-        """Gather logs, files, process state and host facts from every host into one archive,
-        and name a likely cause per process."""
+        """Gather logs, files, state and host facts from every host; a likely cause per process."""
         from kvpd.cli import output
         from kvpd.exec.service import Deployments
 

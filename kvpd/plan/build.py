@@ -173,7 +173,9 @@ def build_plan(
         put(
             p.host,
             script,
-            launch_script(p, profile.name, log, profile.runtime.dirs, _supervisor(profile, p)),
+            launch_script(
+                p, profile.name, log, profile.runtime.dirs, _supervisor(profile, p, rehearse)
+            ),
             "launch.sh.j2",
             0o700 if secret else 0o755,
         )
@@ -231,9 +233,11 @@ def build_plan(
     )
 
 
-def _supervisor(profile: Profile, p: Proc) -> tuple[str, ...]:
+def _supervisor(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, ...]:
     pol = supervision.policy_for(profile, p.role)
-    return () if pol is None else supervision.supervisor_argv(profile.runtime.python, p.name, pol)
+    if pol is None:
+        return ()
+    return supervision.supervisor_argv(supervision.python_for(profile, rehearse), p.name, pol)
 
 
 def _sizing(profile: Profile) -> dict[str, Any]:

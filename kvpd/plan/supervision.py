@@ -2,16 +2,27 @@
 
 A group (or the proxy) with `restart: {policy: on-failure}` gets its launch script's command
 wrapped as `python3 -m kvpd.supervisor --status supervise/NAME.json ... -- COMMAND`. The python
-is the profile's `runtime.python` on the host, which must import kvpd (today: kvpd installed
-there or on its PYTHONPATH; the node bundle will point this at its own copy).
+is the one of the kvpd installation on the host (`python_for`), which must import kvpd (today:
+kvpd installed there or on its PYTHONPATH; the node bundle will point this at its own copy).
 """
 
 from __future__ import annotations
+
+import posixpath
 
 from kvpd.profile.schema import Profile, RestartPolicy
 
 STATUS_DIR = "supervise"  # relative to the host's run dir (launch scripts cd there)
 GRACE_S = 10.0  # child SIGTERM -> SIGKILL; below `kvpd down`'s default grace (20 s)
+
+
+def python_for(profile: Profile, rehearse: bool) -> str:
+    """The python that imports kvpd on the hosts: the one next to the kvpd command when that
+    is a path (a venv's bin/kvpd), else `runtime.python`."""
+    kvpd = profile.rehearsal.kvpd if rehearse else profile.runtime.kvpd
+    if "/" in kvpd:
+        return posixpath.join(posixpath.dirname(kvpd), "python")
+    return profile.runtime.python
 
 
 def status_path(name: str) -> str:
