@@ -30,6 +30,7 @@ PROXY = f"http://127.0.0.1:{PORT}"
 SETS = [
     *local_sets(NAME, PORT),
     "decode.instances=2",
+    "hosts.localhost.devices=3",
     "decode.restart.policy=on-failure",
     "decode.restart.max_restarts=2",
     "decode.restart.backoff_s=0.5",

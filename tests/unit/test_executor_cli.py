@@ -92,3 +92,22 @@ def test_one_grammar_logs_and_events(cli) -> None:  # noqa: ANN001
     r = cli("status", "demo", "--events", "--json")
     assert r.exit_code == 0, r.output
     assert [e["what"] for e in json.loads(r.stdout)["events"]] == ["up", "down"]
+
+
+def test_diagnose_a_deployment_with_a_dead_process(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    import tarfile
+
+    assert cli("up", "demo.yaml", "--yes", "--json").exit_code == 0
+    st = StateStore(tmp_path / "state").load("demo")
+    kv = st.record("kv")
+    LocalTransport().signal_group(kv.pgid, 9, start_ticks=kv.start_ticks)
+    r = cli("diagnose", "demo")
+    assert r.exit_code == 0, r.output
+    assert "exited" in r.stdout and "healthy" in r.stdout
+    archive = Path(r.stdout.split("Archive:", 1)[1].split()[0])
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        summary = tar.extractfile(next(n for n in names if n.endswith("summary.txt"))).read()
+    assert b"kv on local: exited" in summary and b"proxy on local: healthy" in summary
+    assert any(n.endswith("hosts/local/facts.txt") for n in names)
+    assert cli("down", "demo").exit_code == 0
