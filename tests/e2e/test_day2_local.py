@@ -153,19 +153,25 @@ def test_sigkilled_decode_is_restarted_and_taken_back(day2: str) -> None:
 
 
 def test_rolling_restart_under_load_fails_no_request(day2: str) -> None:
-    """Both decoders and then the prefiller, one at a time, while requests keep coming; the
-    canary after the prefiller proves decoders take KV from the new one."""
+    """Both decoders, one at a time, while requests keep coming: none fails."""
     with Load() as load:
         time.sleep(2)
-        r = kvpd("restart", NAME, "decode", "prefill-0", "--drain-timeout", "60")
+        r = kvpd("restart", NAME, "decode", "--drain-timeout", "60")
         time.sleep(2)
-    assert r.stdout.count("restarted ") == 3, r.stdout
-    after_prefill = r.stdout.split("restarted prefill-0", 1)[1]
-    assert "P→D KV handover verified:" in after_prefill and "from prefill-0" in after_prefill
+    assert r.stdout.count("restarted ") == 2, r.stdout
+    assert "P→D KV handover verified:" in r.stdout
     assert load.outcomes["ok"] > 0 and set(load.outcomes) == {"ok"}, load.outcomes
     events = json.loads(kvpd("status", NAME, "--events", "--json").stdout)["events"]
-    assert [e["detail"].split()[0] for e in events if e["what"] == "restart"][-3:] == [
-        "decode-0", "decode-1", "prefill-0"]  # fmt: skip
+    restarts = [e["detail"].split()[0] for e in events if e["what"] == "restart"]
+    assert restarts[-2:] == ["decode-0", "decode-1"]
+
+
+def test_restarted_prefiller_hands_kv_over(day2: str) -> None:
+    """Decoders take KV from the new prefiller (the canary after the restart proves it on the
+    next request; the one prefiller means no load here: it cannot keep answering alone)."""
+    r = kvpd("restart", NAME, "prefill-0")
+    after = r.stdout.split("restarted prefill-0", 1)[1]
+    assert "P→D KV handover verified:" in after and "from prefill-0 to decode-" in after
 
 
 def _running_on_engines() -> float:
