@@ -310,6 +310,8 @@ def proxy_proc(
     if px.impl == "kvpd" or rehearse:
         # The token itself is written by `up` (kvpd/exec/admin_token.py), never in the plan.
         argv += ["--flow", flow, "--admin-token-file", ADMIN_TOKEN_FILE]
+        # On SIGTERM (down, restart) in-flight requests finish; below `down`'s SIGKILL grace.
+        argv += ["--shutdown-grace", "15"]
     return Proc(
         name="proxy",
         host=px.host,

@@ -12,4 +12,5 @@ exec kvpd proxy \
     --decoder-hosts 192.168.20.2 \
     --decoder-ports 8200 \
     --flow layerwise \
-    --admin-token-file proxy/admin-token
+    --admin-token-file proxy/admin-token \
+    --shutdown-grace 15

@@ -13,4 +13,5 @@ exec kvpd proxy \
     --decoder-hosts 127.0.0.1 \
     --decoder-ports 18200 \
     --flow prefill-first \
-    --admin-token-file proxy/admin-token
+    --admin-token-file proxy/admin-token \
+    --shutdown-grace 15
