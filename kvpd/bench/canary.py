@@ -91,7 +91,13 @@ def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
             errors.append(f"POST {plan.proxy_url}/v1/completions failed: {_reason(e)}")
     after = metrics.scrape(tgts, timeout_s=10)
     d = metrics.delta(tgts, before, after)
-    return judge(d, requests=n, generated=generated, errors=errors, disaggregated=disaggregated)
+    return judge(d, requests=n, generated=generated, errors=errors, disaggregated=disaggregated,
+                 layerwise=layerwise(plan))  # fmt: skip
+
+
+def layerwise(plan: Plan) -> bool:
+    """The proxy runs the decode-first flow, where the decoder calls its /v1/metaserver."""
+    return any(p.role == "proxy" and "layerwise" in p.command for p in plan.processes)
 
 
 def _reason(e: BaseException) -> str:
@@ -105,7 +111,13 @@ def _reason(e: BaseException) -> str:
 
 
 def judge(
-    d: metrics.Delta, *, requests: int, generated: int, errors: list[str], disaggregated: bool
+    d: metrics.Delta,
+    *,
+    requests: int,
+    generated: int,
+    errors: list[str],
+    disaggregated: bool,
+    layerwise: bool = False,
 ) -> CanaryResult:
     """The verdict on one canary's deltas (pure: tested without engines)."""
     where = "canary"
@@ -115,6 +127,13 @@ def judge(
     if disaggregated:
         problems += proof.prefill_problems(where, d)
         problems += proof.handoff_problems(where, d)
+        if layerwise and d.has_role("proxy") and d.role_sum("proxy", "disaggregated") <= 0:
+            problems.append(
+                f"{where}: kvpd_proxy_disaggregated_requests_total of the proxy did not move: "
+                "no decoder called the proxy's /v1/metaserver, so the layerwise (decode-first) "
+                "path was not used. Check the decoders' kv_transfer_config (metaserver URL) "
+                "and `kvpd logs proxy`."
+            )
     else:
         served = d.role_sum("mixed", "requests")
         if served < requests:

@@ -72,3 +72,12 @@ def test_event_log_appends_private_lines(tmp_path: Path) -> None:
     assert events[0].data == {"profile": "local"} and "@" in events[0].who
     assert stat.S_IMODE(os.stat(log.path).st_mode) == 0o600
     assert [e.what for e in log.read(last=1)] == ["down"]
+
+
+def test_layerwise_needs_the_metaserver_path() -> None:
+    d = _delta({"requests": 1}, {"requests": 1, "kv_received_tokens": 96})
+    r = canary.judge(d, requests=1, generated=4, errors=[], disaggregated=True, layerwise=True)
+    assert not r.ok and "/v1/metaserver" in r.line
+    d.per_target["proxy"] = {"disaggregated": 1}
+    assert canary.judge(d, requests=1, generated=4, errors=[], disaggregated=True,
+                        layerwise=True).ok  # fmt: skip
