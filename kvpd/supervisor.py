@@ -10,6 +10,9 @@ process `kvpd up` records, and the command runs as its child in a process group 
   within the last --window seconds: then the supervisor records "failed" and exits with the
   child's status, so `kvpd status` sees it dead and shows the log tail.
 - never: the child's exit ends the supervisor (with the child's status).
+- --ready-url: a child that exits before its health URL ever answered 200 is not restarted
+  (it never came up: a configuration problem, which `kvpd up` reports at once instead of
+  waiting out its health timeout over restarts).
 - SIGTERM/SIGINT/SIGHUP: no more restarts; the child's group gets SIGTERM, then SIGKILL after
   --grace seconds; the supervisor exits when the child is gone. If the supervisor itself is
   killed, the kernel kills the child (PR_SET_PDEATHSIG), so no engine outlives it unnoticed.
@@ -27,7 +30,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
@@ -50,6 +55,7 @@ class Supervisor:
         self.status_path: str = args.status
         self.stopping = False
         self.child: subprocess.Popen[bytes] | None = None
+        self.ready = threading.Event()  # the health URL answered 200 once
         self.status: dict[str, Any] = {
             "name": args.name,
             "supervisor_pid": os.getpid(),
@@ -145,9 +151,26 @@ class Supervisor:
         while not self.stopping and time.monotonic() < end:
             time.sleep(0.1)
 
+    def watch_ready(self) -> None:
+        """Poll --ready-url until it answers 200 once (a daemon thread)."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        while not self.ready.is_set() and not self.stopping:
+            try:
+                with opener.open(self.args.ready_url, timeout=2) as resp:
+                    if resp.status == 200:
+                        self.ready.set()
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+
     def run(self) -> int:
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, self.on_signal)
+        if self.args.ready_url:
+            threading.Thread(target=self.watch_ready, daemon=True).start()
+        else:
+            self.ready.set()
         self.start()
         delay = self.args.backoff
         while True:
@@ -163,6 +186,12 @@ class Supervisor:
                 self.status["state"] = "exited" if not failed else "failed"
                 self.save()
                 self.note(f"exited with {how}; not restarting (policy {self.args.restart})")
+                return rc if rc >= 0 else 128 - rc
+            if not self.ready.is_set():
+                self.status["state"] = "failed"
+                self.status["gave_up"] = "exited before it was ever ready"
+                self.save()
+                self.note(f"exited with {how} before it was ever ready; not restarting")
                 return rc if rc >= 0 else 128 - rc
             if self.recent_restarts() >= self.args.max_restarts:
                 self.status["state"] = "failed"
@@ -192,6 +221,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--window", type=float, default=600.0)
     p.add_argument("--backoff", type=float, default=2.0)
     p.add_argument("--grace", type=float, default=10.0)
+    p.add_argument("--ready-url", default="", help="restart only once this answered 200")
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.command[:1] == ["--"]:

@@ -237,7 +237,8 @@ def _supervisor(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, ...]:
     pol = supervision.policy_for(profile, p.role)
     if pol is None:
         return ()
-    return supervision.supervisor_argv(supervision.python_for(profile, rehearse), p.name, pol)
+    python = supervision.python_for(profile, rehearse)
+    return supervision.supervisor_argv(python, p.name, pol, p.health_url)
 
 
 def _sizing(profile: Profile) -> dict[str, Any]:

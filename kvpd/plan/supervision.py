@@ -39,8 +39,12 @@ def policy_for(profile: Profile, role: str) -> RestartPolicy | None:
     return pol if pol is not None and pol.policy != "never" else None
 
 
-def supervisor_argv(python: str, name: str, policy: RestartPolicy) -> tuple[str, ...]:
-    """The words before `COMMAND` in a supervised launch script."""
+def supervisor_argv(
+    python: str, name: str, policy: RestartPolicy, ready_url: str = ""
+) -> tuple[str, ...]:
+    """The words before `COMMAND` in a supervised launch script. `ready_url`: the process's
+    health URL; a process that exits before it ever answered is not restarted."""
+    ready = ("--ready-url", ready_url) if ready_url else ()
     return (
         python, "-m", "kvpd.supervisor",
         "--status", status_path(name),
@@ -50,5 +54,6 @@ def supervisor_argv(python: str, name: str, policy: RestartPolicy) -> tuple[str,
         "--window", f"{policy.window_s:g}",
         "--backoff", f"{policy.backoff_s:g}",
         "--grace", f"{GRACE_S:g}",
+        *ready,
         "--",
     )  # fmt: skip

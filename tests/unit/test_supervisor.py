@@ -102,6 +102,7 @@ def test_restart_policy_renders_supervised_launch_script() -> None:
     script = next(f.content for f in plan.files if f.path == "decode-0/launch.sh")
     assert "exec python3 -m kvpd.supervisor --status supervise/decode-0.json" in script
     assert "--max-restarts 2" in script and "-- \\\n    vllm serve" in script
+    assert "--ready-url http://127.0.0.1:18200/health" in script
     prefill = next(f.content for f in plan.files if f.path == "prefill-0/launch.sh")
     assert "kvpd.supervisor" not in prefill  # default: never
 
@@ -119,3 +120,12 @@ def test_bad_restart_policy_is_located(override: str, needle: str) -> None:
     with pytest.raises(ProfileError) as e:
         load_plan("local", sets=[override])
     assert needle in str(e.value)
+
+
+def test_exit_before_ever_ready_is_not_restarted(tmp_path: Path) -> None:
+    """`up` must see a process that cannot start at once, not after restarts."""
+    sup, status = _start(tmp_path, "--ready-url", "http://127.0.0.1:9/health",
+                         "--", "sh", "-c", "exit 4")  # fmt: skip
+    assert sup.wait(timeout=20) == 4
+    st = _status(status)
+    assert st["restarts"] == 0 and st["gave_up"] == "exited before it was ever ready"
