@@ -51,3 +51,20 @@ def test_split_targets() -> None:
     assert split_targets(["decode-0"], ["local"]) == ("local", ["decode-0"])
     with pytest.raises(StateError, match="name one first"):
         split_targets(["decode-0"], ["a", "b"])
+
+
+def test_completion_of_deployments_and_processes(
+    plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
+    from types import SimpleNamespace
+
+    from kvpd.cli import complete
+    from kvpd.exec.state import DeploymentState, StateStore
+
+    monkeypatch.setenv("KVPD_STATE_DIR", str(tmp_path))
+    StateStore(tmp_path).save(DeploymentState("local", "d", plan))
+    assert complete.deployments("lo") == ["local"]
+    ctx = SimpleNamespace(params={"targets": []})
+    assert complete.processes(ctx, "dec") == ["decode-0", "decode-1"]
+    ctx = SimpleNamespace(params={"targets": ["local"]})
+    assert complete.processes(ctx, "p") == ["prefill-0", "proxy"]
