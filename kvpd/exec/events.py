@@ -66,3 +66,22 @@ class EventLog:
             except (ValueError, KeyError, TypeError):
                 continue
         return out[-last:] if last else out
+
+
+def note_restarts(log: EventLog, name: str, restarts: int, last_exit: str) -> None:
+    """Append a `supervisor-restart` event when `name`'s supervisor restarted it more often
+    than the log knows since the last `up` (node-side restarts reach the log whenever kvpd
+    looks: `status`, `down`, `diagnose`)."""
+    known = 0
+    for e in log.read():
+        if e.what == "up":
+            known = 0
+        elif e.what == "supervisor-restart" and e.data.get("process") == name:
+            known = int(e.data.get("restarts", 0))
+    if restarts > known:
+        log.record(
+            "supervisor-restart",
+            f"{name} restarted by its supervisor ({restarts} so far; last exit {last_exit})",
+            process=name,
+            restarts=restarts,
+        )

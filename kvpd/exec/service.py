@@ -16,7 +16,7 @@ from types import FrameType, TracebackType
 
 from kvpd.errors import DeployError, StateError
 from kvpd.exec import admin_token, gather, logs, rolling, supervised
-from kvpd.exec.events import Event, EventLog
+from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus
 from kvpd.exec.preflight import Check, run_checks
 from kvpd.exec.proxy_admin import ProxyAdmin
@@ -298,6 +298,9 @@ class Deployments:
             run_dir = state.run_dirs.get(row.host)
             if run_dir and row.alive is not None:
                 row.supervisor = supervised.read(self._pool[row.host], run_dir, row.name, row.pid)
+            if row.supervisor is not None:
+                note_restarts(self.events(deployment), row.name, row.supervisor.restarts,
+                              row.supervisor.last_exit)  # fmt: skip
         return state, rows
 
     def supervisors(self, state: DeploymentState) -> dict[str, Supervised]:

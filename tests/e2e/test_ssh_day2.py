@@ -134,7 +134,7 @@ def test_crashed_engine_restarted_then_diagnosed(
             assert any(n.endswith(f"hosts/{h}/facts.txt") for n in names), names
         assert any(n.endswith("processes/decode-0/env.txt") for n in names)
         events = json.loads(kvpd(state_dir, "status", PROFILE, "--events", "--json").stdout)
-        assert [e["what"] for e in events["events"]] == ["up", "diagnose"]
+        assert [e["what"] for e in events["events"]] == ["up", "supervisor-restart", "diagnose"]
     finally:
         r = kvpd(state_dir, "down", PROFILE, "--json", "--grace", "5", check=False)
     assert r.returncode == 0, r.stdout + r.stderr

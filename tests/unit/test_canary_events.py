@@ -81,3 +81,17 @@ def test_layerwise_needs_the_metaserver_path() -> None:
     d.per_target["proxy"] = {"disaggregated": 1}
     assert canary.judge(d, requests=1, generated=4, errors=[], disaggregated=True,
                         layerwise=True).ok  # fmt: skip
+
+
+def test_supervisor_restarts_reach_the_event_log_once(tmp_path: Path) -> None:
+    from kvpd.exec.events import note_restarts
+
+    log = EventLog(tmp_path, "dep")
+    log.record("up")
+    note_restarts(log, "decode-0", 0, "")
+    note_restarts(log, "decode-0", 1, "signal SIGKILL")
+    note_restarts(log, "decode-0", 1, "signal SIGKILL")  # seen again by a later `status`
+    assert [e.what for e in log.read()] == ["up", "supervisor-restart"]
+    log.record("up")  # a new start: its supervisor counts from 0 again
+    note_restarts(log, "decode-0", 1, "code 1")
+    assert [e.what for e in log.read()][-1] == "supervisor-restart"
