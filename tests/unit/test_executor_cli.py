@@ -111,3 +111,28 @@ def test_diagnose_a_deployment_with_a_dead_process(cli, tmp_path: Path) -> None:
     assert b"kv on local: exited" in summary and b"proxy on local: healthy" in summary
     assert any(n.endswith("hosts/local/facts.txt") for n in names)
     assert cli("down", "demo").exit_code == 0
+
+
+def test_failed_canary_stops_the_deployment_unless_kept(cli, monkeypatch) -> None:  # noqa: ANN001
+    """The verdict is stubbed (engines cannot run here); what `up` does with it is real."""
+    from kvpd.bench import canary
+
+    problem = "canary: decode received no KV: vllm:prompt_tokens_by_source_total{...} did not grow"
+    failed = canary.CanaryResult(False, "canary FAILED: " + problem, [problem])
+    monkeypatch.setattr(canary, "applies", lambda plan: True)
+    monkeypatch.setattr(canary, "run", lambda plan: failed)
+    r = cli("up", "demo.yaml", "--yes")
+    assert r.exit_code == 1
+    msg = str(r.exception)
+    assert "the canary through the proxy failed" in msg and "prompt_tokens_by_source" in msg
+    assert "The deployment was stopped" in msg
+    st = json.loads(cli("status", "demo", "--json").stdout)
+    assert not any(p["alive"] for p in st["processes"])
+
+    r = cli("up", "demo.yaml", "--yes", "--keep-on-failure")
+    assert r.exit_code == 1 and "left up (--keep-on-failure)" in str(r.exception)
+    st = json.loads(cli("status", "demo", "--json").stdout)
+    assert all(p["alive"] for p in st["processes"])
+    events = json.loads(cli("status", "demo", "--events", "--json").stdout)["events"]
+    assert [e["what"] for e in events] == ["up", "canary", "down", "up", "canary"]
+    assert cli("down", "demo").exit_code == 0
