@@ -43,7 +43,7 @@ def check_phase(
         problems.append(f"{where}: no request completed.")
         return problems
     if disaggregated:
-        problems += _check_handoff(where, delta)
+        problems += handoff_problems(where, delta)
     seeded_phase = (protocol == "prefix" and phase == "measured") or (
         protocol == "twice" and phase == "warm"
     )
@@ -81,7 +81,10 @@ def check_phase(
     return problems
 
 
-def _check_handoff(where: str, delta: Delta) -> list[str]:
+def handoff_problems(where: str, delta: Delta) -> list[str]:
+    """THE definition of "disaggregation happened" (bench and `up`'s canary alike): the decode
+    engines served requests and either received KV or computed no more prompt tokens than
+    they found in their own prefix cache. Empty list: it happened."""
     decode_missing = {n: w for n, w in delta.missing.items() if delta.roles[n] == "decode"}
     if decode_missing:
         return [
@@ -107,4 +110,20 @@ def _check_handoff(where: str, delta: Delta) -> list[str]:
         f"({cached:.0f} from their own prefix cache), so this is not a P/D result. Check the "
         "KV connector settings of prefill and decode, that prompts are longer than one KV "
         "block, and `kvpd logs decode-0`."
+    ]
+
+
+def prefill_problems(where: str, delta: Delta) -> list[str]:
+    """The prefill engines counted the requests the proxy sent them (empty list: they did)."""
+    names = [n for n, r in delta.roles.items() if r == "prefill"]
+    if not names:
+        return []
+    missing = [n for n in names if n in delta.missing]
+    if len(missing) == len(names):
+        return [f"{where}: cannot check prefill, /metrics unreachable: " + ", ".join(missing)]
+    if delta.role_sum("prefill", "requests") > 0:
+        return []
+    return [
+        f"{where}: vllm:request_success_total did not move on {', '.join(names)}: the proxy "
+        "did not send the request to a prefiller first (check the proxy's flow and its log)."
     ]

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvpd.errors import KvpdError, StateError
+from kvpd.cli import bundle_view, complete
+from kvpd.errors import DeployError, KvpdError, StateError
 
 if TYPE_CHECKING:
     from kvpd.exec.state import StateStore
@@ -50,6 +51,21 @@ def _resolve_deployment(profile: str | None, deployment: str | None, store: Stat
     )
 
 
+def _canary_failed(plan: Plan, problems: list[str], profile: str, kept: bool) -> None:
+    engines = ", ".join(p.name for p in plan.processes if p.role in ("prefill", "decode", "mixed"))
+    what = "\n".join(f"  - {p}" for p in problems)
+    tail = (
+        f"The deployment is left up (--keep-on-failure): inspect with `kvpd logs "
+        f"{plan.deployment} NAME`, `kvpd diagnose {plan.deployment}`; stop with `kvpd down "
+        f"{profile}`."
+        if kept
+        else "The deployment was stopped; pass --keep-on-failure to keep it up for inspection."
+    )
+    raise DeployError(
+        f"the canary through the proxy failed (processes: proxy, {engines}):\n{what}\n{tail}"
+    )
+
+
 def register(app: typer.Typer) -> None:
     @app.command("up")
     def up_cmd(
@@ -75,8 +91,15 @@ def register(app: typer.Typer) -> None:
         serial: bool = typer.Option(
             False, "--serial", help="Bring each stage up one host at a time (slow; a baseline)."
         ),
+        no_canary: bool = typer.Option(
+            False, "--no-canary", help="Skip the request that proves P/D works after start."
+        ),
+        keep_on_failure: bool = typer.Option(
+            False, "--keep-on-failure", help="Leave the deployment up when the canary fails."
+        ),
     ) -> None:
         """Start a deployment: write its files, start its stages in order, gate on health."""
+        from kvpd.bench import canary
         from kvpd.cli import output
         from kvpd.exec.service import Deployments
 
@@ -121,25 +144,39 @@ def register(app: typer.Typer) -> None:
                 for ok, text in _confirm_layout(svc, plan):
                     tag = "[green]confirmed:[/]" if ok else "[yellow]warning:[/]"
                     output.err.print(f"{tag} {text}")
+            result = None
+            if not no_canary and canary.applies(plan):
+                result = svc.canary(plan, canary.run, keep_on_failure=keep_on_failure)
         if json_out:
             data = output.state_json(state, str(svc.store.path(plan.deployment)))
-            output.print_json({**data, "bundle": state.bundle})
+            data["bundle"] = state.bundle
+            if result is not None:
+                data["canary"] = result.to_dict()
+            output.print_json(data)
+        else:
+            output.out.print(output.up_table(state))
+            for b in state.bundle:  # node bundle: hosts left without the native core
+                if b.get("implementation") != "native" and b.get("slot") == "engine":
+                    output.err.print(
+                        f"[yellow]warning:[/] {b['host']}: kvpd's native core is not available "
+                        f"for {b.get('platform')} ({b.get('native', {}).get('reason')}); engines "
+                        "there use the NumPy fallback."
+                    )
+        if result is not None and not result.ok:
+            _canary_failed(plan, result.problems, profile, keep_on_failure)
+        if json_out:
             return
-        output.out.print(output.up_table(state))
-        for b in state.bundle:  # node bundle: hosts left without the native core
-            if b.get("implementation") != "native" and b.get("slot") == "engine":
-                output.err.print(
-                    f"[yellow]warning:[/] {b['host']}: kvpd's native core is not available "
-                    f"for {b.get('platform')} ({b.get('native', {}).get('reason')}); engines "
-                    "there use the NumPy fallback."
-                )
+        if result is not None:
+            output.out.print(result.line)
         if plan.proxy_url:
             output.out.print(f"Proxy: {plan.proxy_url}")
         output.out.print(f"Stop with: kvpd down {profile}")
 
     @app.command("down")
     def down_cmd(
-        profile: str | None = typer.Argument(None, help="Profile or deployment name."),
+        profile: str | None = typer.Argument(
+            None, help="Profile or deployment name.", autocompletion=complete.deployments
+        ),
         deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
         grace: float = typer.Option(20.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -202,9 +239,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command("status")
     def status_cmd(
-        profile: str | None = typer.Argument(None, help="Profile or deployment name."),
+        profile: str | None = typer.Argument(
+            None, help="Profile or deployment name.", autocompletion=complete.deployments
+        ),
         deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
         json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        events: bool = typer.Option(
+            False, "--events", help="Show the deployment's event log (up, down, canary, ...)."
+        ),
     ) -> None:
         """Show each process: alive, healthy (one probe), uptime, ports."""
         from kvpd.cli import output
@@ -212,20 +254,42 @@ def register(app: typer.Typer) -> None:
 
         with Deployments() as svc:
             name = _resolve_deployment(profile, deployment, svc.store)
+            if events:
+                history = svc.history(name)
+                if json_out:
+                    output.print_json({"deployment": name, "events": [vars(e) for e in history]})
+                else:
+                    output.out.print(output.events_table(name, history))
+                return
             state, rows = svc.status(name)
+            # A process its supervisor gave up on: the end of its log says why.
+            tails = {
+                r.name: svc.logs(r.name, deployment=name, lines=15).text
+                for r in rows
+                if r.supervisor is not None and r.supervisor.state == "failed"
+            }
         if json_out:
             data = output.status_json(name, rows)
+            for p in data["processes"]:
+                if p["name"] in tails:
+                    p["log_tail"] = tails[p["name"]].splitlines()
             output.print_json({**data, "status": state.status, "bundle": state.bundle})
             return
         output.out.print(output.status_table(f"{name} ({state.status})", rows))
         if state.bundle:  # node bundle: what `up` verified on each host
-            from kvpd.cli.bundle_view import status_table
-
-            output.out.print(status_table(state.bundle))
+            output.out.print(bundle_view.status_table(state.bundle))
+        for proc, text in tails.items():
+            output.out.print(f"{proc} stopped restarting; the end of its log:")
+            output.out.print(text.rstrip(), markup=False)
 
     @app.command("logs")
     def logs_cmd(
-        name: str = typer.Argument(..., help="Process name, e.g. decode-0 or proxy."),
+        targets: list[str] = typer.Argument(
+            ...,
+            help="[DEPLOYMENT] PROCESS, e.g. `local decode-0` (deployment optional when only "
+            "one has such a process).",
+            autocompletion=complete.processes,
+        ),
         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
         lines: int = typer.Option(50, "-n", "--lines", help="How many last lines to show."),
         deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
@@ -233,6 +297,14 @@ def register(app: typer.Typer) -> None:
         """Print the log of one process (from its host)."""
         from kvpd.exec.service import Deployments
 
+        if len(targets) > 2 or (len(targets) == 2 and deployment):
+            raise typer.BadParameter(
+                "give one process: `kvpd logs [DEPLOYMENT] PROCESS`", param_hint="TARGETS"
+            )
+        if len(targets) == 2:
+            deployment, name = targets
+        else:
+            name = targets[0]
         with Deployments() as svc:
             log = svc.logs(name, deployment=deployment, lines=lines)
             sys.stdout.write(log.text)

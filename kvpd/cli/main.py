@@ -20,6 +20,7 @@ from kvpd.errors import KvpdError
 _COMMAND_MODULES = (
     "kvpd.cli.plan_cmd",
     "kvpd.cli.deploy_cmd",
+    "kvpd.cli.day2_cmd",
     "kvpd.cli.bench_cmd",
     "kvpd.cli.proxy_cmd",
     "kvpd.cli.model_cmd",
@@ -34,7 +35,7 @@ def build_app() -> typer.Typer:
         name="kvpd",
         help="Plan, start, benchmark and stop P/D-disaggregated vLLM deployments.",
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=True,  # --install-completion / --show-completion for the user's shell
         pretty_exceptions_enable=False,
     )
 

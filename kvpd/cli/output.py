@@ -15,7 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from kvpd.exec.checks import Check
+from kvpd.exec.events import Event
 from kvpd.exec.executor import DownResult, ProcessStatus
+from kvpd.exec.gather import Report
 from kvpd.exec.state import DeploymentState
 from kvpd.plan.model import Plan
 
@@ -226,6 +228,7 @@ def status_json(deployment: str, rows: list[ProcessStatus]) -> dict[str, Any]:
                 "listening": s.listening,
                 "log": s.log,
                 "detail": s.detail,
+                "supervisor": dataclasses.asdict(s.supervisor) if s.supervisor else None,
             }
             for s in rows
         ],
@@ -234,7 +237,9 @@ def status_json(deployment: str, rows: list[ProcessStatus]) -> dict[str, Any]:
 
 def status_table(deployment: str, rows: list[ProcessStatus]) -> Table:
     t = Table(title=f"{deployment}")
-    for col in ("Process", "Host", "PID", "Alive", "Healthy", "Uptime", "Ports", "Detail"):
+    supervised = any(s.supervisor for s in rows)
+    cols = ["Process", "Host", "PID", "Alive", "Healthy", "Uptime", "Ports"]
+    for col in cols + (["Restarts", "Last exit"] if supervised else []) + ["Detail"]:
         t.add_column(col)
 
     def yn(v: bool | None) -> Text:
@@ -252,9 +257,21 @@ def status_table(deployment: str, rows: list[ProcessStatus]) -> Table:
             yn(s.healthy),
             fmt_duration(s.uptime_s),
             ports or "-",
+            *(_supervision_cells(s) if supervised else []),
             s.detail,
         )
     return t
+
+
+def _supervision_cells(s: ProcessStatus) -> list[str | Text]:
+    sup = s.supervisor
+    if sup is None:
+        return ["-", "-"]
+    restarts = Text(str(sup.restarts), style="yellow" if sup.restarts else "")
+    last = sup.last_exit or "-"
+    if sup.state == "failed":
+        return [restarts, Text(f"{last} (gave up: {sup.gave_up or 'no restart'})", style="red")]
+    return [restarts, last]
 
 
 def preflight_json(checks: list[Check]) -> dict[str, Any]:
@@ -277,3 +294,26 @@ def show_preflight(deployment: str, checks: list[Check], *, as_json: bool) -> bo
     else:
         out.print(preflight_table(deployment, checks))
     return all(c.ok for c in checks)
+
+
+def events_table(deployment: str, events: list[Event]) -> Table:
+    t = Table(title=f"events of {deployment}")
+    for col in ("time", "who", "event", "detail"):
+        t.add_column(col, overflow="fold")
+    for e in events:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at))
+        style = "red" if e.what.endswith("failed") or e.data.get("ok") is False else None
+        t.add_row(stamp, e.who, Text(e.what, style=style or ""), e.detail)
+    return t
+
+
+def diagnose_table(report: Report) -> Table:
+    t = Table(title=f"diagnose {report.deployment}")
+    for col in ("Process", "Host", "State", "Likely cause"):
+        t.add_column(col, overflow="fold")
+    for f in report.processes:
+        ok = f.state in ("healthy", "running")
+        t.add_row(f.name, f.host, Text(f.state, style="green" if ok else "red"), f.cause or "-")
+    for p in report.problems:
+        t.add_row("(hosts)", "", Text("problem", style="red"), p)
+    return t

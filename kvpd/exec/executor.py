@@ -15,6 +15,7 @@ from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
+from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import Transport
 from kvpd.exec.transports import TransportPool
 from kvpd.plan.model import FileSpec, HostSpec, Plan, ProcessSpec
@@ -44,6 +45,7 @@ class ProcessStatus:
     listening: list[int]
     log: str
     detail: str = ""
+    supervisor: Supervised | None = None  # set by the service for supervised processes
 
 
 @dataclass

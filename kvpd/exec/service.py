@@ -10,19 +10,23 @@ from __future__ import annotations
 import posixpath
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType, TracebackType
 
 from kvpd.errors import DeployError, StateError
-from kvpd.exec import logs
+from kvpd.exec import admin_token, gather, logs, rolling, supervised
 from kvpd.exec.checks import Check
+from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus
 from kvpd.exec.preflight import run_checks
+from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.purge import purge_run_dirs
+from kvpd.exec.rolling import CanaryCheck, CanaryOutcome, Roller, Step
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
-from kvpd.exec.stop import Reporter
+from kvpd.exec.stop import Reporter, StopOutcome
+from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import CommandResult, Transport
 from kvpd.exec.transports import TransportPool
 from kvpd.plan.model import Plan
@@ -148,15 +152,69 @@ class Deployments:
             checks = self.prepare(plan, profile=profile, preflight=preflight)
             if not all(c.ok for c in checks):
                 raise PreflightFailed(plan, checks)
-        with sigterm_as_interrupt():
-            return self._executor(reporter).up(plan, profile=profile, refuse_running=False)
+        events = self.events(plan.deployment)
+        plan = admin_token.issue(plan, self.store.root)
+        try:
+            with sigterm_as_interrupt():
+                state = self._executor(reporter).up(plan, profile=profile, refuse_running=False)
+        except BaseException as e:
+            events.record("up-failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
+            raise
+        events.record("up", f"{len(state.processes)} processes", profile=profile)
+        return state
+
+    def canary(
+        self, plan: Plan, run: CanaryCheck, *, keep_on_failure: bool = True
+    ) -> CanaryOutcome:
+        """`run(plan)` (the bench's canary: one real request through the proxy, proven from
+        /metrics; passed in, as exec does not import bench), recorded in the event log. A
+        failure stops the deployment unless `keep_on_failure`."""
+        result = run(plan)
+        self.events(plan.deployment).record(
+            "canary", result.line, ok=result.ok, problems=result.problems
+        )
+        if not result.ok and not keep_on_failure:
+            self.down(plan.deployment)
+        return result
+
+    def events(self, deployment: str) -> EventLog:
+        """The append-only event log of `deployment` (next to its state)."""
+        return EventLog(self.store.root, deployment)
+
+    def history(self, deployment: str, last: int | None = None) -> list[Event]:
+        return self.events(deployment).read(last)
 
     def down(self, deployment: str, reporter: Reporter | None = None) -> DownResult | None:
         """Stop every recorded process of `deployment`; None when it has no state."""
         state = self.store.load(deployment)
         if state is None:
             return None
-        return self._executor(reporter).down(state)
+        self._pool.add_hosts(state.plan.hosts)
+        children = self.supervisors(state)  # read before the supervisors go
+        result = self._executor(reporter).down(state)
+        self._reap_children(state, children, result)
+        self.events(deployment).record(
+            "down", "clean" if result.clean else "incomplete: " + "; ".join(problems(result))
+        )
+        return result
+
+    def _reap_children(
+        self, state: DeploymentState, children: dict[str, Supervised], result: DownResult
+    ) -> None:
+        """A supervisor forwards the stop to its child; verify the child went with it (and
+        kill its group if not: a supervisor killed past its grace leaves it to the kernel's
+        PDEATHSIG, which does not reach the engine's own children)."""
+        for name, sup in children.items():
+            rec = state.record(name)
+            if rec is None or not sup.child_pid:
+                continue
+            t = self._pool[rec.host]
+            if sup.child_pgid and t.group_alive(sup.child_pgid):
+                t.signal_group(sup.child_pgid, signal.SIGKILL)
+                gone = not t.group_alive(sup.child_pgid)
+                how = "killed" if gone else "still running"
+                detail = f"supervised child pgid {sup.child_pgid} outlived its supervisor"
+                result.stop.outcomes.append(StopOutcome(f"{name} (child)", rec.host, how, detail))
 
     def purge(self, state: DeploymentState) -> dict[str, str]:
         """Remove every host's run dir of a stopped deployment (rendered files, logs, the node
@@ -177,12 +235,93 @@ class Deployments:
         self.stop(plan.deployment, reporter)
         return self.up(plan, profile=profile, reporter=reporter)
 
+    def roll(
+        self,
+        deployment: str,
+        targets: list[str],
+        *,
+        reporter: Reporter | None = None,
+        canary: CanaryCheck | None = None,
+        drain_timeout_s: float = 60.0,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> list[Step]:
+        """Rolling restart of `targets` (names or groups; all when empty) of a running
+        deployment: for each in turn drain, stop, start, health gate, re-admit, canary (see
+        exec/rolling.py), `canary(plan)` after each. Stops at the first failure (DeployError),
+        the rest untouched."""
+        state = self.store.require(deployment)
+        plan = state.plan
+        self._pool.add_hosts(plan.hosts)
+        specs = rolling.select(plan, targets)
+        has_proxy = any(p.role == "proxy" for p in plan.processes)
+        admin = (
+            ProxyAdmin(plan.proxy_url, admin_token.read(self.store.root, deployment))
+            if has_proxy and plan.proxy_url
+            else None
+        )
+        check = None
+        if canary is not None:
+
+            def check() -> tuple[bool, str]:
+                r = self.canary(plan, canary)
+                return r.ok, r.line
+
+        ex = self._executor(reporter)
+        ex.transports.add_hosts(plan.hosts)
+        roller = Roller(ex, state, admin, check, drain_timeout_s=drain_timeout_s,
+                        save=lambda: self.store.save(state))  # fmt: skip
+        steps: list[Step] = []
+        for spec in specs:
+            try:
+                step = roller.restart(spec)
+            except BaseException as e:
+                self.events(deployment).record("restart-failed", f"{spec.name}: {e}")
+                raise
+            self.events(deployment).record(
+                "restart", f"{spec.name} in {step.seconds:.1f}s", drained=step.drained
+            )
+            steps.append(step)
+            if on_step is not None:
+                on_step(step)
+        return steps
+
     # -- inspecting --------------------------------------------------------------------
+
+    def diagnose(self, deployment: str, *, lines: int = 200) -> gather.Report:
+        """Everything that explains `deployment`'s state, from every host in parallel, into
+        `<state root>/<deployment>/diagnose/<time>.tar.gz` (exec/gather.py)."""
+        state = self.store.require(deployment)
+        ev = self.events(deployment)
+        extra = {"events.jsonl": ev.path.read_bytes()} if ev.path.exists() else {}
+        out = self.store.root / deployment / "diagnose"
+        report = gather.gather(self._pool, state, out, lines=lines, extra=extra)
+        bad = [f.name for f in report.processes if f.state not in ("healthy", "running")]
+        ev.record("diagnose", str(report.archive), not_ok=bad)
+        return report
 
     def status(self, deployment: str) -> tuple[DeploymentState, list[ProcessStatus]]:
         """The recorded state and each process: alive, healthy, uptime, ports."""
         state = self.store.require(deployment)
-        return state, self._executor().status(state)
+        rows = self._executor().status(state)
+        for row in rows:
+            run_dir = state.run_dirs.get(row.host)
+            if run_dir and row.alive is not None:
+                row.supervisor = supervised.read(self._pool[row.host], run_dir, row.name, row.pid)
+            if row.supervisor is not None:
+                note_restarts(self.events(deployment), row.name, row.supervisor.restarts,
+                              row.supervisor.last_exit)  # fmt: skip
+        return state, rows
+
+    def supervisors(self, state: DeploymentState) -> dict[str, Supervised]:
+        """The supervisor status of each supervised process of `state`, by name."""
+        out: dict[str, Supervised] = {}
+        for rec in state.processes:
+            run_dir = state.run_dirs.get(rec.host)
+            if run_dir:
+                sup = supervised.read(self._pool[rec.host], run_dir, rec.name, rec.pid)
+                if sup is not None:
+                    out[rec.name] = sup
+        return out
 
     def running(self, deployment: str) -> DeploymentState | None:
         """The state of `deployment` if any of its processes is (or may be) alive."""

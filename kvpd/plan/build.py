@@ -7,7 +7,7 @@ import posixpath
 from typing import Any
 
 from kvpd.errors import ProfileError
-from kvpd.plan import configfiles, kvconfig
+from kvpd.plan import configfiles, kvconfig, supervision
 from kvpd.plan.bench import bench_spec
 from kvpd.plan.bundle import bundle_uses, with_bundle_paths
 from kvpd.plan.facts import derive_facts
@@ -180,7 +180,9 @@ def build_plan(
         put(
             p.host,
             script,
-            launch_script(p, profile.name, log, profile.runtime.dirs),
+            launch_script(
+                p, profile.name, log, profile.runtime.dirs, _supervisor(profile, p, rehearse)
+            ),
             "launch.sh.j2",
             0o700 if secret else 0o755,
         )
@@ -241,6 +243,14 @@ def build_plan(
         bundle=bundle,
         log_checks=log_checks(facts, procs),
     )
+
+
+def _supervisor(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, ...]:
+    pol = supervision.policy_for(profile, p.role)
+    if pol is None:
+        return ()
+    python = supervision.python_for(profile, rehearse)
+    return supervision.supervisor_argv(python, p.name, pol, p.health_url)
 
 
 def _sizing(profile: Profile) -> dict[str, Any]:

@@ -19,6 +19,8 @@ import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvpd.plan.supervision import policy_for
+
 if TYPE_CHECKING:  # only types: kvpd.plan.model imports this module
     from kvpd.plan.processes import Proc
     from kvpd.profile.schema import Group, Profile
@@ -91,12 +93,16 @@ def proxy_python(profile: Profile, rehearse: bool) -> str:
 
 
 def _reasons(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, str] | None:
-    """(slot, why) when process `p` imports kvpd, else None."""
+    """(slot, why) when process `p` imports kvpd, else None. A supervised process imports kvpd
+    for its supervisor (`python -m kvpd.supervisor`, standard library only)."""
+    supervised: tuple[str, str] | None = None
+    if policy_for(profile, p.role) is not None:
+        supervised = (PROXY_SLOT if p.role == "proxy" else ENGINE_SLOT, "supervised (restart)")
     if p.role == "proxy":
         px = profile.proxy
         if px is not None and (px.impl == "kvpd" or rehearse):
             return PROXY_SLOT, "kvpd proxy"
-        return None
+        return supervised
     if p.role not in ("prefill", "decode", "mixed"):
         return None
     group: Group = getattr(profile, p.role)
@@ -105,7 +111,7 @@ def _reasons(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, str] | Non
     planner = sparse_planner(group) if p.role == "decode" else None
     if planner in ("kvpd", "auto"):
         return ENGINE_SLOT, f"sparse planner {planner}"
-    return None
+    return supervised
 
 
 def bundle_uses(profile: Profile, procs: list[Proc], rehearse: bool) -> tuple[BundleUse, ...]:

@@ -276,6 +276,9 @@ def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
     return out
 
 
+ADMIN_TOKEN_FILE = "proxy/admin-token"  # relative to the proxy host's run dir
+
+
 def proxy_proc(
     profile: Profile, engines: list[Proc], stage: int, rehearse: bool = False
 ) -> Proc | None:
@@ -317,6 +320,10 @@ def proxy_proc(
     argv += ["--decoder-hosts", *dh, "--decoder-ports", *dp]
     if px.impl == "kvpd" or rehearse:
         argv += ["--flow", flow, *proxy_timeout_args(px)]
+        # The token itself is written by `up` (kvpd/exec/admin_token.py), never in the plan.
+        argv += ["--admin-token-file", ADMIN_TOKEN_FILE]
+        # On SIGTERM (down, restart) in-flight requests finish; below `down`'s SIGKILL grace.
+        argv += ["--shutdown-grace", "15"]
     return Proc(
         name="proxy",
         host=px.host,

@@ -32,7 +32,13 @@ def render(template: str, **context: Any) -> str:
         raise RuntimeError(f"Template {template} (L{line}): {e}") from e
 
 
-def launch_script(proc: Proc, deployment: str, log: str, dirs: list[str] | None = None) -> str:
+def launch_script(
+    proc: Proc,
+    deployment: str,
+    log: str,
+    dirs: list[str] | None = None,
+    supervisor: tuple[str, ...] = (),
+) -> str:
     """The launch script of `proc`. Env names go into the script unquoted (`export NAME=...`):
     the schema allows only identifiers, and this is the last guard against a kvpd bug."""
     for name, _ in proc.env:
@@ -46,4 +52,5 @@ def launch_script(proc: Proc, deployment: str, log: str, dirs: list[str] | None 
         deployment=deployment,
         log=log,
         command=command_lines(proc.argv),
+        supervisor=supervisor,
     )

@@ -142,6 +142,19 @@ class SparseOffload(_Model):
     )
 
 
+class RestartPolicy(_Model):
+    """What the node-side supervisor does when the process exits (kvpd/supervisor.py)."""
+
+    policy: Literal["never", "on-failure"] = Field(
+        "never", description="on-failure: restart after a non-zero exit or a signal"
+    )
+    max_restarts: int = Field(3, ge=1, le=10, description="give up after this many in window_s")
+    window_s: float = Field(600.0, gt=0, le=86400, description="seconds the restarts count in")
+    backoff_s: float = Field(
+        2.0, ge=0, le=600, description="wait before the first restart; doubles, at most 60 s"
+    )
+
+
 class ServeOptions(_Model):
     """`vllm serve` options. Set under `engine:` for all groups; a group overrides."""
 
@@ -200,6 +213,9 @@ class Group(ServeOptions):
         description="how long `up` waits for this group's engines to become healthy (default: "
         "runtime.health_timeout_s, plus time to set up a sparse-offload host pool)",
     )
+    restart: RestartPolicy | None = Field(
+        None, description="supervise and restart this group's engines (default: never)"
+    )
 
     @field_validator("kv_connectors", mode="before")
     @classmethod
@@ -232,6 +248,9 @@ class Proxy(_Model):
     )
     connect_timeout_s: float | None = Field(
         None, gt=0, description="longest wait for a backend connection (unset: 3)"
+    )
+    restart: RestartPolicy | None = Field(
+        None, description="supervise and restart the proxy (default: never)"
     )
 
 

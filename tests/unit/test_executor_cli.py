@@ -79,3 +79,60 @@ def test_up_needs_yes_when_not_interactive(cli) -> None:  # noqa: ANN001
 def test_down_without_state(cli) -> None:  # noqa: ANN001
     r = cli("down", "--deployment", "nope")
     assert r.exit_code == 0 and "Nothing to stop" in r.stdout
+
+
+def test_one_grammar_logs_and_events(cli) -> None:  # noqa: ANN001
+    """`kvpd logs DEPLOYMENT PROCESS` and `kvpd status DEPLOYMENT --events`."""
+    assert cli("up", "demo.yaml", "--yes", "--json").exit_code == 0
+    r = cli("logs", "demo", "proxy", "-n", "5")
+    assert r.exit_code == 0 and "proxy listening on" in r.stdout
+    r = cli("logs", "demo", "nope")
+    assert "has no process 'nope'" in str(r.exception)
+    assert cli("down", "demo").exit_code == 0
+    r = cli("status", "demo", "--events", "--json")
+    assert r.exit_code == 0, r.output
+    assert [e["what"] for e in json.loads(r.stdout)["events"]] == ["up", "down"]
+
+
+def test_diagnose_a_deployment_with_a_dead_process(cli, tmp_path: Path) -> None:  # noqa: ANN001
+    import tarfile
+
+    assert cli("up", "demo.yaml", "--yes", "--json").exit_code == 0
+    st = StateStore(tmp_path / "state").load("demo")
+    kv = st.record("kv")
+    LocalTransport().signal_group(kv.pgid, 9, start_ticks=kv.start_ticks)
+    r = cli("diagnose", "demo")
+    assert r.exit_code == 0, r.output
+    assert "exited" in r.stdout and "healthy" in r.stdout
+    archive = Path(r.stdout.split("Archive:", 1)[1].split()[0])
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        summary = tar.extractfile(next(n for n in names if n.endswith("summary.txt"))).read()
+    assert b"kv on local: exited" in summary and b"proxy on local: healthy" in summary
+    assert any(n.endswith("hosts/local/facts.txt") for n in names)
+    assert cli("down", "demo").exit_code == 0
+
+
+def test_failed_canary_stops_the_deployment_unless_kept(cli, monkeypatch) -> None:  # noqa: ANN001
+    """The verdict is stubbed (engines cannot run here); what `up` does with it is real."""
+    from kvpd.bench import canary
+
+    problem = "canary: decode received no KV: vllm:prompt_tokens_by_source_total{...} did not grow"
+    failed = canary.CanaryResult(False, "canary FAILED: " + problem, [problem])
+    monkeypatch.setattr(canary, "applies", lambda plan: True)
+    monkeypatch.setattr(canary, "run", lambda plan: failed)
+    r = cli("up", "demo.yaml", "--yes")
+    assert r.exit_code == 1
+    msg = str(r.exception)
+    assert "the canary through the proxy failed" in msg and "prompt_tokens_by_source" in msg
+    assert "The deployment was stopped" in msg
+    st = json.loads(cli("status", "demo", "--json").stdout)
+    assert not any(p["alive"] for p in st["processes"])
+
+    r = cli("up", "demo.yaml", "--yes", "--keep-on-failure")
+    assert r.exit_code == 1 and "left up (--keep-on-failure)" in str(r.exception)
+    st = json.loads(cli("status", "demo", "--json").stdout)
+    assert all(p["alive"] for p in st["processes"])
+    events = json.loads(cli("status", "demo", "--events", "--json").stdout)["events"]
+    assert [e["what"] for e in events] == ["up", "canary", "down", "up", "canary"]
+    assert cli("down", "demo").exit_code == 0

@@ -519,8 +519,8 @@ def test_proxy_timeouts_render_what_the_profile_sets_and_default_to_no_limit() -
     cmd = plan("large-ep", "proxy.prefill_timeout_s=900", "proxy.first_byte_timeout_s=1200",
                "proxy.read_timeout_s=60.5").process("proxy").command  # fmt: skip
     i = cmd.index("--prefill-timeout")
-    assert cmd[i:] == ("--prefill-timeout", "900", "--first-byte-timeout", "1200",
-                       "--read-timeout", "60.5")  # fmt: skip
+    assert cmd[i : i + 6] == ("--prefill-timeout", "900", "--first-byte-timeout", "1200",
+                              "--read-timeout", "60.5")  # fmt: skip
     hosts = ["--prefiller-hosts", "127.0.0.1", "--prefiller-ports", "8001"]
     hosts += ["--decoder-hosts", "127.0.0.1", "--decoder-ports", "8002"]
     cfg = parse_args([*hosts, *cmd[i:]])

@@ -13,4 +13,6 @@ exec python3 \
     --prefiller-ports 9000 9000 9000 9000 \
     --decoder-hosts 192.168.10.5 192.168.10.5 192.168.10.6 192.168.10.6 192.168.10.7 192.168.10.7 192.168.10.8 192.168.10.8 \
     --decoder-ports 9000 9001 9000 9001 9000 9001 9000 9001 \
-    --flow prefill-first
+    --flow prefill-first \
+    --admin-token-file proxy/admin-token \
+    --shutdown-grace 15

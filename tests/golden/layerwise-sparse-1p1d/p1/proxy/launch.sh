@@ -13,4 +13,6 @@ exec python3 \
     --prefiller-ports 8100 \
     --decoder-hosts 192.168.20.2 \
     --decoder-ports 8200 \
-    --flow layerwise
+    --flow layerwise \
+    --admin-token-file proxy/admin-token \
+    --shutdown-grace 15

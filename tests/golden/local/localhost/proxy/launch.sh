@@ -14,4 +14,6 @@ exec python3 \
     --prefiller-ports 18100 \
     --decoder-hosts 127.0.0.1 \
     --decoder-ports 18200 \
-    --flow prefill-first
+    --flow prefill-first \
+    --admin-token-file proxy/admin-token \
+    --shutdown-grace 15

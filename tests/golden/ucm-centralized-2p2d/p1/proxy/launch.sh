@@ -13,4 +13,6 @@ exec python3 \
     --prefiller-ports 7800 7801 \
     --decoder-hosts 192.168.10.2 192.168.10.2 \
     --decoder-ports 7802 7803 \
-    --flow prefill-first
+    --flow prefill-first \
+    --admin-token-file proxy/admin-token \
+    --shutdown-grace 15

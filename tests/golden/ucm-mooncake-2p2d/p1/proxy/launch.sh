@@ -13,4 +13,6 @@ exec python3 \
     --prefiller-ports 9000 9001 \
     --decoder-hosts 192.168.10.2 192.168.10.2 \
     --decoder-ports 9000 9001 \
-    --flow prefill-first
+    --flow prefill-first \
+    --admin-token-file proxy/admin-token \
+    --shutdown-grace 15

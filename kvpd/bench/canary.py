@@ -1,0 +1,161 @@
+"""The canary: one short real request through the proxy, proven from /metrics deltas.
+
+`kvpd up` ends with it and `kvpd restart` runs it after each process comes back. Whether
+disaggregation happened is decided by `kvpd.bench.proof` (the same code that fails a benchmark),
+so a canary and a bench run cannot disagree about what "P/D works" means.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpd.bench import metrics, proof
+from kvpd.plan.model import Plan
+
+# Endpoints are cluster nodes; an http_proxy from the environment must not apply.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# Long enough to span several KV blocks of any engine (block sizes 16..128 tokens).
+_TEXT = (
+    "The operators of a disaggregated serving cluster want to know right after start that "
+    "prefill hands its key value cache to decode, not after a benchmark an hour later. "
+)
+
+
+@dataclass
+class CanaryResult:
+    """What the canary saw. `ok`: every check passed; `line`: the one line to print."""
+
+    ok: bool
+    line: str
+    problems: list[str] = field(default_factory=list)
+    delta: dict[str, Any] = field(default_factory=dict)
+    requests: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "line": self.line, "problems": self.problems,
+                "requests": self.requests, "delta": self.delta}  # fmt: skip
+
+
+def prompt(blocks: int = 4) -> str:
+    """A prompt no engine has cached (a fresh nonce first), so decode cannot skip the
+    handover by finding it in its own prefix cache."""
+    return f"canary {secrets.token_hex(6)}: " + _TEXT * blocks
+
+
+def send(
+    base_url: str, model: str, text: str, *, max_tokens: int = 4, timeout_s: float = 120.0
+) -> int:
+    """POST one completion; the number of generated tokens (raises OSError/ValueError)."""
+    body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0}
+    req = urllib.request.Request(
+        base_url.rstrip("/") + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with _OPENER.open(req, timeout=timeout_s) as resp:
+        out = json.loads(resp.read() or b"{}")
+    usage = out.get("usage") or {}
+    tokens = int(usage.get("completion_tokens") or 0)
+    if not tokens and any(c.get("text") for c in out.get("choices") or []):
+        tokens = 1
+    return tokens
+
+
+def applies(plan: Plan) -> bool:
+    """A canary needs engines with /metrics and a URL to send to (a plan of services only,
+    e.g. a KV store under test, has nothing to prove)."""
+    engines = [t for t in metrics.targets(plan) if t.role in metrics.ENGINE_ROLES]
+    return bool(engines and plan.proxy_url)
+
+
+def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
+    """Scrape, send (one request, or one per mixed instance), scrape, judge."""
+    tgts = metrics.targets(plan)
+    roles = {t.role for t in tgts}
+    disaggregated = "prefill" in roles and "decode" in roles
+    n = 1 if disaggregated else max(1, sum(1 for t in tgts if t.role == "mixed"))
+    if not plan.proxy_url:
+        return CanaryResult(False, "canary: the plan has no proxy/serving URL to send to.",
+                            ["no proxy URL"])  # fmt: skip
+    before = metrics.scrape(tgts, timeout_s=10)
+    generated, errors = 0, []
+    for _ in range(n):
+        try:
+            generated += send(plan.proxy_url, plan.served_model, prompt(), timeout_s=timeout_s)
+        except (OSError, ValueError) as e:
+            errors.append(f"POST {plan.proxy_url}/v1/completions failed: {_reason(e)}")
+    after = metrics.scrape(tgts, timeout_s=10)
+    d = metrics.delta(tgts, before, after)
+    return judge(d, requests=n, generated=generated, errors=errors, disaggregated=disaggregated,
+                 layerwise=layerwise(plan))  # fmt: skip
+
+
+def layerwise(plan: Plan) -> bool:
+    """The proxy runs the decode-first flow, where the decoder calls its /v1/metaserver."""
+    return any(p.role == "proxy" and "layerwise" in p.command for p in plan.processes)
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, urllib.error.HTTPError):
+        try:
+            body = e.read().decode("utf-8", "replace")[:300]
+        except OSError:
+            body = ""
+        return f"HTTP {e.code} {body}".strip()
+    return str(getattr(e, "reason", e))
+
+
+def judge(
+    d: metrics.Delta,
+    *,
+    requests: int,
+    generated: int,
+    errors: list[str],
+    disaggregated: bool,
+    layerwise: bool = False,
+) -> CanaryResult:
+    """The verdict on one canary's deltas (pure: tested without engines)."""
+    where = "canary"
+    problems = list(errors)
+    if not errors and generated <= 0:
+        problems.append(f"{where}: the proxy answered but no tokens came back.")
+    if disaggregated:
+        problems += proof.prefill_problems(where, d)
+        problems += proof.handoff_problems(where, d)
+        if layerwise and d.has_role("proxy") and d.role_sum("proxy", "disaggregated") <= 0:
+            problems.append(
+                f"{where}: kvpd_proxy_disaggregated_requests_total of the proxy did not move: "
+                "no decoder called the proxy's /v1/metaserver, so the layerwise (decode-first) "
+                "path was not used. Check the decoders' kv_transfer_config (metaserver URL) "
+                "and `kvpd logs proxy`."
+            )
+    else:
+        served = d.role_sum("mixed", "requests")
+        if served < requests:
+            names = ", ".join(n for n, r in d.roles.items() if r == "mixed")
+            problems.append(
+                f"{where}: vllm:request_success_total grew by {served:.0f} on {names} for "
+                f"{requests} requests sent through the proxy."
+            )
+    summary = d.to_dict()
+    if problems:
+        return CanaryResult(False, "canary FAILED: " + problems[0], problems, summary, requests)
+    if not disaggregated:
+        return CanaryResult(True, f"Canary: {requests} request(s) served, {generated} tokens back",
+                            [], summary, requests)  # fmt: skip
+    src = _top(d, "prefill", "requests")
+    dst = _top(d, "decode", "kv_received_tokens") or _top(d, "decode", "requests")
+    received = d.role_sum("decode", "kv_received_tokens")
+    line = f"P→D KV handover verified: {received:.0f} tokens from {src} to {dst}"
+    return CanaryResult(True, line, [], summary, requests)
+
+
+def _top(d: metrics.Delta, role: str, key: str) -> str:
+    best = [(v.get(key, 0.0), n) for n, v in d.per_target.items() if d.roles[n] == role]
+    best = [b for b in best if b[0] > 0]
+    return max(best)[1] if best else ""

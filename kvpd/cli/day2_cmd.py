@@ -1,0 +1,80 @@
+"""`kvpd restart` (rolling) and `kvpd diagnose`: acting on a running (or broken) deployment."""
+
+from __future__ import annotations
+
+import typer
+
+from kvpd.cli import complete
+from kvpd.errors import StateError
+
+
+def split_targets(targets: list[str], known: list[str]) -> tuple[str, list[str]]:
+    """`[DEPLOYMENT] [NAME ...]`: the first word is the deployment when one has that name;
+    else the deployment is the only one there is."""
+    if targets and targets[0] in known:
+        return targets[0], targets[1:]
+    if len(known) == 1:
+        return known[0], targets
+    if not known:
+        raise StateError("no deployments here: nothing was started from this directory.")
+    raise StateError(
+        f"{len(known)} deployments ({', '.join(known)}): name one first, "
+        "e.g. `kvpd restart DEPLOYMENT decode-0`."
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("restart")
+    def restart_cmd(
+        targets: list[str] = typer.Argument(
+            None,
+            help="[DEPLOYMENT] [NAME|GROUP ...]: processes (decode-0) or groups (decode, "
+            "prefill, proxy) to restart one at a time; all when none is named.",
+            autocompletion=complete.processes,
+        ),
+        grace: float = typer.Option(20.0, "--grace", help="Seconds between SIGTERM and SIGKILL."),
+        drain_timeout: float = typer.Option(
+            60.0, "--drain-timeout", help="Longest wait for a backend's in-flight requests."
+        ),
+        no_canary: bool = typer.Option(False, "--no-canary", help="Skip the canary per process."),
+    ) -> None:
+        """Rolling restart: drain, stop, start, health gate, re-admit, canary; one at a time."""
+        from kvpd.bench import canary
+        from kvpd.cli import output
+        from kvpd.exec.service import Deployments
+
+        with Deployments(grace_s=grace) as svc:
+            name, names = split_targets(list(targets or []), svc.store.deployments())
+
+            def show(step) -> None:  # noqa: ANN001
+                drained = {None: "", True: ", drained", False: ", drain timed out"}[step.drained]
+                output.out.print(f"restarted {step.name} in {step.seconds:.1f}s{drained}")
+                if step.canary:
+                    output.out.print(f"  {step.canary}")
+                for note in step.notes:
+                    output.err.print(f"  [yellow]note:[/] {note}")
+
+            state = svc.store.require(name)
+            check = None if no_canary or not canary.applies(state.plan) else canary.run
+            steps = svc.roll(name, names, canary=check, drain_timeout_s=drain_timeout,
+                             on_step=show)  # fmt: skip
+        output.out.print(f"{name}: {len(steps)} processes restarted, one at a time.")
+
+    @app.command("diagnose")
+    def diagnose_cmd(
+        deployment: str | None = typer.Argument(
+            None,
+            help="Deployment (optional when there is one).",
+            autocompletion=complete.deployments,
+        ),  # fmt: skip
+        lines: int = typer.Option(200, "-n", "--lines", help="Log lines per process."),
+    ) -> None:
+        """Gather logs, files, state and host facts from every host; a likely cause per process."""
+        from kvpd.cli import output
+        from kvpd.exec.service import Deployments
+
+        with Deployments() as svc:
+            name, _ = split_targets([deployment] if deployment else [], svc.store.deployments())
+            report = svc.diagnose(name, lines=lines)
+        output.out.print(output.diagnose_table(report))
+        output.out.print(f"Archive: {report.archive}")

@@ -1,0 +1,192 @@
+"""`kvpd diagnose`: gather what explains a deployment's state from every host, in parallel.
+
+Read-only on the hosts. Works from whatever the state file holds, so a half-started
+deployment, a crashed one and one whose `up` was killed half way are all covered (processes
+never started simply have no log). Secrets are masked: environment values by name (as in the
+plan), rendered files as the state stores them (masked already).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvpd.exec import diagnose, supervised
+from kvpd.exec.fanout import Fanout
+from kvpd.exec.health import probe
+from kvpd.exec.state import DeploymentState, ProcessRecord
+from kvpd.exec.stop import is_running
+from kvpd.exec.transports import TransportPool
+from kvpd.plan.shell import mask
+
+# One script per host; every value reaches it as a positional parameter, never as code.
+_HOST_FACTS_SH = r"""
+section() { printf '\n===== %s =====\n' "$1"; }
+section uname; uname -a
+section uptime; uptime
+section memory; free -m 2>&1 || cat /proc/meminfo
+section disk; df -h -- "$1" /dev/shm /tmp 2>&1
+section listening; (ss -ltnp 2>/dev/null || ss -ltn 2>&1 || netstat -ltn 2>&1)
+if command -v npu-smi >/dev/null 2>&1; then section npu-smi; npu-smi info 2>&1; fi
+if command -v nvidia-smi >/dev/null 2>&1; then section nvidia-smi; nvidia-smi 2>&1; fi
+section kernel-log; (dmesg 2>/dev/null | tail -n 50) || echo "(not readable)"
+shift
+for py in "$@"; do
+  case "$py" in
+    @*) py="$(dirname -- "$(command -v -- "${py#@}" || echo /none/x)")/python";;
+  esac
+  section "packages of $py"
+  "$py" -c 'import importlib.metadata as m
+for n in ("vllm", "vllm-ascend", "vllm_ascend", "torch", "torch-npu", "torch_npu",
+          "transformers", "kvpd", "mooncake-transfer-engine", "ucm"):
+    try:
+        print(n, m.version(n))
+    except m.PackageNotFoundError:
+        pass' 2>&1
+done
+"""
+_VERSION_PACKAGES = ("vllm", "vllm-ascend", "torch", "torch-npu", "transformers")
+
+
+@dataclass
+class ProcessFinding:
+    name: str
+    host: str
+    state: str  # running | healthy | unhealthy | exited | never started | unknown
+    cause: str = ""
+
+
+@dataclass
+class Report:
+    deployment: str
+    archive: Path
+    processes: list[ProcessFinding] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # across hosts (version mismatch, ...)
+
+
+def _host_facts(pool: TransportPool, host: str, run_dir: str, pythons: list[str]) -> str:
+    r = pool[host].run(["bash", "-c", _HOST_FACTS_SH, "kvpd-diagnose", run_dir, *pythons],
+                       timeout_s=60)  # fmt: skip
+    return r.stdout + (f"\n(stderr)\n{r.stderr}" if r.stderr.strip() else "")
+
+
+def _pythons(state: DeploymentState, host: str) -> list[str]:
+    req = state.plan.requirements.get(host)
+    out = []
+    for need in req.packages if req else ():
+        key = need.python.key()  # a path, or "@command": the python next to that command
+        if key not in out:
+            out.append(key)
+    return out or ["python3"]
+
+
+def _process(pool: TransportPool, state: DeploymentState, rec: ProcessRecord, lines: int
+             ) -> tuple[ProcessFinding, dict[str, str]]:  # fmt: skip
+    t = pool[rec.host]
+    files: dict[str, str] = {}
+    r = t.run(["tail", "-n", str(lines), rec.log], timeout_s=30)
+    log = r.stdout if r.ok else f"(cannot read {rec.log}: {r.stderr.strip()})"
+    files["log.txt"] = log
+    alive = is_running(t, rec)
+    env = t.run(["cat", f"/proc/{rec.pid}/environ"], timeout_s=15) if alive else None
+    if env is not None and env.ok:
+        pairs = [kv.partition("=") for kv in env.stdout.split("\0") if kv]
+        files["env.txt"] = "\n".join(f"{k}={mask(k, v)}" for k, _, v in sorted(pairs))
+    sup = supervised.read(t, state.run_dirs.get(rec.host, ""), rec.name, rec.pid)
+    spec = next((p for p in state.plan.processes if p.name == rec.name), None)
+    healthy = None
+    if alive and spec is not None and spec.health is not None:
+        healthy = probe(spec.health, timeout_s=3).ok
+    st = "exited" if not alive else {True: "healthy", False: "unhealthy", None: "running"}[healthy]
+    files["state.txt"] = json.dumps({"pid": rec.pid, "pgid": rec.pgid, "alive": alive,
+                                     "healthy": healthy, "recorded": rec.status,
+                                     "supervisor": sup.__dict__ if sup else None},
+                                    indent=1)  # fmt: skip
+    cause = ""
+    if st in ("exited", "unhealthy"):
+        ports = spec.ports if spec else tuple(rec.ports)
+        cause = diagnose.likely_cause(diagnose.current_run(log), name=rec.name,
+                                      host=rec.host, ports=ports)  # fmt: skip
+        if not cause and st == "unhealthy":
+            cause = (
+                "alive but its health check fails: still loading, or stuck past its health "
+                "timeout; see its log."
+            )
+        if not cause:
+            cause = "exited; no known pattern in its log (see log.txt in the archive)."
+    return ProcessFinding(rec.name, rec.host, st, cause), files
+
+
+def _versions(facts: dict[str, str]) -> list[str]:
+    """Packages whose versions differ across hosts."""
+    seen: dict[str, dict[str, str]] = {}
+    for host, text in facts.items():
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] in _VERSION_PACKAGES:
+                seen.setdefault(parts[0], {})[host] = parts[1]
+    return [
+        f"version mismatch across hosts: {pkg} " + ", ".join(f"{v} on {h}" for h, v in vs.items())
+        for pkg, vs in sorted(seen.items())
+        if len(set(vs.values())) > 1
+    ]
+
+
+def gather(pool: TransportPool, state: DeploymentState, out_dir: Path, *, lines: int = 200,
+           extra: dict[str, bytes] | None = None) -> Report:  # fmt: skip
+    """Collect everything into `out_dir/<time>.tar.gz`; the report names a cause per process."""
+    plan = state.plan
+    pool.add_hosts(plan.hosts)
+    members: dict[str, bytes] = dict(extra or {})
+    members["state.json"] = json.dumps(state.to_dict(), indent=1).encode()
+    for f in plan.files:
+        members[f"files/{f.host}/{f.path}"] = f.content.encode()  # masked in `state` already
+    hosts = sorted({h.name for h in plan.hosts})
+
+    def host_job(h: str) -> tuple[str, str]:
+        run_dir = state.run_dirs.get(h) or plan.host(h).run_dir
+        try:
+            return h, _host_facts(pool, h, run_dir, _pythons(state, h))
+        except Exception as e:  # noqa: BLE001 - one unreachable host must not hide the others
+            return h, f"(host unreachable: {e})"
+
+    def proc_job(rec: ProcessRecord) -> tuple[ProcessFinding, dict[str, str]]:
+        try:
+            return _process(pool, state, rec, lines)
+        except Exception as e:  # noqa: BLE001 - as above
+            return ProcessFinding(rec.name, rec.host, "unknown", f"host unreachable: {e}"), {}
+
+    with Fanout(16) as fan:
+        facts = dict(fan.map(host_job, hosts))
+        found = fan.map(proc_job, list(state.processes))
+    report = Report(state.deployment, Path())
+    for h, text in facts.items():
+        members[f"hosts/{h}/facts.txt"] = text.encode()
+    for finding, files in found:
+        report.processes.append(finding)
+        for fname, text in files.items():
+            members[f"processes/{finding.name}/{fname}"] = text.encode()
+    started = {r.name for r in state.processes}
+    for p in plan.processes:
+        if p.name not in started:
+            why = f"`up` stopped before stage {p.stage}"
+            report.processes.append(ProcessFinding(p.name, p.host, "never started", why))
+    report.problems = _versions(facts)
+    summary = [f"{f.name} on {f.host}: {f.state}" + (f" — {f.cause}" if f.cause else "")
+               for f in report.processes] + report.problems  # fmt: skip
+    members["summary.txt"] = ("\n".join(summary) + "\n").encode()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    report.archive = out_dir / f"{stamp}.tar.gz"
+    with tarfile.open(report.archive, "w:gz") as tar:
+        for name, data in sorted(members.items()):
+            info = tarfile.TarInfo(posixpath.join(f"{state.deployment}-{stamp}", name))
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
+            tar.addfile(info, io.BytesIO(data))
+    report.archive.chmod(0o600)  # logs and environments may still say more than they should
+    return report
