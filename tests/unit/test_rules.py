@@ -523,7 +523,7 @@ def test_proxy_timeouts_render_what_the_profile_sets_and_default_to_no_limit() -
                               "--read-timeout", "60.5")  # fmt: skip
     hosts = ["--prefiller-hosts", "127.0.0.1", "--prefiller-ports", "8001"]
     hosts += ["--decoder-hosts", "127.0.0.1", "--decoder-ports", "8002"]
-    cfg = parse_args([*hosts, *cmd[i:]])
+    cfg = parse_args([*hosts, *cmd[i : i + 6]])
     assert (cfg.prefill_timeout, cfg.first_byte_timeout, cfg.read_timeout) == (900, 1200, 60.5)
 
 
