@@ -128,20 +128,21 @@ KVPD_INLINE void classify_slots_scalar(const RowIO& io, Workspace& ws, int32_t s
   uint16_t* __restrict__ hit_slots = ws.hit_slots.data();
   int32_t* __restrict__ stt = io.slot_to_token;
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
-  const uint32_t trash = static_cast<uint32_t>(io.k);  // slot_of_rank has slack past k
+  const uint32_t ustable = static_cast<uint32_t>(stable);  // stable in [0, max_token]
+  const uint32_t trash = static_cast<uint32_t>(io.k);      // slot_of_rank has slack past k
   const int32_t c = io.c;
   uint32_t bits = s & 15 ? hit_slots[s >> 4] : 0;  // the group of 16 slots being filled
   for (; s < c; ++s) {
-    const int32_t t = stt[s];
-    bool valid = static_cast<uint32_t>(t) < umax;
-    if (valid && t >= stable) {  // rare: one token per row and step
-      stt[s] = -1;
-      valid = false;
-    }
-    // Branch-free from here: about 40% of the slots hit, in no predictable pattern.
-    const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
-    const uint32_t hit = valid & ((mark[ti >> 5] >> (ti & 31)) & 1);
-    sor[hit ? rank_of(mark, rank_base, ti) : trash] = s;
+    const uint32_t t = static_cast<uint32_t>(stt[s]);
+    if (t < umax && t >= ustable) stt[s] = -1;  // rare: one token per row and step
+    // Branch-free from here (see walk_scalar).
+    const uint32_t valid = static_cast<uint32_t>(t < ustable);
+    const uint32_t ti = t & (0u - valid);
+    const uint32_t word = mark[ti >> 5];
+    const uint32_t hit = valid & (word >> (ti & 31));
+    const uint32_t rank = rank_base[ti >> 5] +
+                          static_cast<uint32_t>(__builtin_popcount(word & ((1u << (ti & 31)) - 1)));
+    sor[rank + ((trash - rank) & (hit - 1))] = s;  // hit ? rank : trash
     bits |= hit << (s & 15);
     if ((s & 15) == 15) {  // one store per 16 slots, not a read-modify-write per slot
       hit_slots[s >> 4] = static_cast<uint16_t>(bits);
@@ -179,31 +180,42 @@ KVPD_INLINE void split_lru_scalar(const RowIO& io, Workspace& ws, int32_t i, int
 // held twice in corrupt state the later slot wins, as upstream's token_pos overwrite does) and
 // is set aside in LRU order; every other slot is evictable, compacted in place at the front of
 // `lru` in LRU order. Out-of-range slot entries (corrupt state) are skipped, as upstream does.
+//
+// Branch-free on purpose: about 40% of the slots hit in no predictable pattern, and a branch on
+// the hit (what GCC makes of `hit ? rank : trash`) mispredicts often enough to cost ~3x the
+// whole loop. The rank is computed for every slot and the store index chosen by a mask.
 KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int32_t i,
                              int32_t* n_evict, int32_t* n_hit) {
   const uint32_t* __restrict__ mark = ws.mark.data();
   const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   int32_t* __restrict__ sor = ws.slot_of_rank.data();
   int32_t* __restrict__ hits = ws.hits.data();
+  int32_t* __restrict__ lru = io.lru;
+  int32_t* __restrict__ stt = io.slot_to_token;
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
-  const uint32_t trash = static_cast<uint32_t>(io.k);  // slot_of_rank has slack past k
+  const uint32_t ucap = static_cast<uint32_t>(io.c);
+  const uint32_t ustable = static_cast<uint32_t>(stable);  // stable in [0, max_token]
+  const uint32_t trash = static_cast<uint32_t>(io.k);      // slot_of_rank has slack past k
+  const int32_t c = io.c;
   int32_t ne = *n_evict, nh = *n_hit;
-  for (; i < io.c; ++i) {
-    const int32_t s = io.lru[i];
-    if (static_cast<uint32_t>(s) >= static_cast<uint32_t>(io.c)) continue;
-    int32_t t = io.slot_to_token[s];
-    bool valid = static_cast<uint32_t>(t) < umax;
-    if (valid && t >= stable) {
-      io.slot_to_token[s] = -1;
-      valid = false;
+  for (; i < c; ++i) {
+    const int32_t s = lru[i];
+    if (static_cast<uint32_t>(s) >= ucap) continue;  // corrupt state only: predictable
+    const uint32_t t = static_cast<uint32_t>(stt[s]);
+    if (t < umax && t >= ustable) {  // rare: one token per row and step
+      stt[s] = -1;
     }
-    const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
-    const int32_t hit = valid & static_cast<int32_t>((mark[ti >> 5] >> (ti & 31)) & 1);
-    sor[hit ? rank_of(mark, rank_base, ti) : trash] = s;
+    const uint32_t valid = static_cast<uint32_t>(t < ustable);  // ustable <= umax
+    const uint32_t ti = t & (0u - valid);                      // 0 when not valid
+    const uint32_t word = mark[ti >> 5];
+    const uint32_t hit = valid & (word >> (ti & 31));
+    const uint32_t rank = rank_base[ti >> 5] +
+                          static_cast<uint32_t>(__builtin_popcount(word & ((1u << (ti & 31)) - 1)));
+    sor[rank + ((trash - rank) & (hit - 1))] = s;  // hit ? rank : trash, without a branch
     hits[nh] = s;
-    io.lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
-    nh += hit;
-    ne += 1 - hit;
+    lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
+    nh += static_cast<int32_t>(hit & 1);
+    ne += static_cast<int32_t>((hit & 1) ^ 1);
   }
   *n_evict = ne;
   *n_hit = nh;
@@ -238,16 +250,22 @@ KVPD_INLINE void resolve_scalar(const RowIO& io, Workspace& ws, int32_t p, int32
   *n_miss = m;
 }
 
-// Pad the miss lists, write the new LRU order (unused evictables in old order, filled misses,
-// hits in old order) and leave the bitmap all-zero for the next row.
-KVPD_INLINE void finish_row(const RowIO& io, Workspace& ws, int32_t m, int32_t n_evict,
-                            int32_t n_hit, uint32_t last_word) {
+// Pad the miss lists and write the new LRU order (unused evictables in old order, filled
+// misses, hits in old order).
+KVPD_INLINE void finish_lists(const RowIO& io, const Workspace& ws, int32_t m, int32_t n_evict,
+                              int32_t n_hit) {
   std::fill(io.miss_tokens + m, io.miss_tokens + io.k, -1);
   std::fill(io.miss_slots + m, io.miss_slots + io.k, -1);
   *io.miss_count = m;
   std::memmove(io.lru, io.lru + m, sizeof(int32_t) * static_cast<size_t>(n_evict - m));
   std::memcpy(io.lru + (n_evict - m), io.miss_slots, sizeof(int32_t) * static_cast<size_t>(m));
   std::memcpy(io.lru + n_evict, ws.hits.data(), sizeof(int32_t) * static_cast<size_t>(n_hit));
+}
+
+// finish_lists, and leave the bitmap all-zero for the next row.
+KVPD_INLINE void finish_row(const RowIO& io, Workspace& ws, int32_t m, int32_t n_evict,
+                            int32_t n_hit, uint32_t last_word) {
+  finish_lists(io, ws, m, n_evict, n_hit);
   std::memset(ws.mark.data(), 0, sizeof(uint32_t) * (static_cast<size_t>(last_word) + 1));
 }
 
