@@ -132,7 +132,7 @@ setup(
                 "kvpd/native/ascend_planner_args.cpp",
                 "kvpd/native/ascend_planner_avx512.cpp",
             ],
-            depends=["kvpd/native/ascend_planner_row.hpp"],
+            depends=["kvpd/native/ascend_planner_row.hpp", "kvpd/native/ascend_planner_avx512.inc"],
             language="c++",
         ),
     ],

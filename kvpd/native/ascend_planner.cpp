@@ -12,7 +12,8 @@
 //   it into a slot per occurrence); attention reads the same K/V either way.
 //
 // Speed: one row is planned by a function chosen once at load time from the CPU's features
-// (AVX-512, AVX2, baseline), so one portable wheel runs the best path the host has. Threads are
+// (AVX-512 with VPOPCNTD, AVX-512, AVX2, baseline), so one portable wheel runs the best path the
+// host has. Threads are
 // min(rows, workspace_threads, requested_threads) as upstream, also capped by the processors
 // OpenMP may use; results do not depend on them. Unlike upstream, the GIL is released while
 // planning (the arguments are plain integers; each layer's state is the caller's).
@@ -50,7 +51,8 @@ __attribute__((target("avx2,bmi,bmi2,popcnt,lzcnt,fma"))) void plan_row_avx2(con
                                                                               Workspace& ws) {
   plan_row_generic(io, ws);
 }
-void plan_row_avx512(const RowIO& io, Workspace& ws);  // ascend_planner_avx512.cpp
+void plan_row_avx512(const RowIO& io, Workspace& ws);          // ascend_planner_avx512.cpp
+void plan_row_avx512_vpopcnt(const RowIO& io, Workspace& ws);  // ditto, with VPOPCNTD
 #endif
 
 using RowFn = void (*)(const RowIO&, Workspace&);
@@ -60,24 +62,29 @@ struct Isa {
   RowFn fn;
 };
 
-bool cpu_has(const char* isa) {
+// Row planners, best first.
+constexpr const char* kIsas[] = {"avx512_vpopcnt", "avx512", "avx2", "baseline"};
+
+bool cpu_has(const std::string& isa) {
 #ifdef KVPD_X86
   __builtin_cpu_init();
-  if (std::strcmp(isa, "avx512") == 0) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("popcnt");
-  }
-  if (std::strcmp(isa, "avx2") == 0) {
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("popcnt") &&
+                      __builtin_cpu_supports("bmi2");
+  if (isa == "avx512_vpopcnt") return avx512 && __builtin_cpu_supports("avx512vpopcntdq");
+  if (isa == "avx512") return avx512;
+  if (isa == "avx2") {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
            __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("fma");
   }
 #endif
-  return std::strcmp(isa, "baseline") == 0;
+  return isa == "baseline";
 }
 
 Isa isa_named(const std::string& name) {
 #ifdef KVPD_X86
+  if (name == "avx512_vpopcnt") return {"avx512_vpopcnt", plan_row_avx512_vpopcnt};
   if (name == "avx512") return {"avx512", plan_row_avx512};
   if (name == "avx2") return {"avx2", plan_row_avx2};
 #endif
@@ -85,12 +92,15 @@ Isa isa_named(const std::string& name) {
   return {"baseline", plan_row_baseline};
 }
 
-// Best path this CPU runs; KVPD_NATIVE_ISA=baseline|avx2 caps it (for comparisons and tests).
+// Best path this CPU runs; KVPD_NATIVE_ISA=<name> caps it at that path (for comparisons and
+// tests): the first of kIsas, from the named one down, that the CPU has.
 Isa choose_isa() {
   const char* cap = std::getenv("KVPD_NATIVE_ISA");
-  const std::string want = cap ? cap : "avx512";
-  if (want == "avx512" && cpu_has("avx512")) return isa_named("avx512");
-  if ((want == "avx512" || want == "avx2") && cpu_has("avx2")) return isa_named("avx2");
+  bool allowed = cap == nullptr;
+  for (const char* name : kIsas) {
+    allowed = allowed || std::strcmp(name, cap) == 0;
+    if (allowed && cpu_has(name)) return isa_named(name);
+  }
   return isa_named("baseline");
 }
 
@@ -274,7 +284,7 @@ py::dict isa_info() {
   py::dict d;
   d["isa"] = g_isa.name;
   py::list avail;
-  for (const char* name : {"avx512", "avx2", "baseline"}) {
+  for (const char* name : kIsas) {
     if (cpu_has(name)) avail.append(name);
   }
   d["available"] = avail;
@@ -289,7 +299,7 @@ py::dict isa_info() {
 }
 
 bool set_isa(const std::string& name) {
-  if (!cpu_has(name.c_str())) return false;
+  if (!cpu_has(name)) return false;
   g_isa = isa_named(name);
   return true;
 }
@@ -307,6 +317,6 @@ PYBIND11_MODULE(_ascend_planner, m) {
         "size and num (K of all rows, then V; num = 2S); returns S.");
   m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
   m.def("set_isa", &set_isa, py::arg("name"),
-        "Use the named row planner (baseline|avx2|avx512) if the CPU has it; for tests and "
-        "benchmarks. Returns whether it switched.");
+        "Use the named row planner (baseline|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "
+        "tests and benchmarks. Returns whether it switched.");
 }
