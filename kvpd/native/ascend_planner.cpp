@@ -13,10 +13,11 @@
 //
 // Speed: one row is planned by a function chosen once at load time from the CPU's features
 // (AVX-512 with VPOPCNTD, AVX-512, AVX2, baseline), so one portable wheel runs the best path the
-// host has. Threads are
-// min(rows, workspace_threads, requested_threads) as upstream, also capped by the processors
-// OpenMP may use; results do not depend on them. Unlike upstream, the GIL is released while
-// planning (the arguments are plain integers; each layer's state is the caller's).
+// host has. Threads are min(rows, workspace_threads, requested_threads) as upstream, also capped
+// by the processors this process may use; the rows go to the caller and to helper threads that
+// join when the OS runs them (ascend_planner_pool.hpp), not to an OpenMP team. Results do not
+// depend on threads. Unlike upstream, the GIL is released while planning (the arguments are
+// plain integers; each layer's state is the caller's).
 
 #include <pybind11/pybind11.h>
 
@@ -36,6 +37,7 @@
 #define KVPD_X86 1
 #endif
 
+#include "ascend_planner_pool.hpp"
 #include "ascend_planner_row.hpp"
 
 namespace py = pybind11;
@@ -110,17 +112,17 @@ Isa g_isa = choose_isa();
 
 int usable_threads(int64_t rows, int64_t workspace_threads, int64_t requested_threads) {
   // Upstream: min(rows, workspace_threads, requested_threads) with <= 0 meaning "no limit".
-  // Also capped by the processors OpenMP may use: more threads than cores only adds waiting.
+  // Also capped by the processors this process may use: more threads only add waiting.
   if (rows <= 1) return 1;
   int64_t n = rows;
   if (workspace_threads > 0) n = std::min(n, workspace_threads);
   if (requested_threads > 0) n = std::min(n, requested_threads);
 #ifdef _OPENMP
   static const int procs = omp_get_num_procs();  // a syscall each time otherwise
-  n = std::min<int64_t>(n, procs);
 #else
-  n = 1;
+  static const int procs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 #endif
+  n = std::min<int64_t>(n, procs);
   return static_cast<int>(std::max<int64_t>(n, 1));
 }
 
@@ -160,18 +162,18 @@ void lru_resident_compact(uintptr_t req_ids, uintptr_t last_req_ids, uintptr_t t
   const RowFn fn = g_isa.fn;
   const int32_t k = static_cast<int32_t>(topk_len), c = static_cast<int32_t>(capacity);
   const int32_t mtok = static_cast<int32_t>(max_token);
-  auto row = [&](int64_t r) {
-    const RowIO io{tk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
-                   cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, mtok};
-    fn(io, thread_workspace(max_token, topk_len, capacity));
+  auto rows = [&](int64_t begin, int64_t end) {
+    Workspace& ws = thread_workspace(max_token, topk_len, capacity);
+    for (int64_t r = begin; r < end; ++r) {
+      const RowIO io{tk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
+                     cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, mtok};
+      fn(io, ws);
+    }
   };
   py::gil_scoped_release nogil;
-  if (threads == 1) {
-    for (int64_t r = 0; r < num_reqs; ++r) row(r);
-    return;
-  }
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
-  for (int64_t r = 0; r < num_reqs; ++r) row(r);
+  // Two rows per claim: ~10 us of work each, so claims are rare and a preempted helper delays
+  // the caller by at most that.
+  parallel_rows(threads, num_reqs, 2, rows);
 }
 
 // ======  compute_lru_resident_addrs over raw pointers (checked in ascend_planner_args.cpp)  ======
@@ -193,38 +195,40 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
   const uint64_t bs = static_cast<uint64_t>(block_size);
   const uint32_t bs32 = static_cast<uint32_t>(block_size);  // checked <= INT32_MAX
   const int shift = (bs32 & (bs32 - 1)) == 0 ? __builtin_ctz(bs32) : -1;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = start[r + 1] - start[r];
-    const int32_t* toks = mt + r * k;
-    const int32_t* slots = ms + r * k;
-    const BlockT* row_bt = bt + r * blocks_per_row;
-    uint64_t* gk = gvas + start[r];
-    uint64_t* gv = gvas + total + start[r];
-    uint64_t* ak = addr + start[r];
-    uint64_t* av = addr + total + start[r];
-    const uint64_t slot0 = static_cast<uint64_t>(r) * static_cast<uint64_t>(capacity);
-    int64_t j = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t t = toks[i], s = slots[i];
-      if (t < 0 || s < 0 || s >= capacity) continue;
-      // One 32-bit division (a shift for the usual power-of-two block size), not two 64-bit.
-      const uint32_t q = shift >= 0 ? static_cast<uint32_t>(t) >> shift
-                                    : static_cast<uint32_t>(t) / bs32;
-      if (q >= static_cast<uint64_t>(blocks_per_row)) continue;
-      const int64_t blk = static_cast<int64_t>(row_bt[q]);
-      if (blk < 0) continue;
-      // All in uint64: block ids past 2^14 and bases near 2^50 are normal here.
-      const uint64_t src_tok = static_cast<uint64_t>(blk) * bs + (static_cast<uint32_t>(t) - q * bs32);
-      const uint64_t dst_tok = slot0 + static_cast<uint64_t>(s);
-      gk[j] = src_k + src_tok * tok_k;
-      gv[j] = src_v + src_tok * tok_v;
-      ak[j] = dst_k + dst_tok * tok_k;
-      av[j] = dst_v + dst_tok * tok_v;
-      ++j;
+  auto plan = [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = start[r + 1] - start[r];
+      const int32_t* toks = mt + r * k;
+      const int32_t* slots = ms + r * k;
+      const BlockT* row_bt = bt + r * blocks_per_row;
+      uint64_t* gk = gvas + start[r];
+      uint64_t* gv = gvas + total + start[r];
+      uint64_t* ak = addr + start[r];
+      uint64_t* av = addr + total + start[r];
+      const uint64_t slot0 = static_cast<uint64_t>(r) * static_cast<uint64_t>(capacity);
+      int64_t j = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t t = toks[i], s = slots[i];
+        if (t < 0 || s < 0 || s >= capacity) continue;
+        // One 32-bit division (a shift for the usual power-of-two block size), not two 64-bit.
+        const uint32_t q = shift >= 0 ? static_cast<uint32_t>(t) >> shift
+                                      : static_cast<uint32_t>(t) / bs32;
+        if (q >= static_cast<uint64_t>(blocks_per_row)) continue;
+        const int64_t blk = static_cast<int64_t>(row_bt[q]);
+        if (blk < 0) continue;
+        // All in uint64: block ids past 2^14 and bases near 2^50 are normal here.
+        const uint64_t src_tok = static_cast<uint64_t>(blk) * bs + (static_cast<uint32_t>(t) - q * bs32);
+        const uint64_t dst_tok = slot0 + static_cast<uint64_t>(s);
+        gk[j] = src_k + src_tok * tok_k;
+        gv[j] = src_v + src_tok * tok_v;
+        ak[j] = dst_k + dst_tok * tok_k;
+        av[j] = dst_v + dst_tok * tok_v;
+        ++j;
+      }
+      valid[r] = j;
     }
-    valid[r] = j;
-  }
+  };
+  parallel_rows(threads, rows, 8, plan);
   int64_t kept = 0;
   for (int64_t r = 0; r < rows; ++r) kept += valid[r];
   if (kept != total) {  // pack out the invalid entries: K of all rows, then V

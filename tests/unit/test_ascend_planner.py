@@ -154,6 +154,41 @@ def test_degenerate_sizes_change_nothing() -> None:
     assert s.snapshot(2) == before
 
 
+def _planned(seed: int, threads: int) -> list:
+    """The state and outputs after a short trace of 24 rows, planned on `threads` threads."""
+    rows, k, cap, max_token = 24, 64, 96, 5000
+    s = State(rows, k, cap, max_token)
+    for req, topk, stable, n in trace(seed, 3, rows, k, max_token, dups=False):
+        s.native(req, topk, stable, n, 8, threads)
+    return s.snapshot(rows)
+
+
+def test_concurrent_callers_each_get_their_own_result() -> None:
+    # The GIL is released while planning: callers on other Python threads share the helper
+    # threads (one at a time) or plan alone; every result is the single-threaded one.
+    import concurrent.futures
+
+    want = {seed: _planned(seed, 1) for seed in range(6)}
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        got = dict(zip(want, ex.map(lambda seed: _planned(seed, 2), want), strict=True))
+    assert got == want
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_forked_child_plans_with_threads() -> None:
+    # vLLM forks its workers: the parent's helper threads do not exist in the child, whose
+    # planner must neither hang nor differ.
+    import os
+
+    want = _planned(7, 1)
+    assert _planned(7, 2) == want  # the parent's helpers now exist
+    pid = os.fork()
+    if pid == 0:  # child: exit status says whether the threaded plan matched
+        os._exit(0 if _planned(7, 2) == want else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def descriptor_buffers(rows: int, k: int):
     n = 2 * rows * k
     return (np.full(n, -5, np.int64), np.full(n, -5, np.int64), np.full(n, -5, np.int32),
