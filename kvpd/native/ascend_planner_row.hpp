@@ -38,6 +38,7 @@ struct RowIO {
 struct Workspace {
   std::vector<uint32_t> mark, rank_base;
   std::vector<int32_t> slot_of_rank, hits;
+  std::vector<uint32_t> hit_tokens;  // walk_scalar: the tokens of `hits`
   std::vector<uint16_t> hit_slots;  // a bit per slot, 16 per entry
 
   void fit(int64_t max_token, int64_t topk, int64_t capacity) {
@@ -49,6 +50,7 @@ struct Workspace {
     if (slot_of_rank.size() < static_cast<size_t>(topk) + 16) slot_of_rank.resize(topk + 16);
     if (hits.size() < static_cast<size_t>(capacity) + 16) {
       hits.resize(capacity + 16);
+      hit_tokens.resize(capacity + 16);
       hit_slots.resize(static_cast<size_t>(capacity / 16) + 2);  // +1: 32-bit gather reads
     }
   }
@@ -176,47 +178,45 @@ KVPD_INLINE void split_lru_scalar(const RowIO& io, Workspace& ws, int32_t i, int
 
 // Walk the LRU order from entry i (oldest first): a resident token at or past the stable prefix
 // is dropped (it may be rewritten by speculative decoding); a resident token in this step's set
-// is a hit: it keeps its slot (slot_of_rank[rank(token)] = slot; in LRU order, so for a token
-// held twice in corrupt state the later slot wins, as upstream's token_pos overwrite does) and
-// is set aside in LRU order; every other slot is evictable, compacted in place at the front of
-// `lru` in LRU order. Out-of-range slot entries (corrupt state) are skipped, as upstream does.
+// is a hit: it keeps its slot and is set aside in LRU order; every other slot is evictable,
+// compacted in place at the front of `lru` in LRU order. Out-of-range slot entries (corrupt
+// state) are skipped, as upstream does. Then each hit's slot is recorded by the rank of its
+// token (slot_of_rank[rank(token)] = slot), in LRU order, so for a token held twice in corrupt
+// state the later slot wins, as upstream's token_pos overwrite does.
 //
 // Branch-free on purpose: about 40% of the slots hit in no predictable pattern, and a branch on
-// the hit (what GCC makes of `hit ? rank : trash`) mispredicts often enough to cost ~3x the
-// whole loop. The rank is computed for every slot and the store index chosen by a mask.
+// the hit mispredicts often enough to cost more than the rest of the loop. The rank is computed
+// in a second loop over the hits only (~40% of the slots), whose tokens the walk lists.
 KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int32_t i,
                              int32_t* n_evict, int32_t* n_hit) {
   const uint32_t* __restrict__ mark = ws.mark.data();
-  const uint32_t* __restrict__ rank_base = ws.rank_base.data();
-  int32_t* __restrict__ sor = ws.slot_of_rank.data();
   int32_t* __restrict__ hits = ws.hits.data();
+  uint32_t* __restrict__ hit_tokens = ws.hit_tokens.data();
   int32_t* __restrict__ lru = io.lru;
   int32_t* __restrict__ stt = io.slot_to_token;
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
   const uint32_t ucap = static_cast<uint32_t>(io.c);
   const uint32_t ustable = static_cast<uint32_t>(stable);  // stable in [0, max_token]
-  const uint32_t trash = static_cast<uint32_t>(io.k);      // slot_of_rank has slack past k
   const int32_t c = io.c;
-  int32_t ne = *n_evict, nh = *n_hit;
+  const int32_t nh0 = *n_hit;
+  int32_t ne = *n_evict, nh = nh0;
   for (; i < c; ++i) {
     const int32_t s = lru[i];
     if (static_cast<uint32_t>(s) >= ucap) continue;  // corrupt state only: predictable
     const uint32_t t = static_cast<uint32_t>(stt[s]);
-    if (t < umax && t >= ustable) {  // rare: one token per row and step
-      stt[s] = -1;
-    }
+    if (t < umax && t >= ustable) stt[s] = -1;  // rare: one token per row and step
     const uint32_t valid = static_cast<uint32_t>(t < ustable);  // ustable <= umax
     const uint32_t ti = t & (0u - valid);                      // 0 when not valid
-    const uint32_t word = mark[ti >> 5];
-    const uint32_t hit = valid & (word >> (ti & 31));
-    const uint32_t rank = rank_base[ti >> 5] +
-                          static_cast<uint32_t>(__builtin_popcount(word & ((1u << (ti & 31)) - 1)));
-    sor[rank + ((trash - rank) & (hit - 1))] = s;  // hit ? rank : trash, without a branch
+    const uint32_t hit = valid & (mark[ti >> 5] >> (ti & 31)) & 1;
+    hit_tokens[nh] = ti;
     hits[nh] = s;
     lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
-    nh += static_cast<int32_t>(hit & 1);
-    ne += static_cast<int32_t>((hit & 1) ^ 1);
+    nh += static_cast<int32_t>(hit);
+    ne += static_cast<int32_t>(hit ^ 1);
   }
+  const uint32_t* __restrict__ rank_base = ws.rank_base.data();
+  int32_t* __restrict__ sor = ws.slot_of_rank.data();
+  for (int32_t j = nh0; j < nh; ++j) sor[rank_of(mark, rank_base, hit_tokens[j])] = hits[j];
   *n_evict = ne;
   *n_hit = nh;
 }
