@@ -226,26 +226,36 @@ KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int
 // capacity < topk, which the configuration forbids) stay unplaced (-1).
 KVPD_INLINE void resolve_scalar(const RowIO& io, Workspace& ws, int32_t p, int32_t end,
                                 int32_t n_evict, int32_t* n_miss) {
-  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  // Locals with __restrict__: stores through int32 pointers could otherwise alias io's int32
+  // fields in the compiler's eyes, and it would reload them every position.
+  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   int32_t* __restrict__ sor = ws.slot_of_rank.data();
+  const int32_t* __restrict__ topk = io.topk;
+  const int32_t* __restrict__ lru = io.lru;
+  int32_t* __restrict__ stt = io.slot_to_token;
+  int32_t* __restrict__ cur = io.current_slots;
+  int32_t* __restrict__ mt = io.miss_tokens;
+  int32_t* __restrict__ ms = io.miss_slots;
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
   int32_t m = *n_miss;
   for (; p < end; ++p) {
-    const int32_t t = io.topk[p];
+    const int32_t t = topk[p];
     if (static_cast<uint32_t>(t) >= umax) {
-      io.current_slots[p] = -1;
+      cur[p] = -1;
       continue;
     }
-    const uint32_t r = rank_of(ws.mark.data(), ws.rank_base.data(), static_cast<uint32_t>(t));
+    const uint32_t r = rank_of(mark, rank_base, static_cast<uint32_t>(t));
     int32_t s = sor[r];
     if (s < 0 && m < n_evict) {
-      s = io.lru[m];
+      s = lru[m];
       sor[r] = s;
-      io.slot_to_token[s] = t;
-      io.miss_tokens[m] = t;
-      io.miss_slots[m] = s;
+      stt[s] = t;
+      mt[m] = t;
+      ms[m] = s;
       ++m;
     }
-    io.current_slots[p] = s;
+    cur[p] = s;
   }
   *n_miss = m;
 }
