@@ -154,6 +154,25 @@ def test_degenerate_sizes_change_nothing() -> None:
     assert s.snapshot(2) == before
 
 
+def test_isa_cap_from_the_environment() -> None:
+    # KVPD_NATIVE_ISA caps the load-time choice at the named path: the best the CPU has from
+    # there down (an unknown name leaves only the baseline).
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(ap.__file__).resolve().parents[2])  # the kvpd under test, in the child too
+    order = ["avx512_vpopcnt", "avx512", "avx2", "baseline"]
+    code = "from kvpd.native import ascend_planner as a; print(a.isa_info()['isa'])"
+    for cap in ("avx512", "avx2", "nonsense"):
+        env = {**os.environ, "KVPD_NATIVE_ISA": cap, "PYTHONPATH": root}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+        below = order[order.index(cap) :] if cap in order else ["baseline"]
+        assert out == next(isa for isa in below if isa in ISAS), cap
+
+
 def _planned(seed: int, threads: int) -> list:
     """The state and outputs after a short trace of 24 rows, planned on `threads` threads."""
     rows, k, cap, max_token = 24, 64, 96, 5000
