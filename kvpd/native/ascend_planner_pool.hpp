@@ -71,9 +71,16 @@ class RowPool {
     }
     wake_.notify_all();
     job.claim_all();
-    // Rows a helper took and is still planning: spin briefly (it is usually finishing one right
-    // now), then sleep until it is done, so that a helper the OS preempted gets the core back.
-    for (int i = 0; i < 1000 && job.done.load(std::memory_order_acquire) < job.n; ++i) cpu_relax();
+    // Rows a helper took and is still planning: poll (it is usually finishing one right now,
+    // and a futex wake-up would cost more than the wait), then sleep until it is done, so that
+    // a helper the OS preempted gets the core back.
+    const auto until = std::chrono::steady_clock::now() + kPoll;
+    for (int i = 1; job.done.load(std::memory_order_acquire) < job.n ||
+                    active_.load(std::memory_order_acquire) != 0;
+         ++i) {
+      cpu_relax();
+      if ((i & 63) == 0 && std::chrono::steady_clock::now() > until) break;
+    }
     std::unique_lock<std::mutex> lk(mu_);
     job_ = nullptr;  // a helper waking from now on finds nothing
     idle_.wait(lk, [this] { return active_ == 0; });
@@ -122,7 +129,8 @@ class RowPool {
   std::condition_variable wake_, idle_;
   RowJob* job_ = nullptr;
   std::atomic<uint64_t> gen_{0};  // changed under mu_; read without it while polling
-  int active_ = 0, started_ = 0, wanted_ = 0;
+  std::atomic<int> active_{0};  // helpers holding the job; changed under mu_
+  int started_ = 0, wanted_ = 0;
 };
 
 // The process's pool. Never destroyed (helpers may sleep in it at exit); a forked child (vLLM
