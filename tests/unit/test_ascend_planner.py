@@ -135,6 +135,36 @@ def test_plan_matches_reference(seed, rows, k, extra, wide, steps, dups, threads
             assert s.snapshot(n) == want.snapshot(n), isa
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_corrupt_lru_entries_are_skipped_alike_on_every_path(seed) -> None:
+    # Out-of-range LRU entries (never in state a planner writes) are skipped, as upstream does;
+    # every ISA path must agree, including the portable one's fallback from its checked walk.
+    # The corrupted entries are those of empty slots: a slot missing from the LRU order that
+    # holds a token is a hit for the AVX-512 paths (they classify slots in slot order) and not
+    # for the portable one, a difference only corrupt state can show.
+    rows, k, cap, max_token = 6, 40, 90, 3000
+    steps = list(trace(seed, 3, rows, k, max_token, dups=False))
+    states = {isa: State(rows, k, cap, max_token) for isa in ISAS}
+    rng = np.random.default_rng(seed)
+    for i, (req, topk, stable, _n) in enumerate(steps):
+        if i == len(steps) - 1:  # before the last step, corrupt entries of empty slots
+            ref = states["baseline"]
+            bad = {
+                r: [j for j in range(cap) if ref.stt[r, ref.lru[r, j]] < 0][:3] for r in range(rows)
+            }
+            vals = {r: rng.choice([-1, -9, cap, cap + 7], len(js)) for r, js in bad.items()}
+            assert any(bad.values())
+        for isa, s in states.items():
+            if i == len(steps) - 1:
+                for r, js in bad.items():
+                    s.lru[r, js] = vals[r]
+            assert ap.set_isa(isa)
+            s.native(req, topk, stable, rows, 8, 2)
+    want = states["baseline"].snapshot(rows)
+    for isa, s in states.items():
+        assert s.snapshot(rows) == want, isa
+
+
 def test_duplicates_share_one_slot() -> None:
     s = State(1, 6, 8, 64)
     topk = np.array([[5, 5, -1, 9, 5, 64]], np.int32)
