@@ -125,6 +125,7 @@ setup(
         Extension("kvpd.native._sparse_lru", [_SOURCE], language="c++"),
         # vLLM-Ascend's sparse-offload planner interface; its AVX2/AVX-512 row planners are
         # compiled with target attributes and chosen at load time, so the baseline -march stays.
+        # Its threads are its own (ascend_planner_pool.hpp); -fopenmp only serves the CPU count.
         Extension(
             "kvpd.native._ascend_planner",
             [
@@ -132,7 +133,11 @@ setup(
                 "kvpd/native/ascend_planner_args.cpp",
                 "kvpd/native/ascend_planner_avx512.cpp",
             ],
-            depends=["kvpd/native/ascend_planner_row.hpp"],
+            depends=[
+                "kvpd/native/ascend_planner_row.hpp",
+                "kvpd/native/ascend_planner_pool.hpp",
+                "kvpd/native/ascend_planner_avx512.inc",
+            ],
             language="c++",
         ),
     ],

@@ -12,10 +12,12 @@
 //   it into a slot per occurrence); attention reads the same K/V either way.
 //
 // Speed: one row is planned by a function chosen once at load time from the CPU's features
-// (AVX-512, AVX2, baseline), so one portable wheel runs the best path the host has. Threads are
-// min(rows, workspace_threads, requested_threads) as upstream, also capped by the processors
-// OpenMP may use; results do not depend on them. Unlike upstream, the GIL is released while
-// planning (the arguments are plain integers; each layer's state is the caller's).
+// (AVX-512 with VPOPCNTD, AVX-512, AVX2, baseline), so one portable wheel runs the best path the
+// host has. Threads are min(rows, workspace_threads, requested_threads) as upstream, also capped
+// by the processors this process may use; the rows go to the caller and to helper threads that
+// join when the OS runs them (ascend_planner_pool.hpp), not to an OpenMP team. Results do not
+// depend on threads. Unlike upstream, the GIL is released while planning (the arguments are
+// plain integers; each layer's state is the caller's).
 
 #include <pybind11/pybind11.h>
 
@@ -35,6 +37,7 @@
 #define KVPD_X86 1
 #endif
 
+#include "ascend_planner_pool.hpp"
 #include "ascend_planner_row.hpp"
 
 namespace py = pybind11;
@@ -50,7 +53,8 @@ __attribute__((target("avx2,bmi,bmi2,popcnt,lzcnt,fma"))) void plan_row_avx2(con
                                                                               Workspace& ws) {
   plan_row_generic(io, ws);
 }
-void plan_row_avx512(const RowIO& io, Workspace& ws);  // ascend_planner_avx512.cpp
+void plan_row_avx512(const RowIO& io, Workspace& ws);          // ascend_planner_avx512.cpp
+void plan_row_avx512_vpopcnt(const RowIO& io, Workspace& ws);  // ditto, with VPOPCNTD
 #endif
 
 using RowFn = void (*)(const RowIO&, Workspace&);
@@ -60,24 +64,29 @@ struct Isa {
   RowFn fn;
 };
 
-bool cpu_has(const char* isa) {
+// Row planners, best first.
+constexpr const char* kIsas[] = {"avx512_vpopcnt", "avx512", "avx2", "baseline"};
+
+bool cpu_has(const std::string& isa) {
 #ifdef KVPD_X86
   __builtin_cpu_init();
-  if (std::strcmp(isa, "avx512") == 0) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("popcnt");
-  }
-  if (std::strcmp(isa, "avx2") == 0) {
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("popcnt") &&
+                      __builtin_cpu_supports("bmi2");
+  if (isa == "avx512_vpopcnt") return avx512 && __builtin_cpu_supports("avx512vpopcntdq");
+  if (isa == "avx512") return avx512;
+  if (isa == "avx2") {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") &&
            __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("fma");
   }
 #endif
-  return std::strcmp(isa, "baseline") == 0;
+  return isa == "baseline";
 }
 
 Isa isa_named(const std::string& name) {
 #ifdef KVPD_X86
+  if (name == "avx512_vpopcnt") return {"avx512_vpopcnt", plan_row_avx512_vpopcnt};
   if (name == "avx512") return {"avx512", plan_row_avx512};
   if (name == "avx2") return {"avx2", plan_row_avx2};
 #endif
@@ -85,12 +94,15 @@ Isa isa_named(const std::string& name) {
   return {"baseline", plan_row_baseline};
 }
 
-// Best path this CPU runs; KVPD_NATIVE_ISA=baseline|avx2 caps it (for comparisons and tests).
+// Best path this CPU runs; KVPD_NATIVE_ISA=<name> caps it at that path (for comparisons and
+// tests): the first of kIsas, from the named one down, that the CPU has.
 Isa choose_isa() {
   const char* cap = std::getenv("KVPD_NATIVE_ISA");
-  const std::string want = cap ? cap : "avx512";
-  if (want == "avx512" && cpu_has("avx512")) return isa_named("avx512");
-  if ((want == "avx512" || want == "avx2") && cpu_has("avx2")) return isa_named("avx2");
+  bool allowed = cap == nullptr;
+  for (const char* name : kIsas) {
+    allowed = allowed || std::strcmp(name, cap) == 0;
+    if (allowed && cpu_has(name)) return isa_named(name);
+  }
   return isa_named("baseline");
 }
 
@@ -100,17 +112,17 @@ Isa g_isa = choose_isa();
 
 int usable_threads(int64_t rows, int64_t workspace_threads, int64_t requested_threads) {
   // Upstream: min(rows, workspace_threads, requested_threads) with <= 0 meaning "no limit".
-  // Also capped by the processors OpenMP may use: more threads than cores only adds waiting.
+  // Also capped by the processors this process may use: more threads only add waiting.
   if (rows <= 1) return 1;
   int64_t n = rows;
   if (workspace_threads > 0) n = std::min(n, workspace_threads);
   if (requested_threads > 0) n = std::min(n, requested_threads);
 #ifdef _OPENMP
   static const int procs = omp_get_num_procs();  // a syscall each time otherwise
-  n = std::min<int64_t>(n, procs);
 #else
-  n = 1;
+  static const int procs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 #endif
+  n = std::min<int64_t>(n, procs);
   return static_cast<int>(std::max<int64_t>(n, 1));
 }
 
@@ -150,18 +162,18 @@ void lru_resident_compact(uintptr_t req_ids, uintptr_t last_req_ids, uintptr_t t
   const RowFn fn = g_isa.fn;
   const int32_t k = static_cast<int32_t>(topk_len), c = static_cast<int32_t>(capacity);
   const int32_t mtok = static_cast<int32_t>(max_token);
-  auto row = [&](int64_t r) {
-    const RowIO io{tk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
-                   cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, mtok};
-    fn(io, thread_workspace(max_token, topk_len, capacity));
+  auto rows = [&](int64_t begin, int64_t end) {
+    Workspace& ws = thread_workspace(max_token, topk_len, capacity);
+    for (int64_t r = begin; r < end; ++r) {
+      const RowIO io{tk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
+                     cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, mtok};
+      fn(io, ws);
+    }
   };
   py::gil_scoped_release nogil;
-  if (threads == 1) {
-    for (int64_t r = 0; r < num_reqs; ++r) row(r);
-    return;
-  }
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 2)
-  for (int64_t r = 0; r < num_reqs; ++r) row(r);
+  // Two rows per claim: ~10 us of work each, so claims are rare and a preempted helper delays
+  // the caller by at most that.
+  parallel_rows(threads, num_reqs, 2, rows);
 }
 
 // ======  compute_lru_resident_addrs over raw pointers (checked in ascend_planner_args.cpp)  ======
@@ -183,38 +195,40 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
   const uint64_t bs = static_cast<uint64_t>(block_size);
   const uint32_t bs32 = static_cast<uint32_t>(block_size);  // checked <= INT32_MAX
   const int shift = (bs32 & (bs32 - 1)) == 0 ? __builtin_ctz(bs32) : -1;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = start[r + 1] - start[r];
-    const int32_t* toks = mt + r * k;
-    const int32_t* slots = ms + r * k;
-    const BlockT* row_bt = bt + r * blocks_per_row;
-    uint64_t* gk = gvas + start[r];
-    uint64_t* gv = gvas + total + start[r];
-    uint64_t* ak = addr + start[r];
-    uint64_t* av = addr + total + start[r];
-    const uint64_t slot0 = static_cast<uint64_t>(r) * static_cast<uint64_t>(capacity);
-    int64_t j = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t t = toks[i], s = slots[i];
-      if (t < 0 || s < 0 || s >= capacity) continue;
-      // One 32-bit division (a shift for the usual power-of-two block size), not two 64-bit.
-      const uint32_t q = shift >= 0 ? static_cast<uint32_t>(t) >> shift
-                                    : static_cast<uint32_t>(t) / bs32;
-      if (q >= static_cast<uint64_t>(blocks_per_row)) continue;
-      const int64_t blk = static_cast<int64_t>(row_bt[q]);
-      if (blk < 0) continue;
-      // All in uint64: block ids past 2^14 and bases near 2^50 are normal here.
-      const uint64_t src_tok = static_cast<uint64_t>(blk) * bs + (static_cast<uint32_t>(t) - q * bs32);
-      const uint64_t dst_tok = slot0 + static_cast<uint64_t>(s);
-      gk[j] = src_k + src_tok * tok_k;
-      gv[j] = src_v + src_tok * tok_v;
-      ak[j] = dst_k + dst_tok * tok_k;
-      av[j] = dst_v + dst_tok * tok_v;
-      ++j;
+  auto plan = [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t n = start[r + 1] - start[r];
+      const int32_t* toks = mt + r * k;
+      const int32_t* slots = ms + r * k;
+      const BlockT* row_bt = bt + r * blocks_per_row;
+      uint64_t* gk = gvas + start[r];
+      uint64_t* gv = gvas + total + start[r];
+      uint64_t* ak = addr + start[r];
+      uint64_t* av = addr + total + start[r];
+      const uint64_t slot0 = static_cast<uint64_t>(r) * static_cast<uint64_t>(capacity);
+      int64_t j = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t t = toks[i], s = slots[i];
+        if (t < 0 || s < 0 || s >= capacity) continue;
+        // One 32-bit division (a shift for the usual power-of-two block size), not two 64-bit.
+        const uint32_t q = shift >= 0 ? static_cast<uint32_t>(t) >> shift
+                                      : static_cast<uint32_t>(t) / bs32;
+        if (q >= static_cast<uint64_t>(blocks_per_row)) continue;
+        const int64_t blk = static_cast<int64_t>(row_bt[q]);
+        if (blk < 0) continue;
+        // All in uint64: block ids past 2^14 and bases near 2^50 are normal here.
+        const uint64_t src_tok = static_cast<uint64_t>(blk) * bs + (static_cast<uint32_t>(t) - q * bs32);
+        const uint64_t dst_tok = slot0 + static_cast<uint64_t>(s);
+        gk[j] = src_k + src_tok * tok_k;
+        gv[j] = src_v + src_tok * tok_v;
+        ak[j] = dst_k + dst_tok * tok_k;
+        av[j] = dst_v + dst_tok * tok_v;
+        ++j;
+      }
+      valid[r] = j;
     }
-    valid[r] = j;
-  }
+  };
+  parallel_rows(threads, rows, 8, plan);
   int64_t kept = 0;
   for (int64_t r = 0; r < rows; ++r) kept += valid[r];
   if (kept != total) {  // pack out the invalid entries: K of all rows, then V
@@ -274,7 +288,7 @@ py::dict isa_info() {
   py::dict d;
   d["isa"] = g_isa.name;
   py::list avail;
-  for (const char* name : {"avx512", "avx2", "baseline"}) {
+  for (const char* name : kIsas) {
     if (cpu_has(name)) avail.append(name);
   }
   d["available"] = avail;
@@ -289,7 +303,7 @@ py::dict isa_info() {
 }
 
 bool set_isa(const std::string& name) {
-  if (!cpu_has(name.c_str())) return false;
+  if (!cpu_has(name)) return false;
   g_isa = isa_named(name);
   return true;
 }
@@ -307,6 +321,6 @@ PYBIND11_MODULE(_ascend_planner, m) {
         "size and num (K of all rows, then V; num = 2S); returns S.");
   m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
   m.def("set_isa", &set_isa, py::arg("name"),
-        "Use the named row planner (baseline|avx2|avx512) if the CPU has it; for tests and "
-        "benchmarks. Returns whether it switched.");
+        "Use the named row planner (baseline|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "
+        "tests and benchmarks. Returns whether it switched.");
 }

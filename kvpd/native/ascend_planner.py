@@ -3,7 +3,9 @@
 A drop-in for the module vLLM-Ascend's `SparseKVOffloadManager` JIT-compiles as
 `sparse_kv_offload_cpp`: the same two functions, the same arguments, caller-owned state and
 in-place outputs, but prebuilt (no compiler, ninja or omp.h on the decode host), without libtorch,
-and with the row planner chosen at load time for the CPU (AVX-512 / AVX2 / baseline).
+and with the row planner chosen at load time for the CPU (AVX-512 with VPOPCNTD / AVX-512 / AVX2 /
+baseline). Rows go to the calling thread and to helper threads that join when the OS runs them
+(no OpenMP team: no barrier waiting for an unscheduled thread, no spinning between calls).
 
 - `lru_resident_compact(req_ids, last_req_ids, topk, stable_prefix_lens, slot_to_token,
   lru_slots, current_slots, miss_count, miss_tokens, miss_slots, token_mark, token_pos, slot_ws,

@@ -38,6 +38,7 @@ struct RowIO {
 struct Workspace {
   std::vector<uint32_t> mark, rank_base;
   std::vector<int32_t> slot_of_rank, hits;
+  std::vector<uint32_t> hit_tokens;  // walk_scalar: the tokens of `hits`
   std::vector<uint16_t> hit_slots;  // a bit per slot, 16 per entry
 
   void fit(int64_t max_token, int64_t topk, int64_t capacity) {
@@ -49,6 +50,7 @@ struct Workspace {
     if (slot_of_rank.size() < static_cast<size_t>(topk) + 16) slot_of_rank.resize(topk + 16);
     if (hits.size() < static_cast<size_t>(capacity) + 16) {
       hits.resize(capacity + 16);
+      hit_tokens.resize(capacity + 16);
       hit_slots.resize(static_cast<size_t>(capacity / 16) + 2);  // +1: 32-bit gather reads
     }
   }
@@ -128,20 +130,21 @@ KVPD_INLINE void classify_slots_scalar(const RowIO& io, Workspace& ws, int32_t s
   uint16_t* __restrict__ hit_slots = ws.hit_slots.data();
   int32_t* __restrict__ stt = io.slot_to_token;
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
-  const uint32_t trash = static_cast<uint32_t>(io.k);  // slot_of_rank has slack past k
+  const uint32_t ustable = static_cast<uint32_t>(stable);  // stable in [0, max_token]
+  const uint32_t trash = static_cast<uint32_t>(io.k);      // slot_of_rank has slack past k
   const int32_t c = io.c;
   uint32_t bits = s & 15 ? hit_slots[s >> 4] : 0;  // the group of 16 slots being filled
   for (; s < c; ++s) {
-    const int32_t t = stt[s];
-    bool valid = static_cast<uint32_t>(t) < umax;
-    if (valid && t >= stable) {  // rare: one token per row and step
-      stt[s] = -1;
-      valid = false;
-    }
-    // Branch-free from here: about 40% of the slots hit, in no predictable pattern.
-    const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
-    const uint32_t hit = valid & ((mark[ti >> 5] >> (ti & 31)) & 1);
-    sor[hit ? rank_of(mark, rank_base, ti) : trash] = s;
+    const uint32_t t = static_cast<uint32_t>(stt[s]);
+    if (t < umax && t >= ustable) stt[s] = -1;  // rare: one token per row and step
+    // Branch-free from here (see walk_scalar).
+    const uint32_t valid = static_cast<uint32_t>(t < ustable);
+    const uint32_t ti = t & (0u - valid);
+    const uint32_t word = mark[ti >> 5];
+    const uint32_t hit = valid & (word >> (ti & 31));
+    const uint32_t rank = rank_base[ti >> 5] +
+                          static_cast<uint32_t>(__builtin_popcount(word & ((1u << (ti & 31)) - 1)));
+    sor[rank + ((trash - rank) & (hit - 1))] = s;  // hit ? rank : trash
     bits |= hit << (s & 15);
     if ((s & 15) == 15) {  // one store per 16 slots, not a read-modify-write per slot
       hit_slots[s >> 4] = static_cast<uint16_t>(bits);
@@ -175,37 +178,91 @@ KVPD_INLINE void split_lru_scalar(const RowIO& io, Workspace& ws, int32_t i, int
 
 // Walk the LRU order from entry i (oldest first): a resident token at or past the stable prefix
 // is dropped (it may be rewritten by speculative decoding); a resident token in this step's set
-// is a hit: it keeps its slot (slot_of_rank[rank(token)] = slot; in LRU order, so for a token
-// held twice in corrupt state the later slot wins, as upstream's token_pos overwrite does) and
-// is set aside in LRU order; every other slot is evictable, compacted in place at the front of
-// `lru` in LRU order. Out-of-range slot entries (corrupt state) are skipped, as upstream does.
+// is a hit: it keeps its slot and is set aside in LRU order; every other slot is evictable,
+// compacted in place at the front of `lru` in LRU order. Out-of-range slot entries (corrupt
+// state) are skipped, as upstream does. Then each hit's slot is recorded by the rank of its
+// token (slot_of_rank[rank(token)] = slot), in LRU order, so for a token held twice in corrupt
+// state the later slot wins, as upstream's token_pos overwrite does.
+//
+// Branch-free on purpose: about 40% of the slots hit in no predictable pattern, and a branch on
+// the hit mispredicts often enough to cost more than the rest of the loop. The rank is computed
+// in a second loop over the hits only (~40% of the slots), whose tokens the walk lists.
 KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int32_t i,
                              int32_t* n_evict, int32_t* n_hit) {
   const uint32_t* __restrict__ mark = ws.mark.data();
+  int32_t* __restrict__ hits = ws.hits.data();
+  uint32_t* __restrict__ hit_tokens = ws.hit_tokens.data();
+  int32_t* __restrict__ lru = io.lru;
+  int32_t* __restrict__ stt = io.slot_to_token;
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  const uint32_t ucap = static_cast<uint32_t>(io.c);
+  const uint32_t ustable = static_cast<uint32_t>(stable);  // stable in [0, max_token]
+  const int32_t c = io.c;
+  const int32_t nh0 = *n_hit;
+  int32_t ne = *n_evict, nh = nh0;
+  for (; i < c; ++i) {
+    const int32_t s = lru[i];
+    if (static_cast<uint32_t>(s) >= ucap) continue;  // corrupt state only: predictable
+    const uint32_t t = static_cast<uint32_t>(stt[s]);
+    if (t < umax && t >= ustable) stt[s] = -1;  // rare: one token per row and step
+    const uint32_t valid = static_cast<uint32_t>(t < ustable);  // ustable <= umax
+    const uint32_t ti = t & (0u - valid);                      // 0 when not valid
+    const uint32_t hit = valid & (mark[ti >> 5] >> (ti & 31)) & 1;
+    hit_tokens[nh] = ti;
+    hits[nh] = s;
+    lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
+    nh += static_cast<int32_t>(hit);
+    ne += static_cast<int32_t>(hit ^ 1);
+  }
   const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   int32_t* __restrict__ sor = ws.slot_of_rank.data();
-  int32_t* __restrict__ hits = ws.hits.data();
-  const uint32_t umax = static_cast<uint32_t>(io.max_token);
-  const uint32_t trash = static_cast<uint32_t>(io.k);  // slot_of_rank has slack past k
-  int32_t ne = *n_evict, nh = *n_hit;
-  for (; i < io.c; ++i) {
-    const int32_t s = io.lru[i];
-    if (static_cast<uint32_t>(s) >= static_cast<uint32_t>(io.c)) continue;
-    int32_t t = io.slot_to_token[s];
-    bool valid = static_cast<uint32_t>(t) < umax;
-    if (valid && t >= stable) {
-      io.slot_to_token[s] = -1;
-      valid = false;
-    }
-    const uint32_t ti = valid ? static_cast<uint32_t>(t) : 0;
-    const int32_t hit = valid & static_cast<int32_t>((mark[ti >> 5] >> (ti & 31)) & 1);
-    sor[hit ? rank_of(mark, rank_base, ti) : trash] = s;
-    hits[nh] = s;
-    io.lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
-    nh += hit;
-    ne += 1 - hit;
-  }
+  for (int32_t j = nh0; j < nh; ++j) sor[rank_of(mark, rank_base, hit_tokens[j])] = hits[j];
   *n_evict = ne;
+  *n_hit = nh;
+}
+
+// walk_scalar's result with less work per slot when every LRU entry is a slot index (always,
+// on state this planner writes): one pass in slot order (vectorised by the compiler) drops the
+// tokens at or past the stable prefix and checks the entries; then the walk needs neither the
+// range check nor the drop, and the evictable count is the entries read minus the hits.
+// Corrupt entries: walk_scalar from the start (the drop it repeats changes nothing).
+KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, int32_t* n_evict,
+                              int32_t* n_hit) {
+  int32_t* __restrict__ stt = io.slot_to_token;
+  int32_t* __restrict__ lru = io.lru;
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  const uint32_t ustable = static_cast<uint32_t>(stable);  // stable in [0, max_token]
+  const int32_t c = io.c;
+  const uint32_t ucap = static_cast<uint32_t>(c);
+  uint32_t bad = 0;
+  for (int32_t s = 0; s < c; ++s) {
+    const uint32_t t = static_cast<uint32_t>(stt[s]);
+    stt[s] = t < umax && t >= ustable ? -1 : static_cast<int32_t>(t);
+    bad |= static_cast<uint32_t>(static_cast<uint32_t>(lru[s]) >= ucap);
+  }
+  if (bad) {
+    walk_scalar(io, ws, stable, 0, n_evict, n_hit);
+    return;
+  }
+  const uint32_t* __restrict__ mark = ws.mark.data();
+  int32_t* __restrict__ hits = ws.hits.data();
+  uint32_t* __restrict__ hit_tokens = ws.hit_tokens.data();
+  int32_t nh = 0;
+  for (int32_t i = 0; i < c; ++i) {
+    const int32_t s = lru[i];
+    const uint32_t t = static_cast<uint32_t>(stt[s]);
+    const uint32_t valid = static_cast<uint32_t>(t < ustable);
+    const uint32_t ti = t & (0u - valid);
+    const uint32_t hit = valid & (mark[ti >> 5] >> (ti & 31)) & 1;
+    hit_tokens[nh] = ti;
+    hits[nh] = s;
+    lru[i - nh] = s;  // i - nh evictables so far: never past i
+    nh += static_cast<int32_t>(hit);
+  }
+  const uint32_t* __restrict__ rank_base = ws.rank_base.data();
+  int32_t* __restrict__ sor = ws.slot_of_rank.data();
+  for (int32_t j = 0; j < nh; ++j) sor[rank_of(mark, rank_base, hit_tokens[j])] = hits[j];
+  *n_evict = c - nh;
   *n_hit = nh;
 }
 
@@ -214,40 +271,56 @@ KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int
 // capacity < topk, which the configuration forbids) stay unplaced (-1).
 KVPD_INLINE void resolve_scalar(const RowIO& io, Workspace& ws, int32_t p, int32_t end,
                                 int32_t n_evict, int32_t* n_miss) {
-  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  // Locals with __restrict__: stores through int32 pointers could otherwise alias io's int32
+  // fields in the compiler's eyes, and it would reload them every position.
+  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   int32_t* __restrict__ sor = ws.slot_of_rank.data();
+  const int32_t* __restrict__ topk = io.topk;
+  const int32_t* __restrict__ lru = io.lru;
+  int32_t* __restrict__ stt = io.slot_to_token;
+  int32_t* __restrict__ cur = io.current_slots;
+  int32_t* __restrict__ mt = io.miss_tokens;
+  int32_t* __restrict__ ms = io.miss_slots;
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
   int32_t m = *n_miss;
   for (; p < end; ++p) {
-    const int32_t t = io.topk[p];
+    const int32_t t = topk[p];
     if (static_cast<uint32_t>(t) >= umax) {
-      io.current_slots[p] = -1;
+      cur[p] = -1;
       continue;
     }
-    const uint32_t r = rank_of(ws.mark.data(), ws.rank_base.data(), static_cast<uint32_t>(t));
+    const uint32_t r = rank_of(mark, rank_base, static_cast<uint32_t>(t));
     int32_t s = sor[r];
     if (s < 0 && m < n_evict) {
-      s = io.lru[m];
+      s = lru[m];
       sor[r] = s;
-      io.slot_to_token[s] = t;
-      io.miss_tokens[m] = t;
-      io.miss_slots[m] = s;
+      stt[s] = t;
+      mt[m] = t;
+      ms[m] = s;
       ++m;
     }
-    io.current_slots[p] = s;
+    cur[p] = s;
   }
   *n_miss = m;
 }
 
-// Pad the miss lists, write the new LRU order (unused evictables in old order, filled misses,
-// hits in old order) and leave the bitmap all-zero for the next row.
-KVPD_INLINE void finish_row(const RowIO& io, Workspace& ws, int32_t m, int32_t n_evict,
-                            int32_t n_hit, uint32_t last_word) {
+// Pad the miss lists and write the new LRU order (unused evictables in old order, filled
+// misses, hits in old order).
+KVPD_INLINE void finish_lists(const RowIO& io, const Workspace& ws, int32_t m, int32_t n_evict,
+                              int32_t n_hit) {
   std::fill(io.miss_tokens + m, io.miss_tokens + io.k, -1);
   std::fill(io.miss_slots + m, io.miss_slots + io.k, -1);
   *io.miss_count = m;
   std::memmove(io.lru, io.lru + m, sizeof(int32_t) * static_cast<size_t>(n_evict - m));
   std::memcpy(io.lru + (n_evict - m), io.miss_slots, sizeof(int32_t) * static_cast<size_t>(m));
   std::memcpy(io.lru + n_evict, ws.hits.data(), sizeof(int32_t) * static_cast<size_t>(n_hit));
+}
+
+// finish_lists, and leave the bitmap all-zero for the next row.
+KVPD_INLINE void finish_row(const RowIO& io, Workspace& ws, int32_t m, int32_t n_evict,
+                            int32_t n_hit, uint32_t last_word) {
+  finish_lists(io, ws, m, n_evict, n_hit);
   std::memset(ws.mark.data(), 0, sizeof(uint32_t) * (static_cast<size_t>(last_word) + 1));
 }
 
@@ -256,7 +329,7 @@ KVPD_INLINE void plan_row_generic(const RowIO& io, Workspace& ws) {
   RowMarks marks = mark_row(io, ws, &n_valid);
   begin_ranks(ws, &marks, n_valid, rank_prefix_scalar(ws, marks.last_word));
   int32_t ne = 0, nh = 0, m = 0;
-  walk_scalar(io, ws, marks.stable, 0, &ne, &nh);
+  walk_checked(io, ws, marks.stable, &ne, &nh);
   resolve_scalar(io, ws, 0, io.k, ne, &m);
   finish_row(io, ws, m, ne, nh, marks.last_word);
 }

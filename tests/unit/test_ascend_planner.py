@@ -135,6 +135,36 @@ def test_plan_matches_reference(seed, rows, k, extra, wide, steps, dups, threads
             assert s.snapshot(n) == want.snapshot(n), isa
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_corrupt_lru_entries_are_skipped_alike_on_every_path(seed) -> None:
+    # Out-of-range LRU entries (never in state a planner writes) are skipped, as upstream does;
+    # every ISA path must agree, including the portable one's fallback from its checked walk.
+    # The corrupted entries are those of empty slots: a slot missing from the LRU order that
+    # holds a token is a hit for the AVX-512 paths (they classify slots in slot order) and not
+    # for the portable one, a difference only corrupt state can show.
+    rows, k, cap, max_token = 6, 40, 90, 3000
+    steps = list(trace(seed, 3, rows, k, max_token, dups=False))
+    states = {isa: State(rows, k, cap, max_token) for isa in ISAS}
+    rng = np.random.default_rng(seed)
+    for i, (req, topk, stable, _n) in enumerate(steps):
+        if i == len(steps) - 1:  # before the last step, corrupt entries of empty slots
+            ref = states["baseline"]
+            bad = {
+                r: [j for j in range(cap) if ref.stt[r, ref.lru[r, j]] < 0][:3] for r in range(rows)
+            }
+            vals = {r: rng.choice([-1, -9, cap, cap + 7], len(js)) for r, js in bad.items()}
+            assert any(bad.values())
+        for isa, s in states.items():
+            if i == len(steps) - 1:
+                for r, js in bad.items():
+                    s.lru[r, js] = vals[r]
+            assert ap.set_isa(isa)
+            s.native(req, topk, stable, rows, 8, 2)
+    want = states["baseline"].snapshot(rows)
+    for isa, s in states.items():
+        assert s.snapshot(rows) == want, isa
+
+
 def test_duplicates_share_one_slot() -> None:
     s = State(1, 6, 8, 64)
     topk = np.array([[5, 5, -1, 9, 5, 64]], np.int32)
@@ -152,6 +182,60 @@ def test_degenerate_sizes_change_nothing() -> None:
         p = [0] * 15
         ap.lru_resident_compact(*p, n, k, cap, mt, 8, 8)
     assert s.snapshot(2) == before
+
+
+def test_isa_cap_from_the_environment() -> None:
+    # KVPD_NATIVE_ISA caps the load-time choice at the named path: the best the CPU has from
+    # there down (an unknown name leaves only the baseline).
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(ap.__file__).resolve().parents[2])  # the kvpd under test, in the child too
+    order = ["avx512_vpopcnt", "avx512", "avx2", "baseline"]
+    code = "from kvpd.native import ascend_planner as a; print(a.isa_info()['isa'])"
+    for cap in ("avx512", "avx2", "nonsense"):
+        env = {**os.environ, "KVPD_NATIVE_ISA": cap, "PYTHONPATH": root}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+        below = order[order.index(cap) :] if cap in order else ["baseline"]
+        assert out == next(isa for isa in below if isa in ISAS), cap
+
+
+def _planned(seed: int, threads: int) -> list:
+    """The state and outputs after a short trace of 24 rows, planned on `threads` threads."""
+    rows, k, cap, max_token = 24, 64, 96, 5000
+    s = State(rows, k, cap, max_token)
+    for req, topk, stable, n in trace(seed, 3, rows, k, max_token, dups=False):
+        s.native(req, topk, stable, n, 8, threads)
+    return s.snapshot(rows)
+
+
+def test_concurrent_callers_each_get_their_own_result() -> None:
+    # The GIL is released while planning: callers on other Python threads share the helper
+    # threads (one at a time) or plan alone; every result is the single-threaded one.
+    import concurrent.futures
+
+    want = {seed: _planned(seed, 1) for seed in range(6)}
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        got = dict(zip(want, ex.map(lambda seed: _planned(seed, 2), want), strict=True))
+    assert got == want
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_forked_child_plans_with_threads() -> None:
+    # vLLM forks its workers: the parent's helper threads do not exist in the child, whose
+    # planner must neither hang nor differ.
+    import os
+
+    want = _planned(7, 1)
+    assert _planned(7, 2) == want  # the parent's helpers now exist
+    pid = os.fork()
+    if pid == 0:  # child: exit status says whether the threaded plan matched
+        os._exit(0 if _planned(7, 2) == want else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def descriptor_buffers(rows: int, k: int):
