@@ -53,10 +53,18 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
     return cond()
 
 
-@pytest.fixture(params=["local", "fake", pytest.param("ssh", marks=pytest.mark.ssh)])
+@pytest.fixture(
+    params=["local", "fake", "container", pytest.param("ssh", marks=pytest.mark.ssh)]
+)
 def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Host]:
     if request.param == "local":
         yield Host(LocalTransport(base_dir=str(tmp_path)), str(tmp_path), lambda p: None)
+    elif request.param == "container":
+        # The local host's commands run inside the namespace stand-in of a container runtime.
+        from tests.unit.standin import standin_container
+
+        with standin_container(LocalTransport(base_dir=str(tmp_path))) as t:
+            yield Host(t, str(tmp_path), lambda p: None)
     elif request.param == "fake":
         fake = FakeTransport()
         yield Host(fake, "/home/fake/work", lambda p: fake.script("python3", p))

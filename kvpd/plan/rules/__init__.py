@@ -12,6 +12,7 @@ from collections.abc import Callable
 from kvpd.plan.facts import Facts
 from kvpd.plan.rules import (
     connectors,
+    containers,
     env,
     kvservices,
     memcache,
@@ -51,6 +52,7 @@ RULES: tuple[Rule, ...] = (
     ports.rule_proxy,
     ports.rule_ports,
     topology.rule_model,
+    containers.rule_containers,
 )
 
 

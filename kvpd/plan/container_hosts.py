@@ -1,0 +1,54 @@
+"""Attach each host's `ContainerSpec` to its `HostSpec` (pure; part of `build_plan`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+
+from kvpd.plan.container import container_spec
+from kvpd.plan.model import HostRequirements, HostSpec, ProcessSpec
+from kvpd.profile.schema import Profile
+
+
+def model_dirs(profile: Profile, rehearse: bool) -> tuple[str, ...]:
+    """Absolute model folders the engines read (mounted at the same path inside)."""
+    m = profile.model
+    paths = [profile.rehearsal.model] if rehearse else [m.path, m.tokenizer or m.path]
+    out: list[str] = []
+    for p in paths:
+        if posixpath.isabs(p):
+            p = posixpath.normpath(p)
+            if p not in out:
+                out.append(p)
+    return tuple(out)
+
+
+def with_containers(
+    profile: Profile,
+    hosts: list[HostSpec],
+    processes: list[ProcessSpec],
+    requirements: dict[str, HostRequirements],
+    *,
+    rehearse: bool,
+) -> list[HostSpec]:
+    """`hosts`, each with the container its profile entry asks for (devices: the NPUs the plan
+    assigns to that host's processes; --shm-size: what its requirements size)."""
+    out = []
+    for h in hosts:
+        c = profile.hosts[h.name].container
+        if c is None:
+            out.append(h)
+            continue
+        npus = tuple(d for p in processes if p.host == h.name for d in p.devices)
+        req = requirements.get(h.name)
+        spec = container_spec(
+            c,
+            deployment=profile.name,
+            hardware=h.hardware,
+            npus=npus,
+            shm_needed_gb=req.shm_gb if req else 0.0,
+            run_dir=h.run_dir,
+            model_dirs=model_dirs(profile, rehearse),
+        )
+        out.append(dataclasses.replace(h, container=spec))
+    return out
