@@ -21,25 +21,35 @@ from kvpd.plan.container import ContainerSpec
 
 # What the runtime prints when it cannot do the exec itself, and what the user should do.
 _RUNTIME_FAILURES = (
-    ("permission denied", "the login user cannot reach the runtime's socket. Fix: add the "
-     "user to the `docker` group (or run podman rootless as that user) and log in again."),
-    ("no such container", "the container does not exist. Fix: start it (the `run` line "
-     "`kvpd plan` shows) or give `image` so kvpd starts it."),
+    (
+        "permission denied",
+        "the login user cannot reach the runtime's socket. Fix: add the "
+        "user to the `docker` group (or run podman rootless as that user) and log in again.",
+    ),
+    (
+        "no such container",
+        "the container does not exist. Fix: start it (the `run` line "
+        "`kvpd plan` shows) or give `image` so kvpd starts it.",
+    ),
     ("is not running", "the container is stopped. Fix: `{runtime} start {name}`."),
-    ("command not found", "the runtime is not installed on the host. Fix: install {runtime} "
-     "or set container.command to its path."),
+)
+RUNTIME_MISSING = (
+    "the runtime is not installed on the host ({runtime} not found). Fix: install it or set "
+    "container.command to its path."
 )
 
 
 def runtime_failure(spec: ContainerSpec, host: str, r: CommandResult) -> str | None:
     """An actionable sentence when `r` failed in the runtime (not in the command inside)."""
     text = (r.stderr + r.stdout).lower()
+    head = f"host {host}: container {spec.name!r} ({spec.runtime}): "
+    # The host's shell (or exec) names the runtime's program when that is what is missing; a
+    # command missing inside names itself.
+    if r.exit_code == commands.NOT_FOUND and spec.command.lower() in text:
+        return head + RUNTIME_MISSING.format(runtime=spec.command)
     for needle, advice in _RUNTIME_FAILURES:
         if needle in text:
-            what = advice.format(runtime=spec.command, name=spec.name)
-            return f"host {host}: container {spec.name!r} ({spec.runtime}): {what}"
-    if r.exit_code == commands.NOT_FOUND and not r.stderr.strip():
-        return runtime_failure(spec, host, CommandResult(r.argv, 127, "", "command not found"))
+            return head + advice.format(runtime=spec.command, name=spec.name)
     return None
 
 
@@ -62,7 +72,8 @@ class ContainerTransport:
         if not r.ok:
             why = runtime_failure(self.spec, self.host, r)
             raise TransportError(
-                why or f"host {self.host}, container {self.spec.name}: {what} failed "
+                why
+                or f"host {self.host}, container {self.spec.name}: {what} failed "
                 f"(exit {r.exit_code}): {r.stderr.strip()[-500:]}"
             )
         return r.stdout
@@ -104,7 +115,8 @@ class ContainerTransport:
         if not r.ok or not lines or not lines[0].strip().isdigit():
             why = runtime_failure(self.spec, self.host, r)
             raise TransportError(
-                why or f"host {self.host}, container {self.spec.name}: starting {argv[0]!r} in "
+                why
+                or f"host {self.host}, container {self.spec.name}: starting {argv[0]!r} in "
                 f"{cwd_path} failed (exit {r.exit_code}): "
                 f"{(r.stderr.strip() or r.stdout.strip())[-500:]}. Fix: check that the run "
                 "dir is mounted at the same path inside and the command exists there."

@@ -73,7 +73,7 @@ class ContainerSpec:
 
     def inspect_argv(self) -> list[str]:
         """State, image digest and kvpd's label, one per line."""
-        fmt = "{{.State.Status}}\n{{.Image}}\n{{index .Config.Labels \"" + LABEL + "\"}}"
+        fmt = '{{.State.Status}}\n{{.Image}}\n{{index .Config.Labels "' + LABEL + '"}}'
         return [self.command, "inspect", "--type", "container", "--format", fmt, self.name]
 
     def to_dict(self) -> dict[str, Any]:

@@ -10,13 +10,19 @@ from kvpd.plan.model import HostRequirements, HostSpec, ProcessSpec
 from kvpd.profile.schema import Profile
 
 
-def model_dirs(profile: Profile, rehearse: bool) -> tuple[str, ...]:
-    """Absolute model folders the engines read (mounted at the same path inside)."""
-    m = profile.model
+def data_dirs(profile: Profile, rehearse: bool) -> tuple[str, ...]:
+    """Absolute folders the engines read or write outside the run dir: the model, the
+    tokenizer, KV storage (mounted at the same path inside)."""
+    m, kv = profile.model, profile.kv
     paths = [profile.rehearsal.model] if rehearse else [m.path, m.tokenizer or m.path]
+    paths += [kv.example_path or "", profile.rehearsal.storage if rehearse else ""]
+    if kv.ucm is not None:
+        paths.append(kv.ucm.storage)
+    if kv.kvpd_store is not None:
+        paths.append(kv.kvpd_store.path)
     out: list[str] = []
     for p in paths:
-        if posixpath.isabs(p):
+        if p and posixpath.isabs(p):
             p = posixpath.normpath(p)
             if p not in out:
                 out.append(p)
@@ -48,7 +54,7 @@ def with_containers(
             npus=npus,
             shm_needed_gb=req.shm_gb if req else 0.0,
             run_dir=h.run_dir,
-            model_dirs=model_dirs(profile, rehearse),
+            model_dirs=data_dirs(profile, rehearse),
         )
         out.append(dataclasses.replace(h, container=spec))
     return out

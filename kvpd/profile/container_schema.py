@@ -24,6 +24,14 @@ IMAGE = (
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[a-f0-9]{64})?$"
 )
 
+# How profile messages describe these patterns (kvpd.profile.messages).
+PATTERN_TEXT = {
+    CONTAINER_NAME: "a container name of letters, digits, '_', '.' and '-' that starts with a "
+    "letter or digit (at most 128 characters), e.g. vllm-ascend",
+    IMAGE: "an image reference [registry[:port]/]path[:tag][@sha256:digest] with a lower-case "
+    "path, e.g. quay.io/ascend/vllm-ascend:v0.11.0rc1",
+}
+
 ContainerName = Annotated[str, Field(pattern=CONTAINER_NAME)]
 Image = Annotated[str, Field(pattern=IMAGE, max_length=512)]
 
@@ -45,8 +53,9 @@ class Container(_Model):
         None, description="image kvpd starts the container from (`up`) and removes (`down`)"
     )
     command: Command | None = Field(
-        None, description="the runtime's program on the host (default: docker, podman, or "
-        "kvpd-standin-runtime)"
+        None,
+        description="the runtime's program on the host (default: docker, podman, or "
+        "kvpd-standin-runtime)",
     )
     shm_gb: float | None = Field(
         None, gt=0, le=4096, description="--shm-size in GiB (default: what the plan needs + 1)"

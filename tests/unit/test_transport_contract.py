@@ -53,9 +53,7 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
     return cond()
 
 
-@pytest.fixture(
-    params=["local", "fake", "container", pytest.param("ssh", marks=pytest.mark.ssh)]
-)
+@pytest.fixture(params=["local", "fake", "container", pytest.param("ssh", marks=pytest.mark.ssh)])
 def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Host]:
     if request.param == "local":
         yield Host(LocalTransport(base_dir=str(tmp_path)), str(tmp_path), lambda p: None)
