@@ -146,3 +146,75 @@ def test_runtime_failures_say_what_to_do(tmp_path: Path) -> None:
     )
     with pytest.raises(TransportError, match="runtime is not installed on the host"):
         no_runtime.ports_listening([1])
+
+
+# -- lifecycle and preflight (local host, stand-in runtime) --------------------------------
+
+
+def _standin_plan(tmp_path: Path, name: str, **extra: str) -> Plan:
+    from tests.unit.standin import STANDIN
+
+    fields = {"runtime": "standin", "command": STANDIN, "name": name, **extra}
+    inline = ", ".join(f'{k}: "{v}"' for k, v in fields.items())
+    return load_plan(
+        "local", base_dir=str(tmp_path), sets=[f"hosts.localhost.container={{{inline}}}"]
+    )
+
+
+def test_up_starts_only_its_containers_and_down_removes_only_those(tmp_path: Path) -> None:
+    from kvpd.errors import DeployError
+    from kvpd.exec.container_life import inspect, remove_containers, start_containers
+    from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.stop import NullReporter
+    from kvpd.exec.transports import TransportPool
+    from tests.unit.standin import can_unshare
+
+    if not can_unshare():
+        pytest.skip("the namespace stand-in needs root and unshare/nsenter")
+    name = f"kvpd-t-{tmp_path.name[-12:].strip('_')}"
+    plan = _standin_plan(tmp_path, name, image="standin")
+    c = plan.host("localhost").container
+    assert c is not None and c.started_by_kvpd
+    pool = TransportPool(plan.hosts)
+    host = pool["localhost"].inner  # type: ignore[attr-defined]
+    try:
+        missing = {ch.name: ch for ch in preflight_checks(plan, pool.__getitem__)}
+        assert not missing[f"container {name}"].ok
+        assert missing[f"container {name}"].fix == "`kvpd up` starts it"
+        start_containers(plan, pool, NullReporter())
+        start_containers(plan, pool, NullReporter())  # idempotent: kept running
+        checks = {ch.name: ch for ch in preflight_checks(plan, pool.__getitem__)}
+        assert checks[f"container {name}"].ok, checks
+        assert checks["run dir inside"].ok, checks["run dir inside"]
+        assert remove_containers(plan, pool, NullReporter()) == []
+        assert inspect(host, c, "localhost") is None
+        # A container of that name kvpd did not start is neither reused nor removed.
+        assert host.run(c.__class__(**{**c.to_dict(), "deployment": "other"}).run_argv()).ok
+        with pytest.raises(DeployError, match="exists that kvpd did not start"):
+            start_containers(plan, pool, NullReporter())
+        assert remove_containers(plan, pool, NullReporter()) == []
+        assert inspect(host, c, "localhost") is not None
+    finally:
+        host.run(c.rm_argv())
+        pool.close()
+
+
+def test_preflight_names_a_missing_container_and_a_missing_runtime(tmp_path: Path) -> None:
+    from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.transports import TransportPool
+
+    plan = _standin_plan(tmp_path, "kvpd-no-such-container")
+    pool = TransportPool(plan.hosts)
+    try:
+        (check,) = preflight_checks(plan, pool.__getitem__)
+        assert not check.ok and "no such container" in check.detail
+        assert "start it (`kvpd plan` shows the standin run line)" in check.fix
+    finally:
+        pool.close()
+    plan = _standin_plan(tmp_path, "x", command="/nonexistent/docker")
+    pool = TransportPool(plan.hosts)
+    try:
+        (check,) = preflight_checks(plan, pool.__getitem__)
+        assert not check.ok and "runtime is not installed on the host" in check.detail
+    finally:
+        pool.close()
