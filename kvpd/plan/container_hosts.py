@@ -50,7 +50,7 @@ def with_containers(
         spec = container_spec(
             c,
             deployment=profile.name,
-            hardware=h.hardware,
+            hardware="cpu" if rehearse else h.hardware,  # rehearsals run on CPUs
             npus=npus,
             shm_needed_gb=req.shm_gb if req else 0.0,
             run_dir=h.run_dir,

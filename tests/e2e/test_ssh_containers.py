@@ -59,10 +59,12 @@ def test_everything_runs_inside_and_down_leaves_nothing(rh: Rehearsal) -> None:
     assert all(p["status"] == "healthy" for p in rh.up["processes"]), rh.up
     state = json.loads((rh.state_dir / rh.name / "state.json").read_text())
     for rec in state["processes"]:
-        # The PID recorded is the container's: that process, seen inside, runs our script.
-        cmdline = inside(rh, rec["host"], "cat", f"/proc/{rec['pid']}/cmdline")
-        assert "launch.sh" in cmdline, (rec["name"], cmdline)
-    for host in HOSTS:  # the node bundle, installed over SFTP on the host, is there inside
+        # The PID recorded is the container's: that process, seen inside, is the one started.
+        environ = inside(rh, rec["host"], "cat", f"/proc/{rec['pid']}/environ")
+        assert f"KVPD_PROCESS={rec['name']}\x00" in environ, rec["name"]
+    bundled = {u["host"] for u in state["plan"]["bundle"]}
+    assert bundled  # the proxy's host at least
+    for host in bundled:  # the node bundle, installed over SFTP on the host, is there inside
         run_dir = state["run_dirs"][host]
         assert inside(rh, host, "ls", f"{run_dir}/bundle").split(), host
     decodes = [rh.url("decode-0"), rh.url("decode-1")]
