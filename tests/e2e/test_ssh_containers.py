@@ -11,18 +11,24 @@ inside, and `down` leaves nothing inside or outside (the container is gone too).
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_rehearsal import (
     PROMPT,
+    SHARED,
     Rehearsal,
     assert_down_leaves_nothing,
     complete,
+    kvpd,
     metric,
+    processes_on,
     rehearse,
+    write_inventory,
 )
 from tests.e2e.test_ssh_rehearsal import bed as bed  # noqa: F401  (module fixture)
 from tests.unit.standin import STANDIN, can_unshare
@@ -82,3 +88,32 @@ def test_everything_runs_inside_and_down_leaves_nothing(rh: Rehearsal) -> None:
     log = rh.kvpd("logs", "decode-1", "-n", "1000").stdout
     assert "Application startup complete" in log or "Uvicorn running" in log, log[-2000:]
     assert_down_leaves_nothing(rh)  # no process on any bed host: the containers are gone too
+
+
+def test_a_failed_up_rolls_back_inside_and_removes_the_containers(
+    bed: Testbed,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    if not can_unshare():
+        pytest.skip("the namespace stand-in needs root and unshare/nsenter")
+    storage = SHARED / "ctr-fail" / "kv"  # below the repo: every bed host sees it
+    storage.mkdir(parents=True, exist_ok=True)
+    inv = write_inventory(tmp_path / "inventory.yaml", bed, HOSTS, storage)
+    container = f'{{runtime: standin, image: standin, command: "{STANDIN}"}}'
+    sets = [f"hosts.{h}.container={container}" for h in HOSTS]
+    sets.append("rehearsal.vllm=/bin/false")  # every engine exits at once
+    args = ["up", "ucm-centralized-2p2d", "--rehearse", "--inventory", str(inv), "--yes"]
+    args += [a for s in sets for a in ("--set", s)]
+    try:
+        # Preflight (inside the containers `up` started for it) fails: they are removed again.
+        r = kvpd(tmp_path / "state", *args, check=False)
+        assert r.returncode != 0 and "preflight failed" in r.stderr, r.stdout + r.stderr
+        assert {h: ps for h, ps in processes_on(bed, list(HOSTS.values())).items() if ps} == {}
+        # Past preflight, the engines fail inside: `up` rolls back and removes the containers.
+        r = kvpd(tmp_path / "state", *args, "--skip-preflight", check=False)
+        assert r.returncode != 0, r.stdout
+        assert "is stopped" in r.stdout + r.stderr, r.stdout + r.stderr
+        assert {h: ps for h, ps in processes_on(bed, list(HOSTS.values())).items() if ps} == {}
+    finally:
+        kvpd(tmp_path / "state", "down", "ucm-centralized-2p2d", check=False, timeout=300)
+        shutil.rmtree(SHARED / "ctr-fail", ignore_errors=True)
