@@ -117,3 +117,46 @@ def test_a_failed_up_rolls_back_inside_and_removes_the_containers(
     finally:
         kvpd(tmp_path / "state", "down", "ucm-centralized-2p2d", check=False, timeout=300)
         shutil.rmtree(SHARED / "ctr-fail", ignore_errors=True)
+
+
+def test_exec_into_containers_the_user_runs_and_down_keeps_them(
+    bed: Testbed,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`container: {name: ...}`: kvpd only execs into the user's containers; `down` stops
+    everything it started inside and leaves the containers running."""
+    from kvpd.exec.ssh import SSHTransport
+
+    if not can_unshare():
+        pytest.skip("the namespace stand-in needs root and unshare/nsenter")
+    user_name = "users-vllm-ascend"
+    hosts = {h: SSHTransport(bed.spec(b)) for h, b in HOSTS.items()}
+    storage = SHARED / "ctr-exec" / "kv"
+    storage.mkdir(parents=True, exist_ok=True)
+    inv = write_inventory(tmp_path / "inventory.yaml", bed, HOSTS, storage)
+    container = f'{{runtime: standin, name: {user_name}, command: "{STANDIN}"}}'
+    args = ["up", "ucm-centralized-2p2d", "--rehearse", "--inventory", str(inv), "--yes"]
+    args += [a for h in HOSTS for a in ("--set", f"hosts.{h}.container={container}")]
+    state = tmp_path / "state"
+    try:
+        for t in hosts.values():  # what the user does once per node
+            r = t.run([STANDIN, "run", "-d", "--name", user_name, "standin"], timeout_s=60)
+            assert r.ok, r.stderr
+        r = kvpd(state, *args, "--json", check=False)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert all(p["status"] == "healthy" for p in json.loads(r.stdout)["processes"])
+        down = json.loads(kvpd(state, "down", "ucm-centralized-2p2d", "--json").stdout)
+        assert down["clean"], down
+        for h, t in hosts.items():
+            r = t.run([STANDIN, "inspect", user_name], timeout_s=60)
+            assert r.ok and r.stdout.startswith("running"), (h, r.stdout, r.stderr)
+            ps = t.run([STANDIN, "exec", user_name, "ps", "-eo", "pid=,args="], timeout_s=60)
+            rows = [ln for ln in ps.stdout.splitlines() if ln.strip() and " ps -eo" not in ln]
+            assert len(rows) == 1, (h, rows)  # the container's init only: nothing of kvpd's
+    finally:
+        kvpd(state, "down", "ucm-centralized-2p2d", check=False, timeout=300)
+        for t in hosts.values():
+            t.run([STANDIN, "rm", "-f", user_name], timeout_s=60)
+            t.close()
+        shutil.rmtree(SHARED / "ctr-exec", ignore_errors=True)
+    assert {h: ps for h, ps in processes_on(bed, list(HOSTS.values())).items() if ps} == {}
