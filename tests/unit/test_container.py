@@ -218,3 +218,47 @@ def test_preflight_names_a_missing_container_and_a_missing_runtime(tmp_path: Pat
         assert not check.ok and "runtime is not installed on the host" in check.detail
     finally:
         pool.close()
+
+
+def test_kvpd_plan_shows_the_exec_and_run_lines_and_names_the_stand_in(tmp_path: Path) -> None:
+    from kvpd.cli.container_view import plan_lines
+
+    text = "\n".join(plan_lines(_plan(*SETS["docker-exec"])))
+    assert "p1: container vllm-ascend (docker; you run it; kvpd only execs into it)" in text
+    assert "exec: docker exec vllm-ascend sh -c ..." in text
+    assert "run:  docker run -d --name vllm-ascend" in text and " IMAGE sleep infinity" in text
+    text = "\n".join(plan_lines(_standin_plan(tmp_path, "c1")))
+    assert "namespace STAND-IN for tests, not a container runtime" in text
+    assert plan_lines(load_plan(UCM, base_dir="/srv")) == []
+
+
+def test_a_stopped_container_and_a_denied_socket_say_what_to_do(tmp_path: Path) -> None:
+    import os
+
+    from kvpd.exec.container import runtime_failure
+    from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.transport import CommandResult
+    from kvpd.exec.transports import TransportPool
+
+    denied = CommandResult(
+        ("docker",), 1, "", "permission denied while trying to connect to the Docker daemon "
+        "socket at unix:///var/run/docker.sock"
+    )  # fmt: skip
+    msg = runtime_failure(spec("c"), "p1", denied) or ""
+    assert "cannot reach the runtime's socket. Fix: add the user to the `docker` group" in msg
+    host = LocalTransport(base_dir=str(tmp_path))
+    with standin_container(host) as t:
+        netns = "".join(ch for ch in os.readlink("/proc/self/ns/net") if ch.isdigit())
+        state = Path(os.environ.get("KVPD_STANDIN_STATE", "/run/kvpd-standin")) / netns
+        os.kill(int((state / f"{t.spec.name}.pid").read_text()), signal.SIGKILL)  # it stops
+        time.sleep(0.2)
+        plan = _standin_plan(tmp_path, t.spec.name)
+        pool = TransportPool(plan.hosts)
+        try:
+            (check,) = preflight_checks(plan, pool.__getitem__)
+        finally:
+            pool.close()
+        assert not check.ok and check.detail.startswith("exited, not running")
+        assert check.fix.endswith(f"kvpd-standin-runtime start {t.spec.name}")
+        with pytest.raises(TransportError, match="the container is stopped. Fix: "):
+            t.alive(1)
