@@ -7,6 +7,7 @@ import posixpath
 
 from kvpd.plan.container import container_spec
 from kvpd.plan.model import HostRequirements, HostSpec, ProcessSpec
+from kvpd.profile.container_schema import Container
 from kvpd.profile.schema import Profile
 
 
@@ -29,6 +30,18 @@ def data_dirs(profile: Profile, rehearse: bool) -> tuple[str, ...]:
     return tuple(out)
 
 
+def host_container(profile: Profile, host: str) -> Container | None:
+    """The host's own `container`, else the one of a group placed on it (the rules make sure
+    groups sharing a host agree)."""
+    own = profile.hosts[host].container
+    if own is not None:
+        return own
+    for g in (profile.prefill, profile.decode, profile.mixed):
+        if g is not None and g.container is not None and host in g.hosts:
+            return g.container
+    return None
+
+
 def with_containers(
     profile: Profile,
     hosts: list[HostSpec],
@@ -41,7 +54,7 @@ def with_containers(
     assigns to that host's processes; --shm-size: what its requirements size)."""
     out = []
     for h in hosts:
-        c = profile.hosts[h.name].container
+        c = host_container(profile, h.name)
         if c is None:
             out.append(h)
             continue

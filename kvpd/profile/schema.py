@@ -196,6 +196,9 @@ class Group(ServeOptions):
     log_name: Line | None = Field(
         None, description="tee the engine log like the guide, e.g. prefiller_dp_{dp_rank}.log"
     )
+    container: Container | None = Field(
+        None, description="container for every host of this group (a host's own wins)"
+    )
 
     @field_validator("kv_connectors", mode="before")
     @classmethod

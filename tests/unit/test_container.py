@@ -262,3 +262,22 @@ def test_a_stopped_container_and_a_denied_socket_say_what_to_do(tmp_path: Path) 
         assert check.fix.endswith(f"kvpd-standin-runtime start {t.spec.name}")
         with pytest.raises(TransportError, match="the container is stopped. Fix: "):
             t.alive(1)
+
+
+def test_a_groups_container_applies_to_its_hosts_and_groups_sharing_a_host_must_agree() -> None:
+    plan = _plan("decode.container={name: vllm-ascend}")
+    c = plan.host("d1").container
+    assert c is not None and c.name == "vllm-ascend" and plan.host("p1").container is None
+    own = _plan("decode.container={name: a}", "hosts.d1.container={name: b}")
+    assert own.host("d1").container.name == "b"  # type: ignore[union-attr]
+    with pytest.raises(ProfileError) as e:
+        _plan(
+            "prefill.container={name: a}",
+            "decode.container={name: b}",
+            "decode.hosts=[p1]",
+            "hosts.p1.devices=16",
+        )
+    assert (
+        "decode.container: host 'p1' runs prefill and decode with different containers; one "
+        "host runs one container: give them the same one or set hosts.p1.container."
+    ) in str(e.value)

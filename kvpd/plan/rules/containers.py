@@ -10,11 +10,17 @@ ASCEND = ("a2", "a3", "950")
 
 
 def rule_containers(c: Checker) -> None:
+    from kvpd.plan.container_hosts import host_container
+
+    _groups_agree(c)
     for name, h in c.p.hosts.items():
-        ct = h.container
+        ct = host_container(c.p, name)
         if ct is None:
             continue
-        path = ("hosts", name, "container")
+        path: tuple[str | int, ...] = ("hosts", name, "container")
+        if h.container is None:  # from a group
+            role = next(r for r, g in c.groups() if g.container is ct)
+            path = (role, "container")
         if ct.name is None and ct.image is None:
             c.err(
                 path,
@@ -46,3 +52,22 @@ def rule_containers(c: Checker) -> None:
                 f"folder at the same path: model.path must be absolute (is "
                 f"{c.p.model.path!r}).",
             )
+
+
+def _groups_agree(c: Checker) -> None:
+    """Groups sharing a host without a `container` of its own must ask for the same one."""
+    seen: dict[str, tuple[str, object]] = {}
+    for role, g in c.groups():
+        if g.container is None:
+            continue
+        for host in g.hosts:
+            if host not in c.p.hosts or c.p.hosts[host].container is not None:
+                continue
+            other = seen.setdefault(host, (role, g.container))
+            if other[1] != g.container:
+                c.err(
+                    (role, "container"),
+                    f"host {host!r} runs {other[0]} and {role} with different containers; "
+                    f"one host runs one container: give them the same one or set "
+                    f"hosts.{host}.container.",
+                )
