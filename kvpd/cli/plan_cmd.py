@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kvpd.cli import bundle_view
+from kvpd.cli import bundle_view, container_view
 from kvpd.errors import PlanError
 from kvpd.plan.model import Plan
 
@@ -93,6 +93,8 @@ def show_plan(plan: Plan) -> None:
         con.print(f"[bold]{escape(host)}[/bold] files: {escape(', '.join(paths))}")
     for line in bundle_view.plan_lines(plan):
         con.print(line, highlight=False)
+    for line in container_view.plan_lines(plan):  # containers on the nodes (issue 16)
+        con.print(escape(line) if line.startswith(" ") else line, highlight=False)
     subs = [p for p in plan.processes if p.substituted]
     if subs:
         con.print("[bold]rehearsal substitutions[/bold] (* above):")

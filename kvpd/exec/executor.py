@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
 from kvpd.exec import diagnose, logs, readiness
 from kvpd.exec.bundle import install_bundle
+from kvpd.exec.container_life import remove_containers, start_containers
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
@@ -52,6 +53,7 @@ class ProcessStatus:
 class DownResult:
     deployment: str
     stop: StopResult = field(default_factory=StopResult)
+    containers_left: list[str] = field(default_factory=list)  # kvpd-started, not removed
 
     @property
     def nothing_running(self) -> bool:
@@ -59,7 +61,7 @@ class DownResult:
 
     @property
     def clean(self) -> bool:
-        return not self.stop.leftover and not self.stop.busy_ports
+        return not self.stop.leftover and not self.stop.busy_ports and not self.containers_left
 
 
 def log_path(run_dir: str, spec: ProcessSpec) -> str:
@@ -123,6 +125,7 @@ class Executor:
         self._save(state)
         with Fanout(1 if self.serial else self.max_workers) as pool:
             try:
+                start_containers(plan, self.transports, self.reporter)  # issue 16
                 self._resolve_run_dirs(state, pool)
                 self._write_files(state, pool)
                 # kvpd on every host slot of the plan (node bundle), verified, before any start
@@ -341,6 +344,9 @@ class Executor:
             rec = state.record(o.name)
             if rec is not None and o.gone and rec.status != "failed":
                 rec.status = "stopped"
+        if not result.leftover:  # containers kvpd started: removed once nothing runs inside
+            for problem in remove_containers(state.plan, self.transports, self.reporter):
+                self.reporter.message(problem)
         state.status = "failed"
         self._save(state)
         if isinstance(err, _ProcessFailed):  # last, so the rollback's lines do not hide it
@@ -397,9 +403,12 @@ class Executor:
             rec = state.record(o.name)
             if rec is not None and o.gone:
                 rec.status = "stopped"
-        state.status = "down" if not result.leftover else "stopping"
+        left: list[str] = []
+        if not result.leftover:  # containers kvpd started (issue 16): once nothing runs inside
+            left = remove_containers(state.plan, self.transports, self.reporter)
+        state.status = "down" if not result.leftover and not left else "stopping"
         self._save(state)
-        return DownResult(state.deployment, result)
+        return DownResult(state.deployment, result, left)
 
     def status(self, state: DeploymentState) -> list[ProcessStatus]:
         """Each recorded process: alive, healthy (one quick probe), uptime, listening ports."""

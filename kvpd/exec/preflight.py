@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpd.errors import KvpdError
-from kvpd.exec import bundle_preflight
+from kvpd.exec import bundle_preflight, container_preflight
 from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout, HostOutcome
 from kvpd.exec.probe import PROBE
@@ -69,7 +69,8 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
             key=str,
         )  # fmt: skip
 
-    checks: list[Check] = []
+    # Containers on the nodes first: their runtime, state, image and the run dir mount.
+    checks: list[Check] = container_preflight.preflight_checks(plan, transports)
     with Fanout(min(16, max(1, len(hosts)))) as fan:
         results: dict[str, dict[str, Any]] = {
             h: o.value if o.value is not None else {"error": str(o.error)}

@@ -18,6 +18,7 @@ from types import FrameType, TracebackType
 from kvpd.errors import DeployError, StateError
 from kvpd.exec import admin_token, gather, logs, rolling, supervised
 from kvpd.exec.checks import Check
+from kvpd.exec.container_life import remove_containers, start_containers
 from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus
 from kvpd.exec.preflight import run_checks
@@ -25,7 +26,7 @@ from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.purge import purge_run_dirs
 from kvpd.exec.rolling import CanaryCheck, CanaryOutcome, Roller, Step
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
-from kvpd.exec.stop import Reporter, StopOutcome
+from kvpd.exec.stop import NullReporter, Reporter, StopOutcome
 from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import CommandResult, Transport
 from kvpd.exec.transports import TransportPool
@@ -131,7 +132,18 @@ class Deployments:
         (StateError) and, with `preflight`, the checks, returned (failed ones included) so the
         caller can show them before asking to go on."""
         self._executor().refuse_if_running(plan.deployment, profile or plan.deployment)
-        return self.check(plan) if preflight else []
+        if not preflight:
+            return []
+        if not any(h.container and h.container.started_by_kvpd for h in plan.hosts):
+            return self.check(plan)
+        # Containers kvpd starts must run before preflight can look inside (issue 16); when
+        # a check fails they are removed again (`up` starts them anew if the user goes on).
+        self._pool.add_hosts(plan.hosts)
+        start_containers(plan, self._pool, NullReporter())
+        checks = self.check(plan)
+        if not all(c.ok for c in checks):
+            remove_containers(plan, self._pool, NullReporter())
+        return checks
 
     # -- up / down ---------------------------------------------------------------------
 
@@ -392,7 +404,7 @@ class Deployments:
 
 def problems(result: DownResult) -> list[str]:
     """What a `down` left behind, one sentence each."""
-    out = []
+    out = list(result.containers_left)
     if result.stop.leftover:
         out.append("still running: " + ", ".join(o.name for o in result.stop.leftover))
     for host, ports in result.stop.busy_ports.items():

@@ -10,6 +10,7 @@ from kvpd.errors import ProfileError
 from kvpd.plan import configfiles, kvconfig, supervision
 from kvpd.plan.bench import bench_spec
 from kvpd.plan.bundle import bundle_uses, with_bundle_paths
+from kvpd.plan.container_hosts import with_containers
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
@@ -221,6 +222,11 @@ def build_plan(
         first = next(p for p in procs if p.role == "mixed")
         proxy_url = f"http://{by_host[first.host].address}:{first.ports[0][0]}"
     model = profile.model
+    requirements = build_requirements(
+        profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
+    )
+    # Containers (issue 16): hosts whose processes run inside one (kvpd.plan.container).
+    hosts = with_containers(profile, hosts, processes, requirements, rehearse=rehearse)
     return Plan(
         deployment=profile.name,
         profile_digest=digest,
@@ -237,9 +243,7 @@ def build_plan(
         fresh_dirs=tuple(profile.runtime.fresh_dirs),
         sizing=_sizing(profile),
         secret_values=tuple(secrets),
-        requirements=build_requirements(
-            profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
-        ),
+        requirements=requirements,
         bundle=bundle,
         log_checks=log_checks(facts, procs),
     )

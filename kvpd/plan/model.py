@@ -14,6 +14,7 @@ from typing import Any
 
 from kvpd.plan.bench import BenchSpec, default_bench
 from kvpd.plan.bundle import BundleUse
+from kvpd.plan.container import ContainerSpec
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,14 @@ class HostSpec:
     devices: int = 0
     nic: str | None = None
     run_dir: str = ".kvpd/run"  # relative: to the login dir (ssh) or kvpd's cwd (local)
+    # Containers (issue 16): this host's processes run inside it (kvpd.plan.container).
+    container: ContainerSpec | None = None
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> HostSpec:
+        d = dict(d)
+        c = d.pop("container", None)
+        return HostSpec(**d, container=ContainerSpec.from_dict(c) if c else None)
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,9 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["requirements"] = {h: r.to_dict() for h, r in self.requirements.items()}
+        for h in d["hosts"]:  # hosts without a container keep plan.json's old form
+            if h.get("container") is None:
+                h.pop("container", None)
         secrets = d.pop("secret_values")
         for f in d["files"]:
             for s in secrets:
@@ -238,7 +250,7 @@ class Plan:
         return cls(
             deployment=d["deployment"],
             profile_digest=d["profile_digest"],
-            hosts=tuple(HostSpec(**h) for h in d["hosts"]),
+            hosts=tuple(HostSpec.from_dict(h) for h in d["hosts"]),
             files=tuple(FileSpec(**f) for f in d["files"]),
             processes=tuple(proc(p) for p in d["processes"]),
             ports=tuple(PortUse(**u) for u in d.get("ports", ())),

@@ -12,6 +12,7 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
+from kvpd.profile.container_schema import PATTERN_TEXT as CONTAINER_PATTERNS
 from kvpd.profile.schema import Profile
 
 Path_ = tuple[str | int, ...]
@@ -25,6 +26,7 @@ PATTERNS = {
     "(at most 15 characters)",
     "^[A-Za-z0-9_][A-Za-z0-9_.-]*$": "a login name of letters, digits, '_', '.' and '-'",
     "^[A-Za-z0-9_.:,@-]*$": "a device name of letters, digits and '_.:,@-'",
+    **CONTAINER_PATTERNS,
 }
 
 

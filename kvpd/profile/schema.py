@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from kvpd.profile.base import _Model
+from kvpd.profile.container_schema import Container
 
 # The KV-service models live in kv_schema; re-exported so `kvpd.profile.schema` keeps every model.
 from kvpd.profile.kv_schema import UCM as UCM
@@ -86,6 +87,9 @@ class Host(_Model):
     )
     memory_gb: float | None = Field(None, gt=0, description="host DRAM, for pool sizing checks")
     run_dir: Line | None = Field(None, description="where kvpd writes files and logs on the host")
+    container: Container | None = Field(
+        None, description="run this host's processes inside a container (see README Containers)"
+    )
 
 
 class ModelSpec(_Model):
@@ -215,6 +219,9 @@ class Group(ServeOptions):
     )
     restart: RestartPolicy | None = Field(
         None, description="supervise and restart this group's engines (default: never)"
+    )
+    container: Container | None = Field(
+        None, description="container for every host of this group (a host's own wins)"
     )
 
     @field_validator("kv_connectors", mode="before")

@@ -53,22 +53,41 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
     return cond()
 
 
-@pytest.fixture(params=["local", "fake", pytest.param("ssh", marks=pytest.mark.ssh)])
+@pytest.fixture(
+    params=[
+        "local",
+        "fake",
+        "container",
+        pytest.param("ssh", marks=pytest.mark.ssh),
+        pytest.param("ssh-container", marks=pytest.mark.ssh),
+    ]
+)
 def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Host]:
     if request.param == "local":
         yield Host(LocalTransport(base_dir=str(tmp_path)), str(tmp_path), lambda p: None)
+    elif request.param == "container":
+        # The local host's commands run inside the namespace stand-in of a container runtime.
+        from tests.unit.standin import standin_container
+
+        with standin_container(LocalTransport(base_dir=str(tmp_path))) as t:
+            yield Host(t, str(tmp_path), lambda p: None)
     elif request.param == "fake":
         fake = FakeTransport()
         yield Host(fake, "/home/fake/work", lambda p: fake.script("python3", p))
     else:
         from kvpd.exec.ssh import SSHTransport
+        from tests.unit.standin import standin_container
 
         bed = request.getfixturevalue("testbed")
         t = SSHTransport(bed.spec("h1"))
         work = f"/tmp/kvpd-contract-{uuid.uuid4().hex[:8]}"
         assert t.run(["mkdir", "-p", work]).ok
         try:
-            yield Host(t, work, lambda p: None)
+            if request.param == "ssh-container":  # the stand-in on a bed host, over SSH
+                with standin_container(t) as c:
+                    yield Host(c, work, lambda p: None)
+            else:
+                yield Host(t, work, lambda p: None)
         finally:
             t.run(["rm", "-rf", "--", work])
             t.close()

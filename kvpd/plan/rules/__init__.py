@@ -13,6 +13,7 @@ from kvpd.plan.facts import Facts
 from kvpd.plan.rules import (
     bench,
     connectors,
+    containers,
     env,
     kvservices,
     logs,
@@ -56,6 +57,7 @@ RULES: tuple[Rule, ...] = (
     ports.rule_ports,
     topology.rule_model,
     logs.rule_log_names,
+    containers.rule_containers,
 )
 
 

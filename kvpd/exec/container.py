@@ -1,0 +1,162 @@
+"""The transport for a host whose processes run inside a container (issue 16).
+
+`ContainerTransport` wraps the host's own transport (SSH or local) and runs every command
+through the runtime's `exec` (`docker exec NAME sh -c LINE`): the same quoted command lines
+the SSH transport sends (kvpd.exec.ssh.commands), one level deeper, so a plan value is still
+one word inside. Files go through the host: the run dir is mounted at the same path inside and
+outside, so what is written over SFTP is where the processes look (preflight proves it).
+PIDs, process groups and start times are those seen inside the container (its PID namespace),
+and every later operation reads them inside again, so the PID-reuse guard holds.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from kvpd.errors import TransportError
+from kvpd.exec import procfs
+from kvpd.exec.ssh import commands
+from kvpd.exec.transport import CommandResult, Started, Transport
+from kvpd.plan.container import ContainerSpec
+
+# What the runtime prints when it cannot do the exec itself, and what the user should do.
+_RUNTIME_FAILURES = (
+    (
+        "permission denied",
+        "the login user cannot reach the runtime's socket. Fix: add the "
+        "user to the `docker` group (or run podman rootless as that user) and log in again.",
+    ),
+    (
+        "no such container",
+        "the container does not exist. Fix: start it (the `run` line "
+        "`kvpd plan` shows) or give `image` so kvpd starts it.",
+    ),
+    ("is not running", "the container is stopped. Fix: `{runtime} start {name}`."),
+)
+RUNTIME_MISSING = (
+    "the runtime is not installed on the host ({runtime} not found). Fix: install it or set "
+    "container.command to its path."
+)
+
+
+def runtime_failure(spec: ContainerSpec, host: str, r: CommandResult) -> str | None:
+    """An actionable sentence when `r` failed in the runtime (not in the command inside)."""
+    text = (r.stderr + r.stdout).lower()
+    head = f"host {host}: container {spec.name!r} ({spec.runtime}): "
+    # The host's shell (or exec) names the runtime's program when that is what is missing; a
+    # command missing inside names itself.
+    if r.exit_code == commands.NOT_FOUND and spec.command.lower() in text:
+        return head + RUNTIME_MISSING.format(runtime=spec.command)
+    for needle, advice in _RUNTIME_FAILURES:
+        if needle in text:
+            return head + advice.format(runtime=spec.command, name=spec.name)
+    return None
+
+
+class ContainerTransport:
+    """Operations on one host's container, through `inner` (the host's transport)."""
+
+    def __init__(self, inner: Transport, spec: ContainerSpec) -> None:
+        self.inner = inner
+        self.spec = spec
+        self.host = inner.host
+
+    def __repr__(self) -> str:
+        return f"ContainerTransport({self.spec.runtime} {self.spec.name} on {self.inner!r})"
+
+    def _inside(self, line: str, timeout_s: float) -> CommandResult:
+        return self.inner.run(self.spec.exec_argv(["sh", "-c", line]), timeout_s=timeout_s)
+
+    def _snippet(self, script: str, what: str, timeout_s: float = 30.0) -> str:
+        r = self._inside(script, timeout_s)
+        if not r.ok:
+            why = runtime_failure(self.spec, self.host, r)
+            raise TransportError(
+                why
+                or f"host {self.host}, container {self.spec.name}: {what} failed "
+                f"(exit {r.exit_code}): {r.stderr.strip()[-500:]}"
+            )
+        return r.stdout
+
+    # -- commands and files ------------------------------------------------------------
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout_s: float = 60.0,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> CommandResult:
+        where = self.resolve(cwd) if cwd is not None else None
+        line = commands.command_line(list(argv), env=env, cwd=where)
+        r = self._inside(line, timeout_s)
+        return CommandResult(tuple(argv), r.exit_code, r.stdout, r.stderr)
+
+    def put(self, path: str, content: bytes, *, mode: int = 0o644) -> None:
+        self.inner.put(path, content, mode=mode)  # same path inside (mounted run dir)
+
+    def read(self, path: str) -> bytes:
+        return self.inner.read(path)
+
+    def resolve(self, path: str) -> str:
+        # Relative paths mean the host's login directory, as for files: one meaning for both.
+        return posixpath.normpath(self.inner.resolve(path))
+
+    # -- processes (as seen inside the container) --------------------------------------
+
+    def start_detached(
+        self, argv: list[str], *, log: str, cwd: str, env: dict[str, str] | None = None
+    ) -> Started:
+        log_path, cwd_path = self.resolve(log), self.resolve(cwd)
+        line = commands.detached_command_line(list(argv), log=log_path, cwd=cwd_path, env=env)
+        r = self._inside(line, 30.0)
+        lines = r.stdout.splitlines()
+        if not r.ok or not lines or not lines[0].strip().isdigit():
+            why = runtime_failure(self.spec, self.host, r)
+            raise TransportError(
+                why
+                or f"host {self.host}, container {self.spec.name}: starting {argv[0]!r} in "
+                f"{cwd_path} failed (exit {r.exit_code}): "
+                f"{(r.stderr.strip() or r.stdout.strip())[-500:]}. Fix: check that the run "
+                "dir is mounted at the same path inside and the command exists there."
+            )
+        pid = int(lines[0])
+        st = procfs.parse_stat("\n".join(lines[1:])) if len(lines) > 1 else None
+        ticks = st.start_ticks if st is not None and st.pid == pid else 0
+        return Started(pid=pid, pgid=pid, start_ticks=ticks, log=log_path)
+
+    def _group(self, pgid: int) -> tuple[procfs.ProcStat | None, list[procfs.ProcStat]]:
+        out = self._snippet(commands.group_stats_snippet(pgid), f"listing process group {pgid}")
+        leader, members = None, []
+        for line in out.splitlines():
+            if line.startswith("L "):
+                leader = procfs.parse_stat(line[2:])
+            elif (st := procfs.parse_stat(line)) is not None:
+                members.append(st)
+        return leader, procfs.live_members(members, int(pgid))
+
+    def alive(self, pid: int, *, start_ticks: int | None = None) -> bool:
+        out = self._snippet(commands.stat_snippet(pid), f"reading the state of {pid}")
+        st = procfs.parse_stat(out) if out.strip() else None
+        return procfs.is_alive(st, start_ticks)
+
+    def group_alive(self, pgid: int) -> list[int]:
+        return sorted(s.pid for s in self._group(pgid)[1])
+
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
+        leader, members = self._group(pgid)
+        if not procfs.may_signal_group(int(pgid), leader, members, start_ticks):
+            return False
+        out = self._snippet(commands.signal_snippet(pgid, sig), f"signalling process group {pgid}")
+        return out.strip() == "sent"
+
+    def ports_listening(self, ports: list[int]) -> list[int]:
+        # Host networking: the container sees the host's sockets; read them inside anyway, so
+        # a container without host networking shows its own.
+        out = self._snippet(commands.LISTENING_SNIPPET, "listing listening ports")
+        listening = procfs.listening_in([out])
+        return [p for p in ports if p in listening]
+
+    def close(self) -> None:
+        self.inner.close()
