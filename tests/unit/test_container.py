@@ -59,7 +59,11 @@ def test_devices_follow_the_plans_npu_assignment_and_shm_the_ucm_buffers() -> No
     c = plan.host("d1").container
     assert c is not None and c.started_by_kvpd
     assert [d for d in c.devices if d[-1].isdigit()] == [f"/dev/davinci{n}" for n in range(4)]
-    assert c.shm_gb == 64 + 1  # ucm cache_buffer_capacity_gb + headroom
+    assert c.shm_gb == 1  # a GQA model: UCM's cache buffer is not in /dev/shm; headroom only
+    shared = _plan(*SETS["podman-image"], "decode.instances=1",
+                   "kv.ucm.config={share_buffer_enable: true}")  # fmt: skip
+    c = shared.host("d1").container
+    assert c is not None and c.shm_gb == 64 + 1  # ucm cache_buffer_capacity_gb + headroom
     assert "/data/kvpd/run:/data/kvpd/run" in c.mounts and "/mnt/test1:/mnt/test1" in c.mounts
     assert plan.host("p1").container is None
 
