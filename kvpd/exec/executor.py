@@ -14,8 +14,8 @@ from kvpd.exec.bundle import install_bundle
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
+from kvpd.exec.status import ProcessStatus, query_status
 from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
-from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import Transport
 from kvpd.exec.transports import TransportPool
 from kvpd.plan.model import FileSpec, HostSpec, Plan, ProcessSpec
@@ -31,21 +31,6 @@ class _ProcessFailed(Exception):
         self.spec = spec
         self.reason = reason
         self.timeout = timeout
-
-
-@dataclass
-class ProcessStatus:
-    name: str
-    host: str
-    pid: int
-    alive: bool | None  # None: the host could not be asked
-    healthy: bool | None  # None: no health check, or not alive
-    uptime_s: float | None
-    ports: list[int]
-    listening: list[int]
-    log: str
-    detail: str = ""
-    supervisor: Supervised | None = None  # set by the service for supervised processes
 
 
 @dataclass
@@ -404,26 +389,5 @@ class Executor:
     def status(self, state: DeploymentState) -> list[ProcessStatus]:
         """Each recorded process: alive, healthy (one quick probe), uptime, listening ports."""
         self._know_hosts(state.plan.hosts)
-        now = self.wall()
-
-        def one(rec: ProcessRecord) -> ProcessStatus:
-            st = ProcessStatus(
-                rec.name, rec.host, rec.pid, None, None, None, rec.ports, [], rec.log
-            )
-            try:
-                t = self.transports[rec.host]
-                st.alive = is_running(t, rec)
-                st.listening = t.ports_listening(rec.ports) if rec.ports else []
-            except Exception as e:  # noqa: BLE001 - show the others even if one host is down
-                st.detail = f"host unreachable: {e}"
-                return st
-            if st.alive:
-                st.uptime_s = max(0.0, now - rec.started_at)
-                spec = next((p for p in state.plan.processes if p.name == rec.name), None)
-                if spec is not None and spec.health is not None:
-                    pr = probe(spec.health, timeout_s=self.probe_timeout_s)
-                    st.healthy, st.detail = pr.ok, pr.detail
-            return st
-
         with Fanout(self.max_workers) as pool:
-            return pool.map(one, state.processes)
+            return query_status(state, self.transports, pool, self.wall(), self.probe_timeout_s)
