@@ -38,6 +38,7 @@
 #endif
 
 #include "ascend_planner_pool.hpp"
+#include "ascend_planner_args.hpp"
 #include "ascend_planner_row.hpp"
 
 namespace py = pybind11;
@@ -272,15 +273,6 @@ int64_t compute_addrs_raw(uintptr_t miss_count, uintptr_t miss_tokens, uintptr_t
                     blocks_per_row, block_size, tok_k, tok_v, src_k, src_v, dst_k, dst_v, capacity,
                     threads, g, a, sz, n);
 }
-
-// ascend_planner_args.cpp: the tensor checks in front of compute_addrs_raw.
-int64_t compute_lru_resident_addrs(py::handle miss_count, py::handle miss_tokens,
-                                   py::handle miss_slots, py::handle block_table,
-                                   py::handle block_size, py::handle tok_k, py::handle tok_v,
-                                   py::handle gvas_k_base, py::handle gvas_v_base,
-                                   py::handle addr_k_base, py::handle addr_v_base,
-                                   py::handle capacity, py::handle max_threads, py::handle gvas,
-                                   py::handle addr, py::handle size, py::handle num);
 
 // ======  Introspection  ======
 
