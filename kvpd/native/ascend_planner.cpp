@@ -308,9 +308,7 @@ PYBIND11_MODULE(_ascend_planner, m) {
   m.def("lru_resident_compact", &lru_resident_compact,
         "LRU residency of one layer's top-k rows over raw addresses of caller-owned state; "
         "outputs written in place.");
-  m.def("compute_lru_resident_addrs", &compute_lru_resident_addrs,
-        "Host->device copy descriptors of the planned misses written in place into gvas, addr, "
-        "size and num (K of all rows, then V; num = 2S); returns S.");
+  bind_compute_lru_resident_addrs(m);
   m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
   m.def("set_isa", &set_isa, py::arg("name"),
         "Use the named row planner (baseline|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "

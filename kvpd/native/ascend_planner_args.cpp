@@ -150,4 +150,10 @@ int64_t compute_lru_resident_addrs(py::handle miss_count, py::handle miss_tokens
       n.ptr);
 }
 
+void bind_compute_lru_resident_addrs(py::module_& m) {
+  m.def("compute_lru_resident_addrs", &compute_lru_resident_addrs,
+        "Host->device copy descriptors of the planned misses written in place into gvas, addr, "
+        "size and num (K of all rows, then V; num = 2S); returns S.");
+}
+
 }  // namespace kvpd_ascend
