@@ -182,30 +182,16 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
                     "" if ok else "apt-get install -y clang libomp-dev",
                 )
             )
-        need_gb = req.memory_gb
-        if need_gb:
-            avail = (res.get("mem_available") or 0) / GiB
+        if req.memory_gb:
             checks.append(
-                Check(
-                    h,
-                    "memory",
-                    avail >= need_gb,
-                    f"{avail:.0f} GiB available, pools need {need_gb:g} GiB",
-                    "" if avail >= need_gb else "lower dram sizes or use a larger host",
-                )
-            )
-        shm = req.shm_gb
-        if shm:
-            free = (res.get("shm_free") or 0) / GiB
+                _space(h, "memory", res.get("mem_available"), req.memory_gb, "available",
+                       "pools", "lower dram sizes or use a larger host")
+            )  # fmt: skip
+        if req.shm_gb:
             checks.append(
-                Check(
-                    h,
-                    "/dev/shm",
-                    free >= shm,
-                    f"{free:.0f} GiB free, UCM cache buffers need {shm:g} GiB",
-                    "" if free >= shm else "enlarge /dev/shm (docker --shm-size)",
-                )
-            )
+                _space(h, "/dev/shm", res.get("shm_free"), req.shm_gb, "free",
+                       "UCM cache buffers", "enlarge /dev/shm (docker --shm-size)")
+            )  # fmt: skip
         for d, info in res.get("shared", {}).items():
             peers = [p for p in sharing.get(d, []) if p != h]
             if not info["exists"] or not info["writable"]:
@@ -253,3 +239,14 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
     if plan.bundle:  # node bundle: each slot's Python, pip, disk, native core per platform
         checks += bundle_preflight.preflight_checks(plan, transports)
     return checks
+
+
+def _space(
+    host: str, name: str, have_bytes: int | None, need_gb: float, state: str, user: str, fix: str
+) -> Check:
+    """Memory or /dev/shm: enough for what `user` needs? The same check with other words."""
+    have = (have_bytes or 0) / GiB
+    ok = have >= need_gb
+    return Check(
+        host, name, ok, f"{have:.0f} GiB {state}, {user} need {need_gb:g} GiB", "" if ok else fix
+    )
