@@ -129,59 +129,32 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
             checks.append(Check(h, "site-packages", True, info["site"]))
         for cmd, ok in res["commands"].items():
             checks.append(
-                Check(
-                    h,
-                    f"command {cmd}",
-                    ok,
-                    "found" if ok else "not found",
-                    "" if ok else "install it or set the full path in the profile",
-                )
-            )
+                Check.judged(h, f"command {cmd}", ok,
+                             "found", "not found", "install it or set the full path in the profile")
+            )  # fmt: skip
         for path, ok in res["paths"].items():
             checks.append(
-                Check(
-                    h,
-                    f"path {path}",
-                    ok,
-                    "exists" if ok else "missing",
-                    "" if ok else "copy the model there (same path on every host)",
-                )
-            )
+                Check.judged(h, f"path {path}", ok,
+                             "exists", "missing", "copy the model there (same path on every host)")
+            )  # fmt: skip
         busy = res["busy_ports"]
         checks.append(
-            Check(
-                h,
-                "ports free",
-                not busy,
-                f"{len(ports[h])} ports free" if not busy else f"in use: {busy}",
-                ""
-                if not busy
-                else "stop what holds them (`ss -ltnp`) or change the ports in the profile",
-            )
-        )
+            Check.judged(h, "ports free", not busy,
+                         f"{len(ports[h])} ports free", f"in use: {busy}",
+                         "stop what holds them (`ss -ltnp`) or change the ports in the profile")
+        )  # fmt: skip
         if req.npu:
             checks.append(
-                Check(
-                    h,
-                    "NPUs visible",
-                    bool(res.get("npu")),
-                    "npu-smi info ok" if res.get("npu") else "npu-smi info failed",
-                    ""
-                    if res.get("npu")
-                    else "install the Ascend driver / mount the devices into the container",
-                )
-            )
+                Check.judged(h, "NPUs visible", bool(res.get("npu")),
+                             "npu-smi info ok", "npu-smi info failed",
+                             "install the Ascend driver / mount the devices into the container")
+            )  # fmt: skip
         if req.clang_omp:
             ok = bool(res.get("clang") and res.get("omp_h"))
             checks.append(
-                Check(
-                    h,
-                    "clang + omp.h",
-                    ok,
-                    "found" if ok else "missing",
-                    "" if ok else "apt-get install -y clang libomp-dev",
-                )
-            )
+                Check.judged(h, "clang + omp.h", ok,
+                             "found", "missing", "apt-get install -y clang libomp-dev")
+            )  # fmt: skip
         if req.memory_gb:
             checks.append(
                 _space(h, "memory", res.get("mem_available"), req.memory_gb, "available",
@@ -246,7 +219,5 @@ def _space(
 ) -> Check:
     """Memory or /dev/shm: enough for what `user` needs? The same check with other words."""
     have = (have_bytes or 0) / GiB
-    ok = have >= need_gb
-    return Check(
-        host, name, ok, f"{have:.0f} GiB {state}, {user} need {need_gb:g} GiB", "" if ok else fix
-    )
+    detail = f"{have:.0f} GiB {state}, {user} need {need_gb:g} GiB"
+    return Check.judged(host, name, have >= need_gb, detail, detail, fix)
