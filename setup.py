@@ -122,7 +122,12 @@ class OptionalBuildExt(build_ext):
 
 setup(
     ext_modules=[
-        Extension("kvpd.native._sparse_lru", [_SOURCE], language="c++"),
+        Extension(
+            "kvpd.native._sparse_lru",
+            [_SOURCE],
+            depends=["kvpd/native/py_int_args.hpp"],
+            language="c++",
+        ),
         # vLLM-Ascend's sparse-offload planner interface; its AVX2/AVX-512 row planners are
         # compiled with target attributes and chosen at load time, so the baseline -march stays.
         # Its threads are its own (ascend_planner_pool.hpp); -fopenmp only serves the CPU count.
@@ -134,7 +139,9 @@ setup(
                 "kvpd/native/ascend_planner_avx512.cpp",
             ],
             depends=[
+                "kvpd/native/ascend_planner_args.hpp",
                 "kvpd/native/ascend_planner_row.hpp",
+                "kvpd/native/py_int_args.hpp",
                 "kvpd/native/ascend_planner_pool.hpp",
                 "kvpd/native/ascend_planner_avx512.inc",
             ],

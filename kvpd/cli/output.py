@@ -16,9 +16,10 @@ from rich.text import Text
 
 from kvpd.exec.checks import Check
 from kvpd.exec.events import Event
-from kvpd.exec.executor import DownResult, ProcessStatus
+from kvpd.exec.executor import DownResult
 from kvpd.exec.gather import Report
 from kvpd.exec.state import DeploymentState
+from kvpd.exec.status import ProcessStatus
 from kvpd.plan.model import Plan
 
 # Not a terminal (make demo, CI logs): wide enough that tables are not cut to 80 columns.

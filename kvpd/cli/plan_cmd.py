@@ -104,10 +104,10 @@ def show_plan(plan: Plan) -> None:
         con.print(
             f"[bold]endpoint[/bold]: {escape(plan.proxy_url)}  (model {escape(plan.served_model)})"
         )
-    if "sparse" in plan.sizing:
+    if plan.sizing.sparse is not None:
         from kvpd.cli.sizing_view import sparse_sizing_lines
 
-        for line in sparse_sizing_lines(plan.sizing["sparse"]):
+        for line in sparse_sizing_lines(plan.sizing.sparse):
             con.print(line, highlight=False)
     for w in plan.warnings:
         con.print(f"[yellow]warning[/yellow]: {escape(w)}")

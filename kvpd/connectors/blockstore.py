@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import os
 import socket
-import stat
 import struct
 import threading
 import time
 import uuid
 import zlib
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from kvpd.errors import KvpdError
+from kvpd.connectors.dram_tier import DramTier
+from kvpd.connectors.store_counters import StoreCounters
+from kvpd.connectors.store_folder import StoreConfigError, check_store_folder
 
 FORMAT_VERSION = 1
 MAGIC = b"KVPDBLK\x00"
@@ -28,111 +27,6 @@ SHARD_CHARS = 3  # 4096 shard folders, all created when a store folder is first 
 SHARDS_MARK = ".shards-ready"
 GC_LOW_WATERMARK = 0.9  # evict down to 90% of the budget so GC does not run on every write
 STALE_TMP_S = 600.0  # a temp file this old belongs to a writer that died
-
-
-class StoreConfigError(KvpdError):
-    """The store folder or the connector's settings are unusable; raised at startup."""
-
-    exit_code = 2
-
-
-@dataclass
-class StoreCounters:
-    """Cumulative counters of one store object (thread safe through `add`)."""
-
-    hits: int = 0  # blocks served (DRAM or disk)
-    dram_hits: int = 0
-    misses: int = 0  # blocks asked for and not served (absent or corrupt)
-    corrupt: int = 0  # block files rejected by the header or checksum check, then removed
-    bytes_read: int = 0  # payload bytes read from disk
-    bytes_written: int = 0  # payload bytes written to disk
-    blocks_written: int = 0
-    evicted: int = 0  # block files removed to stay under the disk budget
-    read_s: float = 0.0
-    write_s: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **deltas: float) -> None:
-        with self._lock:
-            for k, v in deltas.items():
-                setattr(self, k, getattr(self, k) + v)
-
-    def snapshot(self) -> dict[str, float]:
-        with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
-
-
-class DramTier:
-    """A byte-budgeted LRU of verified block payloads, private to one process."""
-
-    def __init__(self, capacity_bytes: int) -> None:
-        self.capacity = capacity_bytes
-        self.used = 0
-        self._items: OrderedDict[bytes, bytes | bytearray] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: bytes) -> bytes | bytearray | None:
-        with self._lock:
-            value = self._items.get(key)
-            if value is not None:
-                self._items.move_to_end(key)
-            return value
-
-    def put(self, key: bytes, value: bytes | bytearray) -> None:
-        if len(value) > self.capacity:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self.used -= len(old)
-            self._items[key] = value
-            self.used += len(value)
-            while self.used > self.capacity:
-                _, dropped = self._items.popitem(last=False)
-                self.used -= len(dropped)
-
-    def discard(self, key: bytes) -> None:
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self.used -= len(old)
-
-    def __contains__(self, key: bytes) -> bool:
-        with self._lock:
-            return key in self._items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-def check_store_folder(root: str | os.PathLike[str]) -> Path:
-    """Fail fast, with the fix in the message, if the shared folder is missing or read-only."""
-    path = Path(root)
-    hint = "point `kv.kvpd_store.path` (extra config `store_path`) at a writable shared folder"
-    if not path.exists():
-        raise StoreConfigError(
-            f"KV store folder {path} does not exist. Create it on every host that runs an engine "
-            f"(mkdir -p {path}; on a shared mount, mount it first) or {hint}."
-        )
-    if not path.is_dir():
-        raise StoreConfigError(f"KV store path {path} is not a folder: {hint}.")
-    mode = path.stat().st_mode
-    # root ignores permission bits, so a folder nobody may write to is treated as read-only.
-    if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(path, os.W_OK):
-        raise StoreConfigError(
-            f"KV store folder {path} is read-only (mode {stat.filemode(mode)}). Make it writable "
-            f"for the engine's user (chmod u+w {path}; remount read-write) or {hint}."
-        )
-    probe = path / f".kvpd-probe-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        raise StoreConfigError(
-            f"KV store folder {path} is not writable ({e.strerror}). Make it writable for the "
-            f"engine's user or {hint}."
-        ) from None
-    return path
 
 
 class BlockStore:

@@ -7,6 +7,12 @@ import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvpd.connectors.store_folder import StoreConfigError
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 # Bump when the key derivation changes, so old stores are simply missed instead of misread.
 KEY_SCHEME = "kvpd-store-key/1"
@@ -72,3 +78,27 @@ def chain_keys(
         parent = block_key(parent, token_ids[i * bs : (i + 1) * bs])
         keys.append(parent)
     return keys
+
+
+def describe_layout(kv_cache_config: KVCacheConfig) -> tuple[str, str, int]:
+    """(layout descriptor, dtype, payload bytes per block) from the KV cache config.
+
+    Both roles receive the same config, so both derive the same descriptor (it is part of the
+    keys and of every file header).
+    """
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise StoreConfigError(
+            f"KvpdStoreConnector supports models with one KV cache group (plain full "
+            f"attention); this model has {len(groups)}. Use another kv_connector for it."
+        )
+    spec = groups[0].kv_cache_spec
+    layers = list(groups[0].layer_names)
+    heads = getattr(spec, "num_kv_heads", None)
+    head = getattr(spec, "head_size", None)
+    dtype = str(getattr(spec, "dtype", "?")).removeprefix("torch.")
+    layout = (
+        f"{type(spec).__name__}:layers={len(layers)}:kv_heads={heads}:head_size={head}"
+        f":block={spec.block_size}:page_bytes={spec.page_size_bytes}"
+    )
+    return layout, dtype, spec.page_size_bytes * len(layers)

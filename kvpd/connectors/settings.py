@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvpd.connectors.blockstore import StoreConfigError
+from kvpd.connectors.store_folder import StoreConfigError
 
 GB = 1 << 30
 KNOWN_KEYS = ("store_path", "dram_cache_gb", "capacity_gb", "io_threads")

@@ -23,10 +23,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvpd.connectors.blockstore import BlockStore, StoreConfigError
-from kvpd.connectors.hashing import StoreIdentity, chain_keys
+from kvpd.connectors.blockstore import BlockStore
+from kvpd.connectors.hashing import StoreIdentity, chain_keys, describe_layout
 from kvpd.connectors.settings import parse_settings
 from kvpd.connectors.stats import KvpdStorePromMetrics, KvpdStoreStats
+from kvpd.connectors.store_folder import StoreConfigError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -75,30 +76,6 @@ class _Req:
     saved_upto: int = 0  # blocks [0, saved_upto) are in the store or already planned
     block_ids: list[int] = field(default_factory=list)
     logged: bool = False
-
-
-def describe_layout(kv_cache_config: KVCacheConfig) -> tuple[str, str, int]:
-    """(layout descriptor, dtype, payload bytes per block) from the KV cache config.
-
-    Both roles receive the same config, so both derive the same descriptor (it is part of the
-    keys and of every file header).
-    """
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        raise StoreConfigError(
-            f"KvpdStoreConnector supports models with one KV cache group (plain full "
-            f"attention); this model has {len(groups)}. Use another kv_connector for it."
-        )
-    spec = groups[0].kv_cache_spec
-    layers = list(groups[0].layer_names)
-    heads = getattr(spec, "num_kv_heads", None)
-    head = getattr(spec, "head_size", None)
-    dtype = str(getattr(spec, "dtype", "?")).removeprefix("torch.")
-    layout = (
-        f"{type(spec).__name__}:layers={len(layers)}:kv_heads={heads}:head_size={head}"
-        f":block={spec.block_size}:page_bytes={spec.page_size_bytes}"
-    )
-    return layout, dtype, spec.page_size_bytes * len(layers)
 
 
 class KvpdStoreConnector(KVConnectorBase_V1):

@@ -14,3 +14,8 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+
+    @classmethod
+    def judged(cls, host: str, name: str, ok: bool, passed: str, failed: str, fix: str) -> Check:
+        """A check whose detail reads `passed` or `failed`, with `fix` only when it failed."""
+        return cls(host, name, ok, passed if ok else failed, "" if ok else fix)

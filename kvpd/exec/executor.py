@@ -15,8 +15,8 @@ from kvpd.exec.container_life import remove_containers, start_containers
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
+from kvpd.exec.status import ProcessStatus, query_status
 from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
-from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import Transport
 from kvpd.exec.transports import TransportPool
 from kvpd.plan.model import FileSpec, HostSpec, Plan, ProcessSpec
@@ -35,21 +35,6 @@ class _ProcessFailed(Exception):
 
 
 @dataclass
-class ProcessStatus:
-    name: str
-    host: str
-    pid: int
-    alive: bool | None  # None: the host could not be asked
-    healthy: bool | None  # None: no health check, or not alive
-    uptime_s: float | None
-    ports: list[int]
-    listening: list[int]
-    log: str
-    detail: str = ""
-    supervisor: Supervised | None = None  # set by the service for supervised processes
-
-
-@dataclass
 class DownResult:
     deployment: str
     stop: StopResult = field(default_factory=StopResult)
@@ -62,10 +47,6 @@ class DownResult:
     @property
     def clean(self) -> bool:
         return not self.stop.leftover and not self.stop.busy_ports and not self.containers_left
-
-
-def log_path(run_dir: str, spec: ProcessSpec) -> str:
-    return posixpath.join(run_dir, spec.log or f"logs/{spec.name}.log")
 
 
 class Executor:
@@ -229,7 +210,7 @@ class Executor:
     def _start_one(self, state: DeploymentState, p: ProcessSpec) -> tuple[ProcessRecord, float]:
         t, run_dir = self.transports[p.host], state.run_dirs[p.host]
         self.reporter.process(p.name, "starting", host=p.host)
-        log = log_path(run_dir, p)
+        log = logs.log_path(run_dir, p)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.wall()))
         header = f"{diagnose.HEADER_PREFIX}{state.deployment}/{p.name} started {stamp} ==="
         r = t.run(["bash", "-c", LOG_HEADER_SH, "kvpd-log", log, header], timeout_s=30)
@@ -413,26 +394,5 @@ class Executor:
     def status(self, state: DeploymentState) -> list[ProcessStatus]:
         """Each recorded process: alive, healthy (one quick probe), uptime, listening ports."""
         self._know_hosts(state.plan.hosts)
-        now = self.wall()
-
-        def one(rec: ProcessRecord) -> ProcessStatus:
-            st = ProcessStatus(
-                rec.name, rec.host, rec.pid, None, None, None, rec.ports, [], rec.log
-            )
-            try:
-                t = self.transports[rec.host]
-                st.alive = is_running(t, rec)
-                st.listening = t.ports_listening(rec.ports) if rec.ports else []
-            except Exception as e:  # noqa: BLE001 - show the others even if one host is down
-                st.detail = f"host unreachable: {e}"
-                return st
-            if st.alive:
-                st.uptime_s = max(0.0, now - rec.started_at)
-                spec = next((p for p in state.plan.processes if p.name == rec.name), None)
-                if spec is not None and spec.health is not None:
-                    pr = probe(spec.health, timeout_s=self.probe_timeout_s)
-                    st.healthy, st.detail = pr.ok, pr.detail
-            return st
-
         with Fanout(self.max_workers) as pool:
-            return pool.map(one, state.processes)
+            return query_status(state, self.transports, pool, self.wall(), self.probe_timeout_s)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable, Iterator
 
 from kvpd.errors import StateError
 from kvpd.exec.transport import Transport
+from kvpd.plan.model import ProcessSpec
 
 
 def tail(t: Transport, path: str, lines: int, *, timeout_s: float = 30) -> str:
@@ -53,3 +55,8 @@ def follow(
             if r.ok:
                 yield r.stdout
             offset = now
+
+
+def log_path(run_dir: str, spec: ProcessSpec) -> str:
+    """Where a process's output goes on its host: its planned log file, or logs/NAME.log."""
+    return posixpath.join(run_dir, spec.log or f"logs/{spec.name}.log")

@@ -130,83 +130,42 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
             checks.append(Check(h, "site-packages", True, info["site"]))
         for cmd, ok in res["commands"].items():
             checks.append(
-                Check(
-                    h,
-                    f"command {cmd}",
-                    ok,
-                    "found" if ok else "not found",
-                    "" if ok else "install it or set the full path in the profile",
-                )
-            )
+                Check.judged(h, f"command {cmd}", ok,
+                             "found", "not found", "install it or set the full path in the profile")
+            )  # fmt: skip
         for path, ok in res["paths"].items():
             checks.append(
-                Check(
-                    h,
-                    f"path {path}",
-                    ok,
-                    "exists" if ok else "missing",
-                    "" if ok else "copy the model there (same path on every host)",
-                )
-            )
+                Check.judged(h, f"path {path}", ok,
+                             "exists", "missing", "copy the model there (same path on every host)")
+            )  # fmt: skip
         busy = res["busy_ports"]
         checks.append(
-            Check(
-                h,
-                "ports free",
-                not busy,
-                f"{len(ports[h])} ports free" if not busy else f"in use: {busy}",
-                ""
-                if not busy
-                else "stop what holds them (`ss -ltnp`) or change the ports in the profile",
-            )
-        )
+            Check.judged(h, "ports free", not busy,
+                         f"{len(ports[h])} ports free", f"in use: {busy}",
+                         "stop what holds them (`ss -ltnp`) or change the ports in the profile")
+        )  # fmt: skip
         if req.npu:
             checks.append(
-                Check(
-                    h,
-                    "NPUs visible",
-                    bool(res.get("npu")),
-                    "npu-smi info ok" if res.get("npu") else "npu-smi info failed",
-                    ""
-                    if res.get("npu")
-                    else "install the Ascend driver / mount the devices into the container",
-                )
-            )
+                Check.judged(h, "NPUs visible", bool(res.get("npu")),
+                             "npu-smi info ok", "npu-smi info failed",
+                             "install the Ascend driver / mount the devices into the container")
+            )  # fmt: skip
         if req.clang_omp:
             ok = bool(res.get("clang") and res.get("omp_h"))
             checks.append(
-                Check(
-                    h,
-                    "clang + omp.h",
-                    ok,
-                    "found" if ok else "missing",
-                    "" if ok else "apt-get install -y clang libomp-dev",
-                )
-            )
-        need_gb = req.memory_gb
-        if need_gb:
-            avail = (res.get("mem_available") or 0) / GiB
+                Check.judged(h, "clang + omp.h", ok,
+                             "found", "missing", "apt-get install -y clang libomp-dev")
+            )  # fmt: skip
+        if req.memory_gb:
             checks.append(
-                Check(
-                    h,
-                    "memory",
-                    avail >= need_gb,
-                    f"{avail:.0f} GiB available, pools need {need_gb:g} GiB",
-                    "" if avail >= need_gb else "lower dram sizes or use a larger host",
-                )
-            )
-        shm = req.shm_gb
-        if shm:
-            free = (res.get("shm_free") or 0) / GiB
+                _space(h, "memory", res.get("mem_available"), req.memory_gb, "available",
+                       "pools", "lower dram sizes or use a larger host")
+            )  # fmt: skip
+        if req.shm_gb:
             checks.append(
-                Check(
-                    h,
-                    "/dev/shm",
-                    free >= shm,
-                    f"{free:.0f} GiB free, UCM cache buffers need {shm:g} GiB",
-                    "" if free >= shm else "enlarge /dev/shm (docker --shm-size)",
-                )
-            )
+                _space(h, "/dev/shm", res.get("shm_free"), req.shm_gb, "free",
+                       "UCM cache buffers", "enlarge /dev/shm (docker --shm-size)")
+            )  # fmt: skip
         for d, info in res.get("shared", {}).items():
             peers = [p for p in sharing.get(d, []) if p != h]
             if not info["exists"] or not info["writable"]:
@@ -254,3 +213,12 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
     if plan.bundle:  # node bundle: each slot's Python, pip, disk, native core per platform
         checks += bundle_preflight.preflight_checks(plan, transports)
     return checks
+
+
+def _space(
+    host: str, name: str, have_bytes: int | None, need_gb: float, state: str, user: str, fix: str
+) -> Check:
+    """Memory or /dev/shm: enough for what `user` needs? The same check with other words."""
+    have = (have_bytes or 0) / GiB
+    detail = f"{have:.0f} GiB {state}, {user} need {need_gb:g} GiB"
+    return Check.judged(host, name, have >= need_gb, detail, detail, fix)

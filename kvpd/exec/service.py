@@ -9,23 +9,23 @@ from __future__ import annotations
 
 import posixpath
 import signal
-import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
-from types import FrameType, TracebackType
+from types import TracebackType
 
 from kvpd.errors import DeployError, StateError
 from kvpd.exec import admin_token, gather, logs, rolling, supervised
 from kvpd.exec.checks import Check
 from kvpd.exec.container_life import remove_containers, start_containers
 from kvpd.exec.events import Event, EventLog, note_restarts
-from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor, ProcessStatus
+from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor
+from kvpd.exec.interrupts import sigterm_as_interrupt
 from kvpd.exec.preflight import run_checks
 from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.purge import purge_run_dirs
 from kvpd.exec.rolling import CanaryCheck, CanaryOutcome, Roller, Step
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
+from kvpd.exec.status import ProcessStatus
 from kvpd.exec.stop import NullReporter, Reporter, StopOutcome
 from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import CommandResult, Transport
@@ -57,24 +57,6 @@ class LogTail:
     host: str
     path: str
     text: str
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (e.g. a CI timeout) takes the same path as Ctrl-C: `up` rolls back, then the
-    exception propagates. Signal handlers can only be set from the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 class Deployments:

@@ -17,22 +17,9 @@ PORT_WAIT_S = 2.0  # listening sockets close with the process; allow a moment to
 
 
 class Reporter(Protocol):
-    """Receives progress; the CLI renders it. Called from worker threads."""
+    """Receives progress; the CLI renders it. Called from worker threads. The bodies do
+    nothing, so a reporter that drops progress is a plain subclass (`NullReporter`)."""
 
-    def process(
-        self,
-        name: str,
-        phase: str,
-        *,
-        host: str = "",
-        detail: str = "",
-        elapsed_s: float | None = None,
-    ) -> None: ...
-
-    def message(self, text: str) -> None: ...
-
-
-class NullReporter:
     def process(
         self,
         name: str,
@@ -42,10 +29,14 @@ class NullReporter:
         detail: str = "",
         elapsed_s: float | None = None,
     ) -> None:
-        pass
+        return None
 
     def message(self, text: str) -> None:
-        pass
+        return None
+
+
+class NullReporter(Reporter):
+    """Drops all progress (library callers and tests that render nothing)."""
 
 
 def is_running(t: Transport, rec: ProcessRecord) -> bool:

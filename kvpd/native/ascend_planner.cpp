@@ -38,6 +38,7 @@
 #endif
 
 #include "ascend_planner_pool.hpp"
+#include "ascend_planner_args.hpp"
 #include "ascend_planner_row.hpp"
 
 namespace py = pybind11;
@@ -273,15 +274,6 @@ int64_t compute_addrs_raw(uintptr_t miss_count, uintptr_t miss_tokens, uintptr_t
                     threads, g, a, sz, n);
 }
 
-// ascend_planner_args.cpp: the tensor checks in front of compute_addrs_raw.
-int64_t compute_lru_resident_addrs(py::handle miss_count, py::handle miss_tokens,
-                                   py::handle miss_slots, py::handle block_table,
-                                   py::handle block_size, py::handle tok_k, py::handle tok_v,
-                                   py::handle gvas_k_base, py::handle gvas_v_base,
-                                   py::handle addr_k_base, py::handle addr_v_base,
-                                   py::handle capacity, py::handle max_threads, py::handle gvas,
-                                   py::handle addr, py::handle size, py::handle num);
-
 // ======  Introspection  ======
 
 py::dict isa_info() {
@@ -316,9 +308,7 @@ PYBIND11_MODULE(_ascend_planner, m) {
   m.def("lru_resident_compact", &lru_resident_compact,
         "LRU residency of one layer's top-k rows over raw addresses of caller-owned state; "
         "outputs written in place.");
-  m.def("compute_lru_resident_addrs", &compute_lru_resident_addrs,
-        "Host->device copy descriptors of the planned misses written in place into gvas, addr, "
-        "size and num (K of all rows, then V; num = 2S); returns S.");
+  bind_compute_lru_resident_addrs(m);
   m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
   m.def("set_isa", &set_isa, py::arg("name"),
         "Use the named row planner (baseline|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "

@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "ascend_planner_args.hpp"
+#include "py_int_args.hpp"
+
 namespace py = pybind11;
 
 namespace kvpd_ascend {
@@ -84,29 +87,10 @@ View view(py::handle h, const char* name, int ndim, bool want64, bool allow_both
   return v;
 }
 
-int64_t int_in(py::handle h, const char* name, int64_t lo, int64_t hi) {
-  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr())) {
-    fail(std::string(name) + " must be an integer, got " +
-         py::str(py::type::handle_of(h).attr("__name__")).cast<std::string>());
-  }
-  auto v = py::reinterpret_steal<py::int_>(PyNumber_Index(h.ptr()));
-  if (!v) throw py::error_already_set();
-  int overflow = 0;
-  const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
-  if (overflow || x < lo || x > hi) {
-    fail(std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-         "], got " + py::str(v).cast<std::string>());
-  }
-  return x;
-}
+using kvpd_native::int_in;
 
 uint64_t address(py::handle h, const char* name) {
-  if (PyBool_Check(h.ptr()) || !PyIndex_Check(h.ptr())) {
-    fail(std::string(name) + " must be an integer, got " +
-         py::str(py::type::handle_of(h).attr("__name__")).cast<std::string>());
-  }
-  auto v = py::reinterpret_steal<py::int_>(PyNumber_Index(h.ptr()));
-  if (!v) throw py::error_already_set();
+  const py::int_ v = kvpd_native::index_of(h, name);
   const unsigned long long u = PyLong_AsUnsignedLongLong(v.ptr());
   if (PyErr_Occurred()) {
     PyErr_Clear();
@@ -164,6 +148,12 @@ int64_t compute_lru_resident_addrs(py::handle miss_count, py::handle miss_tokens
       address(addr_v_base, "addr_v_base"), int_in(capacity, "capacity", 1, kI32),
       int_in(max_threads, "max_threads", -kI32, kI32), outs[0].ptr, outs[1].ptr, outs[2].ptr,
       n.ptr);
+}
+
+void bind_compute_lru_resident_addrs(py::module_& m) {
+  m.def("compute_lru_resident_addrs", &compute_lru_resident_addrs,
+        "Host->device copy descriptors of the planned misses written in place into gvas, addr, "
+        "size and num (K of all rows, then V; num = 2S); returns S.");
 }
 
 }  // namespace kvpd_ascend

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "py_int_args.hpp"
+
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -284,21 +286,7 @@ uint64_t checked_u64(const py::handle& obj, const char* name) {
   return static_cast<uint64_t>(u);
 }
 
-int64_t checked_i64(const py::handle& obj, const char* name, int64_t lo, int64_t hi) {
-  if (PyBool_Check(obj.ptr()) || (!PyLong_Check(obj.ptr()) && !PyIndex_Check(obj.ptr()))) {
-    fail(std::string(name) + " must be an integer, got " +
-         py::str(py::type::handle_of(obj).attr("__name__")).cast<std::string>());
-  }
-  py::int_ v = py::reinterpret_steal<py::int_>(PyNumber_Index(obj.ptr()));
-  if (!v) throw py::error_already_set();
-  int overflow = 0;
-  const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
-  if (overflow || x < lo || x > hi) {
-    fail(std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-         "], got " + py::str(v).cast<std::string>());
-  }
-  return static_cast<int64_t>(x);
-}
+using kvpd_native::int_in;
 
 constexpr int64_t kI32Max = 2147483647;
 
@@ -309,18 +297,18 @@ class SparseLRUPlanner {
   SparseLRUPlanner(const py::handle& num_layers, const py::handle& max_rows, const py::handle& topk,
                    const py::handle& capacity, const py::handle& max_model_len,
                    const py::handle& num_threads) {
-    num_layers_ = checked_i64(num_layers, "num_layers", 1, kI32Max);
-    max_rows_ = checked_i64(max_rows, "max_rows", 1, kI32Max);
-    topk_ = checked_i64(topk, "topk", 1, kI32Max);
+    num_layers_ = int_in(num_layers, "num_layers", 1, kI32Max);
+    max_rows_ = int_in(max_rows, "max_rows", 1, kI32Max);
+    topk_ = int_in(topk, "topk", 1, kI32Max);
     // The dummy index max_model_len must still fit in int32.
-    max_model_len_ = checked_i64(max_model_len, "max_model_len", 1, kI32Max - 64);
-    capacity_ = checked_i64(capacity, "capacity", 1, kI32Max - 1);
+    max_model_len_ = int_in(max_model_len, "max_model_len", 1, kI32Max - 64);
+    capacity_ = int_in(capacity, "capacity", 1, kI32Max - 1);
     if (capacity_ < topk_) {
       fail("capacity (" + std::to_string(capacity_) + ") must be >= topk (" +
            std::to_string(topk_) +
            "): every top-k token needs a slot in the hot buffer; raise topk_buffer_size");
     }
-    int64_t nt = checked_i64(num_threads, "num_threads", 0, 1024);
+    int64_t nt = int_in(num_threads, "num_threads", 0, 1024);
     num_threads_ = static_cast<int>(nt == 0 ? max_threads() : nt);
     const size_t cells = static_cast<size_t>(num_layers_ * max_rows_);
     // One spare entry past the last cell keeps plan_row_impl's lru[m] read in bounds.
@@ -335,7 +323,7 @@ class SparseLRUPlanner {
 
   py::tuple plan(const py::handle& layer_obj, const py::handle& topk_obj,
                  const py::handle& req_obj, const py::handle& stable_obj) {
-    const int64_t layer = checked_i64(layer_obj, "layer", 0, num_layers_ - 1);
+    const int64_t layer = int_in(layer_obj, "layer", 0, num_layers_ - 1);
     py::array topk = checked_array<int32_t>(topk_obj, "topk_indices", 2, "int32");
     const int64_t rows = topk.shape(0);
     if (rows > max_rows_ || topk.shape(1) != topk_) {
@@ -451,16 +439,16 @@ py::tuple build_copy_descriptors(const py::handle& mt_obj, const py::handle& ms_
   a.miss_count = static_cast<const int32_t*>(mc.data());
   a.rows = rows;
   a.k = mt.shape(1);
-  a.block_size = checked_i64(block_size, "block_size", 1, kI32Max);
+  a.block_size = int_in(block_size, "block_size", 1, kI32Max);
   a.blocks_per_row = bt.shape(1);
   a.src_base_k = checked_u64(src_base_k, "src_base_k");
   a.src_base_v = checked_u64(src_base_v, "src_base_v");
   a.dst_base_k = checked_u64(dst_base_k, "dst_base_k");
   a.dst_base_v = checked_u64(dst_base_v, "dst_base_v");
-  a.token_bytes_k = static_cast<uint64_t>(checked_i64(token_bytes_k, "token_bytes_k", 1, kI32Max));
-  a.token_bytes_v = static_cast<uint64_t>(checked_i64(token_bytes_v, "token_bytes_v", 1, kI32Max));
-  a.capacity = checked_i64(capacity, "capacity", 1, kI32Max);
-  int64_t nt = checked_i64(num_threads, "num_threads", 0, 1024);
+  a.token_bytes_k = static_cast<uint64_t>(int_in(token_bytes_k, "token_bytes_k", 1, kI32Max));
+  a.token_bytes_v = static_cast<uint64_t>(int_in(token_bytes_v, "token_bytes_v", 1, kI32Max));
+  a.capacity = int_in(capacity, "capacity", 1, kI32Max);
+  int64_t nt = int_in(num_threads, "num_threads", 0, 1024);
   const int threads = static_cast<int>(
       std::min<int64_t>(nt == 0 ? max_threads() : nt, std::max<int64_t>(rows, 1)));
 

@@ -15,7 +15,16 @@ from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
 from kvpd.plan.lognames import log_file
-from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
+from kvpd.plan.model import (
+    FileSpec,
+    HealthCheck,
+    HostSpec,
+    Plan,
+    PortUse,
+    ProcessSpec,
+    Sizing,
+    SparseSizing,
+)
 from kvpd.plan.processes import Proc, all_procs
 from kvpd.plan.rehearse import rehearsal_notes
 from kvpd.plan.render import launch_script
@@ -257,26 +266,22 @@ def _supervisor(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, ...]:
     return supervision.supervisor_argv(python, p.name, pol, p.health_url)
 
 
-def _sizing(profile: Profile) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    per_token = kv_bytes_per_token(profile.model)
-    if per_token:
-        out["kv_bytes_per_token"] = per_token
-    d = profile.decode
-    m = profile.model
+def _sizing(profile: Profile) -> Sizing:
+    d, m = profile.decode, profile.model
+    sparse = None
     if d is not None and d.sparse_offload is not None and d.sparse_offload.enabled:
         opts = merged(profile, d)
-        out["sparse"] = {
-            "topk_buffer_size": d.sparse_offload.topk_buffer_size,
-            "index_topk": m.index_topk,
-            "kv_lora_rank": m.kv_lora_rank,
-            "qk_rope_head_dim": m.qk_rope_head_dim,
-            "layers": m.layers,
-            "block_size": opts.block_size or m.block_size,
-            "max_model_len": opts.max_model_len or m.max_model_len,
-            "rows": opts.max_num_seqs or 16,
-        }
-    return out
+        sparse = SparseSizing(
+            topk_buffer_size=d.sparse_offload.topk_buffer_size,
+            index_topk=m.index_topk,
+            kv_lora_rank=m.kv_lora_rank,
+            qk_rope_head_dim=m.qk_rope_head_dim,
+            layers=m.layers,
+            block_size=opts.block_size or m.block_size,
+            max_model_len=opts.max_model_len or m.max_model_len,
+            rows=opts.max_num_seqs or 16,
+        )
+    return Sizing(kv_bytes_per_token=kv_bytes_per_token(profile.model) or None, sparse=sparse)
 
 
 def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:

@@ -173,6 +173,40 @@ class LogCheck:
 
 
 @dataclass(frozen=True)
+class SparseSizing:
+    """The inputs of the sparse-offload hot-buffer estimate `kvpd plan` shows (model facts the
+    profile may leave unset are None; the estimate then says which are missing)."""
+
+    topk_buffer_size: int
+    index_topk: int | None
+    kv_lora_rank: int | None
+    qk_rope_head_dim: int | None
+    layers: int | None
+    block_size: int
+    max_model_len: int | None
+    rows: int
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What the plan's sizing rests on; plan.json spells only the parts that are known."""
+
+    kv_bytes_per_token: int | None = None
+    sparse: SparseSizing | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Sizing:
+        sparse = d.get("sparse")
+        return cls(
+            kv_bytes_per_token=d.get("kv_bytes_per_token"),
+            sparse=SparseSizing(**sparse) if sparse is not None else None,
+        )
+
+
+@dataclass(frozen=True)
 class Plan:
     """Everything `up` does, in order. Built by `kvpd.plan.build.build_plan` (pure)."""
 
@@ -191,8 +225,8 @@ class Plan:
     # What preflight verifies per host (read-only), by host name.
     requirements: dict[str, HostRequirements] = field(default_factory=dict)
     fresh_dirs: tuple[str, ...] = ()  # relative to each host's run dir; emptied by every `up`
-    # Inputs of the sizing `kvpd plan` shows (e.g. "sparse": the sparse-offload hot buffer)
-    sizing: dict[str, Any] = field(default_factory=dict)
+    # Inputs of the sizing `kvpd plan` shows (e.g. the sparse-offload hot buffer)
+    sizing: Sizing = field(default_factory=Sizing)
     # The node bundle: which hosts get kvpd, for which processes and Python (kvpd.plan.bundle)
     bundle: tuple[BundleUse, ...] = ()
     # Values of secret env vars (API keys, tokens). Only the in-memory plan has them, for the
@@ -227,6 +261,7 @@ class Plan:
         for h in d["hosts"]:  # hosts without a container keep plan.json's old form
             if h.get("container") is None:
                 h.pop("container", None)
+        d["sizing"] = self.sizing.to_dict()
         secrets = d.pop("secret_values")
         for f in d["files"]:
             for s in secrets:
@@ -264,7 +299,7 @@ class Plan:
                 h: HostRequirements.from_dict(r) for h, r in d.get("requirements", {}).items()
             },
             fresh_dirs=tuple(d.get("fresh_dirs", ())),
-            sizing=d.get("sizing", {}),
+            sizing=Sizing.from_dict(d.get("sizing", {})),
             bundle=tuple(BundleUse.from_dict(u) for u in d.get("bundle", ())),
             log_checks=tuple(LogCheck(**c) for c in d.get("log_checks", ())),
         )

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
+from kvpd.plan.model import SparseSizing
 from kvpd.profile.schema import ModelSpec, Profile
+
+if TYPE_CHECKING:
+    from kvpd.native.tune import SparseTuneReport
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -64,3 +69,42 @@ def memcache_dram_need(profile: Profile, ranks: int) -> int | None:
     if total is None:
         return None
     return round_up(-(-(total * conc) // max(1, ranks)), GiB)
+
+
+# Assumptions of the quick hot-buffer estimate shown with every plan; `kvpd tune sparse` takes
+# them as options (and a recorded trace) for a real sizing.
+LINK_GBPS = 25.0
+TPOT_MS = 50.0
+TRACE_ROWS, TRACE_STEPS = 8, 12
+
+
+def sparse_estimate(sparse: SparseSizing) -> SparseTuneReport | None:
+    """The profile's topk_buffer_size beside the candidate sizes, simulated on a synthetic
+    top-k trace (pure, deterministic). None if model facts it needs are missing."""
+    from kvpd.native.trace import synthetic_topk_trace
+    from kvpd.native.tune import SparseModelFacts, candidate_buffer_sizes, tune_sparse_buffer
+
+    s = sparse
+    topk, lora, rope, layers, max_len = (
+        s.index_topk, s.kv_lora_rank, s.qk_rope_head_dim, s.layers, s.max_model_len
+    )  # fmt: skip
+    if topk is None or lora is None or rope is None or layers is None or max_len is None:
+        return None
+    facts = SparseModelFacts(
+        kv_lora_rank=lora,
+        qk_rope_head_dim=rope,
+        num_layers=layers,
+        index_topk=topk,
+        block_size=s.block_size,
+    )
+    trace = synthetic_topk_trace(
+        steps=TRACE_STEPS,
+        rows=TRACE_ROWS,
+        topk=topk,
+        max_model_len=max_len,
+        seq_len_range=(min(max_len // 2, max_len - TRACE_STEPS - 2), max_len - TRACE_STEPS - 2),
+    )
+    sizes = sorted(set(candidate_buffer_sizes(topk, s.block_size)) | {s.topk_buffer_size})
+    return tune_sparse_buffer(
+        trace, facts, bandwidth_gbps=LINK_GBPS, tpot_ms=TPOT_MS, buffer_sizes=sizes, rows=s.rows
+    )

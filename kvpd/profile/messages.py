@@ -136,6 +136,18 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "...'"
 
 
+# Error kinds whose phrase names one limit from the error's context: kind -> (phrase, ctx key).
+_WITH_LIMIT = {
+    "greater_than_equal": ("at least {}", "ge"),
+    "greater_than": ("greater than {}", "gt"),
+    "less_than_equal": ("at most {}", "le"),
+    "less_than": ("less than {}", "lt"),
+    "literal_error": ("one of {}", "expected"),
+    "too_short": ("given with at least {} entry", "min_length"),
+    "too_long": ("a list of at most {} entries", "max_length"),
+}
+
+
 def _expect(err: dict[str, Any]) -> str:
     """What the field must be, as the end of 'must be ...'."""
     kind = err["type"]
@@ -156,20 +168,9 @@ def _expect(err: dict[str, Any]) -> str:
     }
     if kind in simple:
         return simple[kind]
-    if kind == "greater_than_equal":
-        return f"at least {ctx.get('ge')}"
-    if kind == "greater_than":
-        return f"greater than {ctx.get('gt')}"
-    if kind == "less_than_equal":
-        return f"at most {ctx.get('le')}"
-    if kind == "less_than":
-        return f"less than {ctx.get('lt')}"
-    if kind == "literal_error":
-        return f"one of {ctx.get('expected')}"
-    if kind == "too_short":
-        return f"given with at least {ctx.get('min_length')} entry"
-    if kind == "too_long":
-        return f"a list of at most {ctx.get('max_length')} entries"
+    if kind in _WITH_LIMIT:
+        phrase, key = _WITH_LIMIT[kind]
+        return phrase.format(ctx.get(key))
     if kind == "string_pattern_mismatch":
         pattern = str(ctx.get("pattern", ""))
         return PATTERNS.get(pattern, f"text matching {pattern}")

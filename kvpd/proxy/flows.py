@@ -23,6 +23,7 @@ from kvpd.proxy.rewrite import (
     estimate_prompt_tokens,
     prefill_request_body,
 )
+from kvpd.proxy.routing import GenerationCall
 
 if TYPE_CHECKING:
     from kvpd.proxy.metrics import ProxyMetrics
@@ -37,15 +38,7 @@ class Flow(Protocol):
     # extra routes the flow serves (the layerwise metaserver)
     routes: tuple[tuple[str, str, AsyncHandler], ...]
 
-    async def handle(
-        self,
-        client: ClientConnection,
-        req: Request,
-        body: dict[str, Any],
-        route: str,
-        request_id: str,
-        extra: bytes,
-    ) -> None: ...
+    async def handle(self, call: GenerationCall) -> None: ...
 
 
 class PrefillFirst:
@@ -55,15 +48,8 @@ class PrefillFirst:
         self.steps = steps
         self.metrics = metrics
 
-    async def handle(
-        self,
-        client: ClientConnection,
-        req: Request,
-        body: dict[str, Any],
-        route: str,
-        request_id: str,
-        extra: bytes,
-    ) -> None:
+    async def handle(self, call: GenerationCall) -> None:
+        client, req, body, extra = call.client, call.req, call.body, call.extra
         prompt_tokens = estimate_prompt_tokens(body)
         p_body = prefill_request_body(body, dict(PREFILL_KV_PARAMS))
         answer = await self.steps.prefill(req.path, dumps(p_body).encode(), prompt_tokens, extra)
@@ -76,7 +62,7 @@ class PrefillFirst:
             self.metrics.prefill_without_params += 1
             d_data = req.body
         tokens = decode_tokens(body, prompt_tokens)
-        ok = await self.steps.decode(client, req, d_data, tokens, extra, request_id)
+        ok = await self.steps.decode(client, req, d_data, tokens, extra, call.request_id)
         if kv and ok:
             self.metrics.disaggregated += 1
 
@@ -87,17 +73,11 @@ class Mixed:
     def __init__(self, steps: Steps) -> None:
         self.steps = steps
 
-    async def handle(
-        self,
-        client: ClientConnection,
-        req: Request,
-        body: dict[str, Any],
-        route: str,
-        request_id: str,
-        extra: bytes,
-    ) -> None:
-        tokens = decode_tokens(body, estimate_prompt_tokens(body))
-        await self.steps.decode(client, req, req.body, tokens, extra, request_id)
+    async def handle(self, call: GenerationCall) -> None:
+        tokens = decode_tokens(call.body, estimate_prompt_tokens(call.body))
+        await self.steps.decode(
+            call.client, call.req, call.req.body, tokens, call.extra, call.request_id
+        )
 
 
 def make_flow(
@@ -164,7 +144,7 @@ class Generation:
                 raise Failure(400, "bad_request", f"invalid JSON body: {e}") from None
             request_id = os.urandom(16).hex()
             extra = b"X-Request-Id: " + request_id.encode() + b"\r\n" + self.auth.header(req)
-            await self.flow.handle(client, req, body, route, request_id, extra)
+            await self.flow.handle(GenerationCall(client, req, body, route, request_id, extra))
         except Failure as f:
             m.failures[f.kind] += 1
             if f.status >= 500:

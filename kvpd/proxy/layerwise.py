@@ -20,7 +20,7 @@ from kvpd.proxy.rewrite import (
 
 if TYPE_CHECKING:
     from kvpd.proxy.metrics import ProxyMetrics
-    from kvpd.proxy.routing import AsyncHandler, Request
+    from kvpd.proxy.routing import AsyncHandler, GenerationCall, Request
     from kvpd.proxy.server import ClientConnection
     from kvpd.proxy.steps import Steps
 
@@ -79,17 +79,12 @@ class Layerwise:
     def set_metaserver(self, url: str) -> None:
         self._meta_kv = {"do_remote_decode": False, "do_remote_prefill": True, "metaserver": url}
 
-    async def handle(
-        self,
-        client: ClientConnection,
-        req: Request,
-        body: dict[str, Any],
-        route: str,
-        request_id: str,
-        extra: bytes,
-    ) -> None:
+    async def handle(self, call: GenerationCall) -> None:
+        client, req, body, request_id, extra = (
+            call.client, call.req, call.body, call.request_id, call.extra
+        )  # fmt: skip
         prompt_tokens = estimate_prompt_tokens(body)
-        children = child_request_ids(request_id, route == "chat_completions", body)
+        children = child_request_ids(request_id, call.route == "chat_completions", body)
         record = LayerwiseRecord(
             request_id, req.path, body, children, extra, prompt_tokens, self.loop
         )

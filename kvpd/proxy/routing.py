@@ -4,7 +4,8 @@ handlers."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvpd.proxy.server import ClientConnection
@@ -29,6 +30,18 @@ class Request:
         self.body = b""
         self.keep_alive = keep_alive
         self.started = started
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationCall:
+    """One parsed generation request, as the entry point hands it to the flow."""
+
+    client: ClientConnection
+    req: Request
+    body: dict[str, Any]  # the client's JSON body; flows rewrite copies of it
+    route: str  # "completions" or "chat_completions"
+    request_id: str
+    extra: bytes  # header lines sent to every backend (request id, authorization)
 
 
 SyncHandler = Callable[["ClientConnection", Request], None]

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from kvpd.connectors import blockstore
-from kvpd.connectors.blockstore import BlockStore, DramTier, StoreConfigError
+from kvpd.connectors.blockstore import BlockStore
+from kvpd.connectors.dram_tier import DramTier
 from kvpd.connectors.hashing import StoreIdentity, chain_keys
 from kvpd.connectors.settings import parse_settings
+from kvpd.connectors.store_folder import StoreConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 IDENT = StoreIdentity(model="/models/tiny", dtype="bfloat16", layout="L2", block_size=4)

@@ -1,0 +1,56 @@
+"""What `status` reports of each recorded process, asked of its host (alive, healthy, ports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpd.exec.fanout import Fanout
+from kvpd.exec.health import probe
+from kvpd.exec.state import DeploymentState, ProcessRecord
+from kvpd.exec.stop import is_running
+from kvpd.exec.supervised import Supervised
+from kvpd.exec.transport import Transports
+
+
+@dataclass
+class ProcessStatus:
+    name: str
+    host: str
+    pid: int
+    alive: bool | None  # None: the host could not be asked
+    healthy: bool | None  # None: no health check, or not alive
+    uptime_s: float | None
+    ports: list[int]
+    listening: list[int]
+    log: str
+    detail: str = ""
+    supervisor: Supervised | None = None  # set by the service for supervised processes
+
+
+def query_status(
+    state: DeploymentState,
+    transports: Transports,
+    pool: Fanout,
+    now: float,
+    probe_timeout_s: float,
+) -> list[ProcessStatus]:
+    """Each recorded process: alive, healthy (one quick probe), uptime, listening ports."""
+
+    def one(rec: ProcessRecord) -> ProcessStatus:
+        st = ProcessStatus(rec.name, rec.host, rec.pid, None, None, None, rec.ports, [], rec.log)
+        try:
+            t = transports[rec.host]
+            st.alive = is_running(t, rec)
+            st.listening = t.ports_listening(rec.ports) if rec.ports else []
+        except Exception as e:  # noqa: BLE001 - show the others even if one host is down
+            st.detail = f"host unreachable: {e}"
+            return st
+        if st.alive:
+            st.uptime_s = max(0.0, now - rec.started_at)
+            spec = next((p for p in state.plan.processes if p.name == rec.name), None)
+            if spec is not None and spec.health is not None:
+                pr = probe(spec.health, timeout_s=probe_timeout_s)
+                st.healthy, st.detail = pr.ok, pr.detail
+        return st
+
+    return pool.map(one, state.processes)
