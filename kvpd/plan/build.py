@@ -13,7 +13,8 @@ from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, PortUse, ProcessSpec
 from kvpd.plan.processes import Proc, all_procs
-from kvpd.plan.rehearse import rehearsal_notes
+from kvpd.plan.rehearse import DEFAULT_ENGINE, engine_named
+from kvpd.plan.rehearse import rehearse as rehearse_procs
 from kvpd.plan.render import launch_script
 from kvpd.plan.requirements import build_requirements
 from kvpd.plan.rules import check
@@ -108,15 +109,28 @@ def memcache_dram(
 
 
 def build_plan(
-    profile: Profile, source: Source, *, rehearse: bool = False, base_dir: str | None = None
+    profile: Profile,
+    source: Source,
+    *,
+    rehearse: bool | str = False,
+    base_dir: str | None = None,
 ) -> Plan:
-    """Validate, derive and render. Raises ProfileError listing every error with its line."""
+    """Validate, derive and render. Raises ProfileError listing every error with its line.
+
+    `rehearse` (True, or a rehearsal engine's name) rehearses the validated real deployment:
+    one transform of its processes (`kvpd.plan.rehearse`)."""
     profile = _resolve_local_paths(profile, base_dir)
     layout = build_layout(profile)
-    procs = all_procs(profile, layout, rehearse=rehearse)
-    notes = rehearsal_notes(profile, procs) if rehearse else {}
-    facts = derive_facts(profile, layout, procs, rehearse=rehearse)
+    procs = all_procs(profile, layout)
+    facts = derive_facts(profile, layout, procs)
     findings = check(facts)
+    notes: dict[str, str] = {}
+    if rehearse:
+        # The rehearsal runs on other hardware: what the rules say about the real one is moot.
+        findings = [f for f in findings if not f.on_hardware]
+        engine = engine_named(DEFAULT_ENGINE if rehearse is True else rehearse)
+        rehearsed = rehearse_procs(profile, procs, engine)
+        procs, notes = rehearsed.procs, rehearsed.notes
     dram, extra = memcache_dram(profile, facts.memcache_ranks)
     errors: list[str] = []
     warnings: list[str] = []
@@ -188,9 +202,7 @@ def build_plan(
                 env=tuple((k, mask(k, v)) for k, v in p.env),
                 log=log,
                 ports=tuple(port for port, _ in p.ports),
-                health=HealthCheck(
-                    url=p.health_url, timeout_s=_health_timeout(profile, p, rehearse)
-                ),
+                health=HealthCheck(url=p.health_url, timeout_s=_health_timeout(profile, p)),
                 devices=p.devices,
                 substituted=notes.get(p.name, ""),
             )
@@ -221,13 +233,11 @@ def build_plan(
         served_model=model.served_name or model.path,
         tokenizer=model.tokenizer or model.path,
         bench=bench_spec(profile.bench),
-        rehearsal=rehearse,
+        rehearsal=bool(rehearse),
         fresh_dirs=tuple(profile.runtime.fresh_dirs),
         sizing=_sizing(profile),
         secret_values=tuple(secrets),
-        requirements=build_requirements(
-            profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
-        ),
+        requirements=build_requirements(profile, procs, dram, {h.name: h.run_dir for h in hosts}),
     )
 
 
@@ -278,9 +288,9 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
     return profile.model_copy(update={"model": model, "kv": kv.model_copy(update=upd)})
 
 
-def _health_timeout(profile: Profile, p: Proc, rehearse: bool = False) -> float:
-    if rehearse and p.role not in ("metaservice", "mooncake", "proxy"):
-        return profile.rehearsal.health_timeout_s
+def _health_timeout(profile: Profile, p: Proc) -> float:
+    if p.health_timeout_s is not None:
+        return p.health_timeout_s
     if p.role in ("metaservice", "mooncake", "proxy"):
         return min(120.0, profile.runtime.health_timeout_s)
     return profile.runtime.health_timeout_s
@@ -289,7 +299,7 @@ def _health_timeout(profile: Profile, p: Proc, rehearse: bool = False) -> float:
 def load_plan(
     profile_arg: str,
     *,
-    rehearse: bool = False,
+    rehearse: bool | str = False,
     base_dir: str | None = None,
     sets: list[str] | None = None,
     inventory: str | None = None,
