@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_rehearsal import (
+    MODEL,
     SHARED,
     Rehearsal,
     assert_down_leaves_nothing,
@@ -131,8 +132,13 @@ LARGE_EP_HOSTS = {f"p{i}": f"h{i}" for i in range(1, 5)} | {
 }
 
 
+@pytest.fixture
+def large_ep(_large_ep: Rehearsal) -> Rehearsal:
+    return _large_ep.ensure_up()  # up again if the `down` test ran before
+
+
 @pytest.fixture(scope="module")
-def large_ep(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+def _large_ep(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
     if len(bed.names) < 8:
         pytest.skip("large-ep needs 8 bed hosts")
     yield from rehearse_standin(
@@ -171,8 +177,13 @@ def test_large_ep_down_leaves_nothing(large_ep: Rehearsal) -> None:
 # -- ucm-mooncake-2p2d at full size: 2 prefill and 2 decode instances on 2 hosts ----------------
 
 
+@pytest.fixture
+def mooncake_full(_mooncake_full: Rehearsal) -> Rehearsal:
+    return _mooncake_full.ensure_up()
+
+
 @pytest.fixture(scope="module")
-def mooncake_full(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
+def _mooncake_full(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
     yield from rehearse_standin(
         tmp_path_factory.mktemp("mooncake-full"), bed, "ucm-mooncake-2p2d", {"p1": "h1", "d1": "h2"}
     )
@@ -194,6 +205,32 @@ def test_mooncake_full_size_spreads_and_hands_over(mooncake_full: Rehearsal) -> 
         if p["role"] == "decode"
     )
     assert received > 0  # decode took the prefill's kv_transfer_params
+
+
+def test_mooncake_full_size_bench_through_the_proxy(
+    mooncake_full: Rehearsal, tmp_path: Path
+) -> None:
+    """`kvpd bench --protocol twice` against the running rehearsal: the P/D proof holds (decode
+    served every request and received KV), and the warm run hits the prefill's prefix cache."""
+    r = mooncake_full.kvpd(
+        "bench", mooncake_full.name, "--protocol", "twice", "--num-prompts", "8",
+        "--input-len", "256", "--output-len", "8", "--tokenizer", str(MODEL),
+        "--results", str(tmp_path / "bench"), "--json", "--no-charts", check=False, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    run = json.loads(r.stdout)
+    assert run["ok"], run
+    cold, warm = run["records"]
+    assert (cold["phase"], warm["phase"]) == ("cold", "warm")
+    for rec in (cold, warm):
+        assert rec["result"]["completed"] == 8 and rec["result"]["failed"] == 0
+        assert rec["metrics"]["summary"]["decode_kv_received_tokens"] > 0
+    hits = sum(
+        t["prefix_cache_hits"]
+        for n, t in warm["metrics"]["per_target"].items()
+        if n.startswith("prefill")
+    )
+    assert hits > 0, warm["metrics"]["per_target"]
 
 
 def test_mooncake_full_size_down_leaves_nothing(mooncake_full: Rehearsal) -> None:
