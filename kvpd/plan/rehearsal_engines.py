@@ -67,6 +67,9 @@ class CpuVllm:
         argv = [rh.vllm, "serve", rh.model, "--host", a, "--port", str(port)]
         argv += ["--served-model-name", profile.model.served_name or profile.model.path]
         argv += list(CPU_ENGINE_ARGS)
+        dp = _whole_dp(real.argv)
+        if dp > 1:  # one process running every DP rank (vLLM starts them): so does the rehearsal
+            argv += ["--data-parallel-size", str(dp)]
         if group.kv_connectors:
             kv = {
                 "kv_connector": "ExampleConnector",
@@ -77,9 +80,11 @@ class CpuVllm:
         seed = profile.env.get("PYTHONHASHSEED") or (group.env or {}).get("PYTHONHASHSEED") or "0"
         env = (
             ("PYTHONHASHSEED", seed),
-            *CPU_ENV,
+            # DP ranks are engine-core processes of their own: vLLM's multiprocessing stays on
+            *(kv for kv in CPU_ENV if dp == 1 or kv[0] != "VLLM_ENABLE_V1_MULTIPROCESSING"),
             ("VLLM_HOST_IP", a),
-            ("VLLM_CPU_OMP_THREADS_BIND", str(index % rh.cores)),
+            # DP ranks: vLLM's own placement (one core per rank, one core kept free)
+            ("VLLM_CPU_OMP_THREADS_BIND", str(index % rh.cores) if dp == 1 else "auto"),
             # as on the real decode: the kvpd plugin reads it (no sparse offload manager on CPU)
             *(planner_env(group).items() if real.role == "decode" else ()),
         )
@@ -107,6 +112,14 @@ class CpuVllm:
             f"CPU vllm serve of {profile.rehearsal.model} instead of {profile.model.path} "
             f"(dp {group.dp} tp {group.tp}); {comps} -> ExampleConnector"
         )
+
+
+def _whole_dp(argv: tuple[str, ...]) -> int:
+    """The DP size of a real engine process that runs all its ranks itself (no
+    --data-parallel-rank: vLLM starts one engine core per rank), else 1."""
+    if "--data-parallel-rank" in argv or "--data-parallel-size" not in argv:
+        return 1
+    return int(argv[argv.index("--data-parallel-size") + 1])
 
 
 # The stand-in runs as a script (stdlib only), from the kvpd source every host sees: the test

@@ -1,8 +1,9 @@
 """`ucm-pd-mixed` rehearsed with CPU vLLM on a bed host and benched twice (cold, then warm): the
-warm run finds the prompts in the prefix cache (about 50 s on 2 shared cores).
+warm run finds the prompts in the prefix cache (about 70 s on 2 shared cores).
 
-The guide's DP2 x TP4 is one `vllm serve --data-parallel-size 2` process (vLLM starts the ranks
-itself); the rehearsal runs it as one CPU engine of the tiny model (`kvpd plan --rehearse`).
+The guide's DP2 x TP4 is one `vllm serve --data-parallel-size 2` process (vLLM starts one engine
+core per rank); the rehearsal runs it the same way: a CPU `vllm serve --data-parallel-size 2` of
+the tiny model, two engine-core ranks (`kvpd plan ucm-pd-mixed --rehearse`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def mixed(
         pytest.skip(why)
     bed: Testbed = request.getfixturevalue("testbed")
     yield from rehearse(tmp_path_factory.mktemp("mixed"), bed, "ucm-pd-mixed", {"n1": "h1"}, [])
+
+
+def test_mixed_runs_two_dp_ranks(mixed: Rehearsal) -> None:
+    log = mixed.kvpd("logs", "mixed-0", "-n", "100000").stdout
+    assert "EngineCore_DP0" in log and "EngineCore_DP1" in log
 
 
 def test_mixed_bench_twice_hits_on_the_second_run(mixed: Rehearsal, tmp_path: Path) -> None:

@@ -98,3 +98,11 @@ def test_standin_engine_speaks_the_pd_handshake_and_vllm_metrics() -> None:
         assert proc.wait(timeout=10) == 0
         if proc.stdout:
             proc.stdout.close()
+
+
+def test_cpu_rehearsal_keeps_a_whole_dp_process_data_parallel() -> None:
+    mixed = load_plan("ucm-pd-mixed", rehearse=True).process("mixed-0")
+    assert mixed.command[mixed.command.index("--data-parallel-size") + 1] == "2"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in dict(mixed.env)  # DP ranks are processes
+    per_rank = load_plan("large-ep", rehearse=True).process("decode-dp3")  # one rank each
+    assert "--data-parallel-size" not in per_rank.command
