@@ -27,8 +27,13 @@ from tests.e2e.test_ssh_rehearsal import (
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 
 
+@pytest.fixture
+def mixed(_mixed: Rehearsal) -> Rehearsal:
+    return _mixed.ensure_up()  # up again if the `down` test ran before
+
+
 @pytest.fixture(scope="module")
-def mixed(
+def _mixed(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Rehearsal]:
     why = not_root() or engine_or_services_missing()
