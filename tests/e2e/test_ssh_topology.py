@@ -45,6 +45,18 @@ def bed(request: pytest.FixtureRequest) -> Testbed:
     return request.getfixturevalue("testbed")
 
 
+# The rehearsals of this module share bed hosts and ports: one runs at a time, whatever the order.
+_ACTIVE: list[Rehearsal] = []
+
+
+def exclusive(rh: Rehearsal) -> Rehearsal:
+    """`rh` running, every other rehearsal of this module stopped."""
+    for other in _ACTIVE:
+        if other is not rh:
+            other.kvpd("down", other.name, check=False, timeout=300)
+    return rh.ensure_up()
+
+
 def rehearse_standin(
     tmp: Path, bed: Testbed, profile: str, hosts: dict[str, str]
 ) -> Iterator[Rehearsal]:
@@ -54,14 +66,19 @@ def rehearse_standin(
     storage = SHARED / f"{profile}-standin"
     storage.mkdir(parents=True, exist_ok=True)
     inv = write_inventory(tmp / "inventory.yaml", bed, hosts, storage)
+    for other in _ACTIVE:  # sharing hosts and ports: only one runs at a time
+        other.kvpd("down", other.name, check=False, timeout=300)
     up_args = ["up", profile, "--rehearse-with", "standin", "--inventory", str(inv)]
     up_args += ["--yes", "--json"]
     r = kvpd(state_dir, *up_args, check=False, timeout=600)
     try:
         assert r.returncode == 0, f"kvpd up --rehearse-with standin failed:\n{r.stdout}\n{r.stderr}"
         plan = json.loads((state_dir / profile / "state.json").read_text())["plan"]
-        yield Rehearsal(profile, state_dir, hosts, bed, json.loads(r.stdout), plan, up_args)
+        rh = Rehearsal(profile, state_dir, hosts, bed, json.loads(r.stdout), plan, up_args)
+        _ACTIVE.append(rh)
+        yield rh
     finally:
+        _ACTIVE[:] = [a for a in _ACTIVE if a.name != profile]
         kvpd(state_dir, "down", profile, check=False, timeout=300)
         shutil.rmtree(storage, ignore_errors=True)
 
@@ -134,7 +151,7 @@ LARGE_EP_HOSTS = {f"p{i}": f"h{i}" for i in range(1, 5)} | {
 
 @pytest.fixture
 def large_ep(_large_ep: Rehearsal) -> Rehearsal:
-    return _large_ep.ensure_up()  # up again if the `down` test ran before
+    return exclusive(_large_ep)  # up again if the `down` test ran before
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +196,7 @@ def test_large_ep_down_leaves_nothing(large_ep: Rehearsal) -> None:
 
 @pytest.fixture
 def mooncake_full(_mooncake_full: Rehearsal) -> Rehearsal:
-    return _mooncake_full.ensure_up()
+    return exclusive(_mooncake_full)
 
 
 @pytest.fixture(scope="module")
