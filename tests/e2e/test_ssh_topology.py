@@ -243,7 +243,7 @@ def test_mooncake_full_size_bench_through_the_proxy(
         assert rec["result"]["completed"] == 8 and rec["result"]["failed"] == 0
         assert rec["metrics"]["summary"]["decode_kv_received_tokens"] > 0
     # the proxy may route a prompt to another prefiller the second time; decode caches it too
-    hits = sum(t["prefix_cache_hits"] for t in warm["metrics"]["per_target"].values())
+    hits = sum(t.get("prefix_cache_hits", 0) for t in warm["metrics"]["per_target"].values())
     assert hits > 0, warm["metrics"]["per_target"]
 
 
