@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def _load_plan(
     profile: str,
     *,
-    rehearse: bool = False,
+    rehearse: bool | str = False,
     inventory: str | None = None,
     sets: list[str] | None = None,
 ) -> Plan:
@@ -78,6 +78,12 @@ def register(app: typer.Typer) -> None:
         rehearse: bool = typer.Option(
             False, "--rehearse", help="Run the topology on CPU hosts (see `kvpd plan --rehearse`)."
         ),
+        rehearse_with: str | None = typer.Option(
+            None,
+            "--rehearse-with",
+            help="Rehearse with this engine: vllm (CPU vLLM, what --rehearse runs) or standin "
+            "(kvpd's stand-in: the topology at full size, no inference).",
+        ),
         inventory: str | None = typer.Option(
             None, "--inventory", help="YAML merged over the profile (real host addresses, ssh)."
         ),
@@ -103,7 +109,9 @@ def register(app: typer.Typer) -> None:
         from kvpd.cli import output
         from kvpd.exec.service import Deployments
 
-        plan = _load_plan(profile, rehearse=rehearse, inventory=inventory, sets=sets)
+        plan = _load_plan(
+            profile, rehearse=rehearse_with or rehearse, inventory=inventory, sets=sets
+        )
         with Deployments(
             accept_new_host_keys=accept_new_host_keys, grace_s=grace, serial=serial
         ) as svc:

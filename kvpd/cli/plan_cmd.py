@@ -142,6 +142,12 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
         check: bool = typer.Option(False, "--check", help="also run preflight checks on hosts"),
         rehearse: bool = typer.Option(False, "--rehearse", help="plan the CPU rehearsal"),
+        rehearse_with: str | None = typer.Option(
+            None,
+            "--rehearse-with",
+            help="plan the rehearsal with this engine: vllm (CPU vLLM, what --rehearse runs) "
+            "or standin (kvpd's stand-in: the topology at full size, no inference)",
+        ),
         inventory: str | None = typer.Option(
             None, "--inventory", help="YAML merged over the profile (real host addresses, ssh)"
         ),
@@ -152,7 +158,11 @@ def register(app: typer.Typer) -> None:
         from kvpd.plan.build import load_plan
 
         plan = load_plan(
-            profile, rehearse=rehearse, base_dir=os.getcwd(), sets=sets, inventory=inventory
+            profile,
+            rehearse=rehearse_with or rehearse,
+            base_dir=os.getcwd(),
+            sets=sets,
+            inventory=inventory,
         )
         if as_json:
             print(plan.to_json())

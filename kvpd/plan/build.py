@@ -26,7 +26,8 @@ from kvpd.plan.model import (
     SparseSizing,
 )
 from kvpd.plan.processes import Proc, all_procs
-from kvpd.plan.rehearse import rehearsal_notes
+from kvpd.plan.rehearse import DEFAULT_ENGINE, engine_named
+from kvpd.plan.rehearse import rehearse as rehearse_procs
 from kvpd.plan.render import launch_script
 from kvpd.plan.requirements import build_requirements
 from kvpd.plan.rules import check
@@ -121,17 +122,30 @@ def memcache_dram(
 
 
 def build_plan(
-    profile: Profile, source: Source, *, rehearse: bool = False, base_dir: str | None = None
+    profile: Profile,
+    source: Source,
+    *,
+    rehearse: bool | str = False,
+    base_dir: str | None = None,
 ) -> Plan:
-    """Validate, derive and render. Raises ProfileError listing every error with its line."""
+    """Validate, derive and render. Raises ProfileError listing every error with its line.
+
+    `rehearse` (True, or a rehearsal engine's name) rehearses the validated real deployment:
+    one transform of its processes (`kvpd.plan.rehearse`)."""
     profile = _resolve_local_paths(profile, base_dir)
     layout = build_layout(profile)
-    procs = all_procs(profile, layout, rehearse=rehearse)
-    notes = rehearsal_notes(profile, procs) if rehearse else {}
-    bundle = bundle_uses(profile, procs, rehearse)  # node bundle: who imports kvpd
-    procs = with_bundle_paths(procs, bundle)
-    facts = derive_facts(profile, layout, procs, rehearse=rehearse)
+    procs = all_procs(profile, layout)
+    facts = derive_facts(profile, layout, procs)
     findings = check(facts)
+    notes: dict[str, str] = {}
+    if rehearse:
+        # The rehearsal runs on other hardware: what the rules say about the real one is moot.
+        findings = [f for f in findings if not f.on_hardware]
+        engine = engine_named(DEFAULT_ENGINE if rehearse is True else rehearse)
+        rehearsed = rehearse_procs(profile, procs, engine)
+        procs, notes = rehearsed.procs, rehearsed.notes
+    bundle = bundle_uses(profile, procs, bool(rehearse))  # node bundle: who imports kvpd
+    procs = with_bundle_paths(procs, bundle)
     dram, extra = memcache_dram(profile, facts.memcache_ranks)
     errors: list[str] = []
     warnings: list[str] = []
@@ -191,7 +205,7 @@ def build_plan(
             p.host,
             script,
             launch_script(
-                p, profile.name, log, profile.runtime.dirs, _supervisor(profile, p, rehearse)
+                p, profile.name, log, profile.runtime.dirs, _supervisor(profile, p, bool(rehearse))
             ),
             "launch.sh.j2",
             0o700 if secret else 0o755,
@@ -209,7 +223,7 @@ def build_plan(
                 ports=tuple(port for port, _ in p.ports),
                 health=HealthCheck(
                     url=p.health_url,
-                    timeout_s=_health_timeout(profile, p, rehearse),
+                    timeout_s=_health_timeout(profile, p),
                     ready_port=p.ready[0] if p.ready else None,
                     ready_log=p.ready[1] if p.ready else "",
                 ),
@@ -231,11 +245,9 @@ def build_plan(
         first = next(p for p in procs if p.role == "mixed")
         proxy_url = f"http://{by_host[first.host].address}:{first.ports[0][0]}"
     model = profile.model
-    requirements = build_requirements(
-        profile, procs, dram, rehearse, {h.name: h.run_dir for h in hosts}
-    )
+    requirements = build_requirements(profile, procs, dram, {h.name: h.run_dir for h in hosts})
     # Containers (issue 16): hosts whose processes run inside one (kvpd.plan.container).
-    hosts = with_containers(profile, hosts, processes, requirements, rehearse=rehearse)
+    hosts = with_containers(profile, hosts, processes, requirements, rehearse=bool(rehearse))
     return Plan(
         deployment=profile.name,
         profile_digest=digest,
@@ -248,13 +260,13 @@ def build_plan(
         served_model=model.served_name or model.path,
         tokenizer=model.tokenizer or model.path,
         bench=bench_spec(profile.bench),
-        rehearsal=rehearse,
+        rehearsal=bool(rehearse),
         fresh_dirs=tuple(profile.runtime.fresh_dirs),
         sizing=_sizing(profile),
         secret_values=tuple(secrets),
         requirements=requirements,
         bundle=bundle,
-        log_checks=log_checks(facts, procs),
+        log_checks=log_checks(facts, procs, bool(rehearse)),
     )
 
 
@@ -315,9 +327,9 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
 POOL_INIT_S_PER_GB = 20.0
 
 
-def _health_timeout(profile: Profile, p: Proc, rehearse: bool = False) -> float:
-    if rehearse and p.role not in ("metaservice", "mooncake", "proxy"):
-        return profile.rehearsal.health_timeout_s
+def _health_timeout(profile: Profile, p: Proc) -> float:
+    if p.health_timeout_s is not None:
+        return p.health_timeout_s
     if p.role in ("metaservice", "mooncake", "proxy"):
         return min(120.0, profile.runtime.health_timeout_s)
     base = profile.runtime.health_timeout_s
@@ -336,7 +348,7 @@ def _health_timeout(profile: Profile, p: Proc, rehearse: bool = False) -> float:
 def load_plan(
     profile_arg: str,
     *,
-    rehearse: bool = False,
+    rehearse: bool | str = False,
     base_dir: str | None = None,
     sets: list[str] | None = None,
     inventory: str | None = None,

@@ -36,7 +36,6 @@ class Facts:
     profile: Profile
     layout: Layout
     procs: tuple[Proc, ...]
-    rehearse: bool
     groups: tuple[GroupFacts, ...]
     memcache_ranks: int
     proxy_flow: str
@@ -64,9 +63,7 @@ def memcache_ranks(profile: Profile, layout: Layout) -> int:
     return n
 
 
-def derive_facts(
-    profile: Profile, layout: Layout, procs: list[Proc], rehearse: bool = False
-) -> Facts:
+def derive_facts(profile: Profile, layout: Layout, procs: list[Proc]) -> Facts:
     groups = []
     for role in ROLES:
         g: Group | None = getattr(profile, role)
@@ -89,7 +86,6 @@ def derive_facts(
         profile=profile,
         layout=layout,
         procs=tuple(procs),
-        rehearse=rehearse,
         groups=tuple(groups),
         memcache_ranks=memcache_ranks(profile, layout),
         proxy_flow=proxy_flow(profile),

@@ -17,13 +17,15 @@ HIT_LOGGERS = frozenset({"ucm", "kvpd_store"})
 SUBSTITUTED = frozenset({"ucm", "ascend_store"})
 
 
-def log_checks(facts: Facts, procs: tuple[Proc, ...] | list[Proc]) -> tuple[LogCheck, ...]:
+def log_checks(
+    facts: Facts, procs: tuple[Proc, ...] | list[Proc], rehearse: bool = False
+) -> tuple[LogCheck, ...]:
     out: list[LogCheck] = []
     for p in procs:
         g = facts.group(p.role)
         if g is None or p.role not in ("prefill", "mixed"):
             continue
-        real = set(g.connectors) - (SUBSTITUTED if facts.rehearse else set())
+        real = set(g.connectors) - (SUBSTITUTED if rehearse else set())
         lw = g.group.layerwise
         if (
             "ascend_store" in real

@@ -16,6 +16,7 @@ from kvpd.plan.kvconfig import (
     ucm_config_path,
 )
 from kvpd.plan.layout import EngineProc, Layout, hardware_of, merged
+from kvpd.plan.model import Interpreter
 from kvpd.plan.proxyargs import proxy_timeout_args
 from kvpd.plan.sparse_planner import planner_env
 from kvpd.profile.schema import ASCEND, Group, Profile, ServeOptions
@@ -44,6 +45,19 @@ class Proc:
     # Node bundle slots (relative to the run dir) the launch script puts first on PYTHONPATH:
     # set by kvpd.plan.bundle for the processes that import kvpd.
     pythonpath: tuple[str, ...] = ()
+    # Set by a maker that knows better than the role's defaults (a rehearsal's substitute):
+    health_timeout_s: float | None = None  # else the runtime's, by role
+    needs: StatedNeeds | None = None  # else derived from the role and the profile
+
+
+@dataclass(frozen=True)
+class StatedNeeds:
+    """What a process needs on its host, stated by whatever made it (`requirements` derives
+    the needs of a real engine from its role and connectors instead)."""
+
+    packages: tuple[tuple[Interpreter, str], ...] = ()  # (interpreter, distribution)
+    paths: tuple[str, ...] = ()
+    shared_dirs: tuple[str, ...] = ()
 
 
 def addr(profile: Profile, host: str) -> str:
@@ -210,12 +224,10 @@ def kv_ports(profile: Profile, group: Group, ep: EngineProc) -> list[tuple[int, 
     return out
 
 
-def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
-    """The memcache MetaService and the Mooncake master. In a rehearsal they run for real on the
-    CPU hosts, from the rehearsal's Python environment and without the Ascend set_env scripts."""
+def service_procs(profile: Profile) -> list[Proc]:
+    """The memcache MetaService and the Mooncake master."""
     out: list[Proc] = []
     kv = profile.kv
-    rh = profile.rehearsal
     mc = kv.memcache
     if mc is not None and mc.host in profile.hosts:
         a = addr(profile, mc.host)
@@ -226,12 +238,12 @@ def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
                 role="metaservice",
                 stage=STAGE["metaservice"],
                 argv=(
-                    rh.python if rehearse else mc.python,
+                    mc.python,
                     "-c",
                     "from memcache_hybrid import MetaService; MetaService.main()",
                 ),
                 env=(("MMC_META_CONFIG_PATH", MMC_META),),
-                source=() if rehearse else tuple(mc.set_env),
+                source=tuple(mc.set_env),
                 ports=(
                     (mc.port, "memcache meta rpc"),
                     (mc.config_store_port, "memcache config store"),
@@ -245,7 +257,7 @@ def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
     mk = kv.mooncake
     if mk is not None and mk.host in profile.hosts:
         a = addr(profile, mk.host)
-        argv = [rh.mooncake_master if rehearse else mk.binary, "--port", str(mk.port)]
+        argv = [mk.binary, "--port", str(mk.port)]
         argv += ["--eviction_high_watermark_ratio", f"{mk.eviction_high_watermark_ratio:g}"]
         argv += ["--eviction_ratio", f"{mk.eviction_ratio:g}"]
         argv += ["--default_kv_lease_ttl", str(mk.default_kv_lease_ttl)]
@@ -258,7 +270,7 @@ def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
             ports.append((mk.http_metadata_port, "mooncake http metadata"))
         argv += mk.extra_args
         env: tuple[tuple[str, str], ...] = ()
-        if mk.ld_library_path and not rehearse:
+        if mk.ld_library_path:
             env = (("LD_LIBRARY_PATH", f"{mk.ld_library_path}:$LD_LIBRARY_PATH"),)
         out.append(
             Proc(
@@ -279,46 +291,61 @@ def service_procs(profile: Profile, rehearse: bool = False) -> list[Proc]:
 ADMIN_TOKEN_FILE = "proxy/admin-token"  # relative to the proxy host's run dir
 
 
-def proxy_proc(
-    profile: Profile, engines: list[Proc], stage: int, rehearse: bool = False
-) -> Proc | None:
+def proxy_proc(profile: Profile, engines: list[Proc], stage: int) -> Proc | None:
+    """The P/D proxy in front of `engines`: kvpd's, or vLLM-Ascend's example script."""
     px = profile.proxy
     if px is None or px.host not in profile.hosts:
         return None
+    if px.impl == "kvpd":
+        return kvpd_proxy(
+            profile, engines, stage, proxy_python(profile, False), proxy_flow(profile)
+        )
+    flow = proxy_flow(profile)
+    a = addr(profile, px.host)
+    script = px.script or (
+        "examples/disaggregated_prefill_v1/"
+        + (
+            "load_balance_proxy_layerwise_server_example.py"
+            if flow == "layerwise"
+            else "load_balance_proxy_server_example.py"
+        )
+    )
+    argv = [px.python, script, "--port", str(px.port), "--host", px.bind or a]
+    return _proxy(profile, engines, stage, argv, f"http://{a}:{px.port}/healthcheck")
+
+
+def kvpd_proxy(
+    profile: Profile, engines: list[Proc], stage: int, python: str, flow: str
+) -> Proc | None:
+    """kvpd's proxy with `flow`, in front of `engines`. It runs as `python -m kvpd.proxy` from
+    the node bundle in the run dir (PYTHONPATH, kvpd.plan.bundle): nothing of kvpd needs to be
+    installed on the host."""
+    px = profile.proxy
+    if px is None or px.host not in profile.hosts:
+        return None
+    a = addr(profile, px.host)
+    argv = [python, "-m", "kvpd.proxy", "--host", px.bind or a, "--port", str(px.port)]
+    return _proxy(profile, engines, stage, argv, f"http://{a}:{px.port}/health", flow)
+
+
+def _proxy(
+    profile: Profile,
+    engines: list[Proc],
+    stage: int,
+    argv: list[str],
+    health: str,
+    flow: str | None = None,
+) -> Proc:
+    px = profile.proxy
+    assert px is not None
     pre = [p for p in engines if p.role == "prefill"]
     dec = [p for p in engines if p.role in ("decode", "mixed")]
-    a = addr(profile, px.host)
-    bind = px.bind or a
-    flow = proxy_flow(profile)
-    if rehearse and flow == "layerwise":
-        flow = "prefill-first"  # ExampleConnector stands in for SfaRemoteD2H: no metaserver
-
-    def hp(procs: list[Proc]) -> tuple[list[str], list[str]]:
-        return [addr(profile, p.host) for p in procs], [str(p.ports[0][0]) for p in procs]
-
-    ph, pp = hp(pre)
-    dh, dp = hp(dec)
-    if px.impl == "kvpd" or rehearse:
-        # node bundle: the proxy runs from kvpd's bundle in the run dir (PYTHONPATH), with
-        # the host's own Python; no kvpd installation on the host is needed.
-        argv = [proxy_python(profile, rehearse), "-m", "kvpd.proxy"]
-        argv += ["--host", bind, "--port", str(px.port)]
-        health = f"http://{a}:{px.port}/health"
-    else:
-        script = px.script or (
-            "examples/disaggregated_prefill_v1/"
-            + (
-                "load_balance_proxy_layerwise_server_example.py"
-                if flow == "layerwise"
-                else "load_balance_proxy_server_example.py"
-            )
-        )
-        argv = [px.python, script, "--port", str(px.port), "--host", bind]
-        health = f"http://{a}:{px.port}/healthcheck"
-    if ph:
-        argv += ["--prefiller-hosts", *ph, "--prefiller-ports", *pp]
-    argv += ["--decoder-hosts", *dh, "--decoder-ports", *dp]
-    if px.impl == "kvpd" or rehearse:
+    if pre:
+        argv += ["--prefiller-hosts", *(addr(profile, p.host) for p in pre)]
+        argv += ["--prefiller-ports", *(str(p.ports[0][0]) for p in pre)]
+    argv += ["--decoder-hosts", *(addr(profile, p.host) for p in dec)]
+    argv += ["--decoder-ports", *(str(p.ports[0][0]) for p in dec)]
+    if flow is not None:  # kvpd's proxy
         argv += ["--flow", flow, *proxy_timeout_args(px)]
         # The token itself is written by `up` (kvpd/exec/admin_token.py), never in the plan.
         argv += ["--admin-token-file", ADMIN_TOKEN_FILE]
@@ -346,8 +373,9 @@ def proxy_flow(profile: Profile) -> str:
     return "layerwise" if d is not None and "sfa_d2h" in d.kv_connectors else "prefill-first"
 
 
-def all_procs(profile: Profile, layout: Layout, rehearse: bool = False) -> list[Proc]:
-    out = service_procs(profile, rehearse)
+def all_procs(profile: Profile, layout: Layout) -> list[Proc]:
+    """The real deployment's processes, in stage order (a rehearsal transforms these)."""
+    out = service_procs(profile)
     services_stage = 0 if out else -1
     engines: list[Proc] = []
     # Decode waits for prefill only where it depends on it: SfaRemoteD2H's MemFabric config
@@ -359,15 +387,10 @@ def all_procs(profile: Profile, layout: Layout, rehearse: bool = False) -> list[
         stage = services_stage + 1
         if ep.role == "decode" and decode_after_prefill:
             stage += 1
-        if rehearse:
-            from kvpd.plan.rehearse import rehearsal_engine  # (rehearse imports this module)
-
-            engines.append(rehearsal_engine(profile, group, ep, stage, len(engines)))
-        else:
-            engines.append(engine_proc(profile, group, ep, stage))
+        engines.append(engine_proc(profile, group, ep, stage))
     out += engines
     last = max((p.stage for p in out), default=0)
-    px = proxy_proc(profile, engines, last + 1, rehearse)
+    px = proxy_proc(profile, engines, last + 1)
     if px is not None:
         out.append(px)
     return out

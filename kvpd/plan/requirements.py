@@ -16,7 +16,7 @@ from kvpd.plan.sparse_planner import sparse_planner
 from kvpd.profile.schema import ASCEND, Profile
 
 
-def _python_of(command: str, fallback: str) -> Interpreter:
+def python_of(command: str) -> Interpreter:
     """The interpreter next to a console script given by path (…/bin/vllm -> …/bin/python), or
     the one next to `command` on the host's PATH (the probe resolves it)."""
     if "/" in command:
@@ -89,27 +89,27 @@ def build_requirements(
     profile: Profile,
     procs: list[Proc],
     dram_per_rank: str | None,
-    rehearse: bool,
     run_dirs: dict[str, str] | None = None,
 ) -> dict[str, HostRequirements]:
     req: dict[str, _Needs] = {}
-    rh = profile.rehearsal
     kv = profile.kv
     created_on_use: set[str] = set()  # ExampleConnector makes its folder; sharing matters only
     for p in procs:
         h = req.setdefault(p.host, _Needs())
-        hw = "cpu" if rehearse else hardware_of(profile, p.host)
         _add(h.commands, p.argv[0])
-        if p.role in ("prefill", "decode", "mixed"):
+        if p.needs is not None:  # stated by whatever made the process (a rehearsal's stand-in)
+            for py, pkg in p.needs.packages:
+                h.pkg(py, pkg)
+            for path in p.needs.paths:
+                _add(h.paths, path)
+            for d in p.needs.shared_dirs:
+                _add(h.shared_dirs, d)
+        elif p.role in ("prefill", "decode", "mixed"):
+            hw = hardware_of(profile, p.host)
             g = getattr(profile, p.role)
-            vllm = rh.vllm if rehearse else profile.runtime.vllm
-            py = _python_of(vllm, profile.runtime.python)
+            py = python_of(profile.runtime.vllm)
             h.pkg(py, "vllm")
-            _add(h.paths, rh.model if rehearse else profile.model.path)
-            if rehearse:
-                if g.kv_connectors:
-                    _add(h.shared_dirs, rh.storage)
-                continue
+            _add(h.paths, profile.model.path)
             if hw in ASCEND:
                 h.pkg(py, "vllm-ascend")
                 h.npu = True
@@ -139,8 +139,7 @@ def build_requirements(
                 dp_ranks = max(1, len(p.devices) // max(1, g.tp * g.pp))
                 h.memory_gb += so.dram_size_per_dp_gb * dp_ranks
         elif p.role == "metaservice":
-            mc = profile.kv.memcache
-            py = Interpreter(path=rh.python if rehearse or mc is None else mc.python)
+            py = Interpreter(path=p.argv[0])  # the interpreter that runs MetaService
             h.pkg(py, "memcache-hybrid")
             h.pkg(py, "memfabric-hybrid")
     # Folders kvpd itself creates in a host's run dir before start are not preconditions.

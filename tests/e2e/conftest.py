@@ -17,7 +17,7 @@ from tests.e2e.local_deploy import _local_deployment, local_deployment  # noqa: 
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED_SH = REPO / "scripts" / "testbed.sh"
-TESTBED_HOSTS = 4
+TESTBED_HOSTS = 8  # large-ep rehearsed at full size (test_ssh_topology.py)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _testbed_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
-    """Bring up scripts/testbed.sh with 4 hosts for the session and tear it down afterwards
+    """Bring up scripts/testbed.sh with TESTBED_HOSTS hosts for the session, tear it down after
     (set KVPD_TESTBED_KEEP=1 to leave it up, e.g. while another session uses it)."""
     why = testbed_unavailable()
     if why:

@@ -15,11 +15,14 @@ Path_ = tuple[str | int, ...]
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem: `path` is the profile field it is about; warnings do not stop the plan."""
+    """One problem: `path` is the profile field it is about; warnings do not stop the plan.
+    `on_hardware`: about the real hardware (Ascend protocols, NPU port ranges, HCCL/MemFabric
+    addresses), so moot where the deployment runs on other hardware (a rehearsal)."""
 
     path: Path_
     message: str
     error: bool = True
+    on_hardware: bool = False
 
 
 class Checker:
@@ -30,14 +33,13 @@ class Checker:
         self.p: Profile = facts.profile
         self.layout: Layout = facts.layout
         self.procs: tuple[Proc, ...] = facts.procs
-        self.rehearse = facts.rehearse
         self.findings: list[Finding] = []
 
-    def err(self, path: Path_, msg: str) -> None:
-        self.findings.append(Finding(tuple(path), msg, True))
+    def err(self, path: Path_, msg: str, *, on_hardware: bool = False) -> None:
+        self.findings.append(Finding(tuple(path), msg, True, on_hardware))
 
-    def warn(self, path: Path_, msg: str) -> None:
-        self.findings.append(Finding(tuple(path), msg, False))
+    def warn(self, path: Path_, msg: str, *, on_hardware: bool = False) -> None:
+        self.findings.append(Finding(tuple(path), msg, False, on_hardware))
 
     def groups(self) -> list[tuple[str, Group]]:
         return [(g.role, g.group) for g in self.f.groups]

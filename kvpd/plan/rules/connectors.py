@@ -31,16 +31,16 @@ def rule_roles(c: Checker) -> None:
                 (role, "kv_role"),
                 "decode cannot be kv_producer: it consumes KV. Use kv_consumer (or kv_both).",
             )
-        if not c.rehearse:
-            for comp in g.kv_connectors:
-                hws = {hardware_of(c.p, h) for h in g.hosts}
-                if comp in ASCEND_ONLY and not hws & set(ASCEND):
-                    c.err(
-                        (role, "kv_connectors"),
-                        f"{comp} runs only on Ascend hosts, but "
-                        f"{role} runs on {', '.join(sorted(hws))}. On cpu/cuda use "
-                        "kvpd_store, example or nixl (or `kvpd up --rehearse`).",
-                    )
+        for comp in g.kv_connectors:
+            hws = {hardware_of(c.p, h) for h in g.hosts}
+            if comp in ASCEND_ONLY and not hws & set(ASCEND):
+                c.err(
+                    (role, "kv_connectors"),
+                    f"{comp} runs only on Ascend hosts, but "
+                    f"{role} runs on {', '.join(sorted(hws))}. On cpu/cuda use "
+                    "kvpd_store, example or nixl (or `kvpd up --rehearse`).",
+                    on_hardware=True,
+                )
         comps = g.kv_connectors
         if len(set(comps)) != len(comps):
             c.err(

@@ -29,11 +29,12 @@ def rule_containers(c: Checker) -> None:
             )
         hardware = h.hardware or c.p.hardware
         if ct.runtime == "standin":
-            if hardware in ASCEND and not c.rehearse:  # a rehearsal runs on CPUs
+            if hardware in ASCEND:  # moot in a rehearsal, which runs on CPUs
                 c.err(
                     (*path, "runtime"),
                     f"standin is kvpd's namespace stand-in for tests and passes no NPUs; "
                     f"host {name!r} is {hardware}: use docker or podman.",
+                    on_hardware=True,
                 )
             continue  # the stand-in keeps the host's root: every path is the same inside
         run_dir = h.run_dir or c.p.runtime.run_dir
@@ -45,12 +46,13 @@ def rule_containers(c: Checker) -> None:
                 f": set hosts.{name}.run_dir or runtime.run_dir to an absolute path, e.g. "
                 "/data/kvpd/run.",
             )
-        if ct.image is not None and not c.rehearse and not posixpath.isabs(c.p.model.path):
+        if ct.image is not None and not posixpath.isabs(c.p.model.path):
             c.err(
                 ("model", "path"),
                 f"host {name!r} starts a container from an image, which mounts the model "
                 f"folder at the same path: model.path must be absolute (is "
                 f"{c.p.model.path!r}).",
+                on_hardware=True,  # a rehearsal serves its own tiny model
             )
 
 

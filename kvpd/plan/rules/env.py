@@ -135,8 +135,6 @@ def rule_env(c: Checker) -> None:
 
 def rule_numeric_ips(c: Checker) -> None:
     """MemFabric and HCCL need a numeric IP; kvpd does not resolve names while planning."""
-    if c.rehearse:
-        return
     reported: set[str] = set()
     for gf in c.gfacts():
         sfa = "sfa_d2h" in gf.connectors
@@ -159,6 +157,7 @@ def rule_numeric_ips(c: Checker) -> None:
                     f"{gf.role} on '{h}' uses SfaRemoteD2H, whose MemFabric peer address "
                     f"({', '.join(needs)}) must be a numeric IPv4 address, not {ip!r}. Set "
                     f"`hosts.{h}.ip` to the host's IPv4 address.",
+                    on_hardware=True,
                 )
             elif not is_ip(ip):
                 c.err(
@@ -166,4 +165,5 @@ def rule_numeric_ips(c: Checker) -> None:
                     f"{', '.join(needs)} of {gf.role} on '{h}' needs a numeric IP, but the "
                     f"address is the name {ip!r} (kvpd does not resolve names while "
                     f"planning). Set `hosts.{h}.ip` to its IP address.",
+                    on_hardware=True,
                 )

@@ -17,14 +17,14 @@ def rule_mooncake(c: Checker) -> None:
         (r, g) for r, g in c.groups() if {"mooncake", "mooncake_layerwise"} & set(g.kv_connectors)
     ]
     if (
-        not c.rehearse
-        and users
+        users
         and any(hardware_of(c.p, h) in ASCEND for _, g in users for h in g.hosts)
         and mk.protocol != "ascend"
     ):
         c.err(
             (*path, "protocol"),
             f"vLLM-Ascend accepts only protocol ascend, not {mk.protocol}. Set protocol: ascend.",
+            on_hardware=True,
         )
     try:
         seg = parse_size(mk.global_segment_size)
@@ -47,22 +47,22 @@ def rule_mooncake(c: Checker) -> None:
         )
     if not 0 < mk.eviction_ratio < 1:
         c.err((*path, "eviction_ratio"), "must be between 0 and 1 (exclusive); use e.g. 0.1.")
-    if not c.rehearse:
-        for role, _g in users:
-            for ep in c.layout.procs:
-                if ep.role != role or ep.kv_port is None:
-                    continue
-                devs = host_devices(c.p, c.p.hosts[ep.host])
-                lo, hi = 20000, 20000 + devs * 1000
-                if hardware_of(c.p, ep.host) in ASCEND and lo <= ep.kv_port < hi:
-                    c.warn(
-                        (role, "kv_port"),
-                        f"kv_port {ep.kv_port} lies in [{lo}, {hi}), where "
-                        "Ascend's direct transport picks random ports; a clash shows as "
-                        "'ZMQError: Address already in use'. Prefer kv_port >= "
-                        f"{hi} or set ASCEND_BASE_PORT.",
-                    )
-                    break
+    for role, _g in users:
+        for ep in c.layout.procs:
+            if ep.role != role or ep.kv_port is None:
+                continue
+            devs = host_devices(c.p, c.p.hosts[ep.host])
+            lo, hi = 20000, 20000 + devs * 1000
+            if hardware_of(c.p, ep.host) in ASCEND and lo <= ep.kv_port < hi:
+                c.warn(
+                    (role, "kv_port"),
+                    f"kv_port {ep.kv_port} lies in [{lo}, {hi}), where "
+                    "Ascend's direct transport picks random ports; a clash shows as "
+                    "'ZMQError: Address already in use'. Prefer kv_port >= "
+                    f"{hi} or set ASCEND_BASE_PORT.",
+                    on_hardware=True,
+                )
+                break
 
 
 def rule_ucm(c: Checker) -> None:

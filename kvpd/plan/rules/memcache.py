@@ -231,7 +231,7 @@ def rule_memcache(c: Checker) -> None:
             "LocalService ranks that will join (every TP x DP rank of the memcache users). "
             f"Use at least {ranks}.",
         )
-    if not c.rehearse and mc.host in c.p.hosts:
+    if mc.host in c.p.hosts:
         hw = hardware_of(c.p, mc.host)
         users = [h for r, g in c.groups() if "ascend_store" in g.kv_connectors for h in g.hosts]
         hws = {hardware_of(c.p, h) for h in users} or {hw}
@@ -242,6 +242,7 @@ def rule_memcache(c: Checker) -> None:
                     (*path, "protocol"),
                     f"protocol {mc.protocol} does not match {hwu} hardware "
                     f"(use {' or '.join(ok)}).",
+                    on_hardware=True,
                 )
     if mc.dram_size != "auto":
         try:

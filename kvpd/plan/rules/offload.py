@@ -262,8 +262,6 @@ def rule_memfabric(c: Checker) -> None:
             continue
         proto = memfabric_protocol(c.p, g) or "sdma"
         protos[role] = proto
-        if c.rehearse:
-            continue
         for h in g.hosts:
             hw = hardware_of(c.p, h)
             ok = MEMFABRIC_PROTOCOLS.get(hw)
@@ -273,12 +271,14 @@ def rule_memfabric(c: Checker) -> None:
                     f"layerwise/sparse offload (SfaRemoteD2H over MemFabric) is "
                     f"supported on A3 and 950 only; host '{h}' is {hw}. Run this group on A3 "
                     "or 950 hosts, or use another connector.",
+                    on_hardware=True,
                 )
                 break
             if proto not in ok:
                 c.err(
                     (role, "memfabric_protocol"),
                     f"memfabric protocol {proto} is not valid on {hw} (use {' or '.join(ok)}).",
+                    on_hardware=True,
                 )
                 break
     if len(set(protos.values())) > 1:

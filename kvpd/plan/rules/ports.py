@@ -18,12 +18,13 @@ def rule_proxy(c: Checker) -> None:
     px = c.p.proxy
     if px is None:
         return
-    if px.impl == "vllm-ascend" and not c.rehearse:
+    if px.impl == "vllm-ascend":  # a rehearsal runs kvpd's proxy instead: moot there
         for name in set_timeouts(px):
             c.err(
                 ("proxy", name),
                 "vLLM-Ascend's example proxy has no timeout options (it waits without limit); "
                 f"remove proxy.{name} or use kvpd's proxy (impl: kvpd).",
+                on_hardware=True,
             )
     flow = c.f.proxy_flow
     d = c.f.group("decode")

@@ -1,0 +1,67 @@
+"""`ucm-pd-mixed` rehearsed with CPU vLLM on a bed host and benched twice (cold, then warm): the
+warm run finds the prompts in the prefix cache (about 70 s on 2 shared cores).
+
+The guide's DP2 x TP4 is one `vllm serve --data-parallel-size 2` process (vLLM starts one engine
+core per rank); the rehearsal runs it the same way: a CPU `vllm serve --data-parallel-size 2` of
+the tiny model, two engine-core ranks (`kvpd plan ucm-pd-mixed --rehearse`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import Testbed
+from tests.e2e.test_ssh_rehearsal import (
+    MODEL,
+    Rehearsal,
+    assert_down_leaves_nothing,
+    engine_or_services_missing,
+    not_root,
+    rehearse,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
+
+
+@pytest.fixture
+def mixed(_mixed: Rehearsal) -> Rehearsal:
+    return _mixed.ensure_up()  # up again if the `down` test ran before
+
+
+@pytest.fixture(scope="module")
+def _mixed(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Rehearsal]:
+    why = not_root() or engine_or_services_missing()
+    if why:
+        pytest.skip(why)
+    bed: Testbed = request.getfixturevalue("testbed")
+    yield from rehearse(tmp_path_factory.mktemp("mixed"), bed, "ucm-pd-mixed", {"n1": "h1"}, [])
+
+
+def test_mixed_runs_two_dp_ranks(mixed: Rehearsal) -> None:
+    log = mixed.kvpd("logs", "mixed-0", "-n", "100000").stdout
+    assert "EngineCore_DP0" in log and "EngineCore_DP1" in log
+
+
+def test_mixed_bench_twice_hits_on_the_second_run(mixed: Rehearsal, tmp_path: Path) -> None:
+    r = mixed.kvpd(
+        "bench", mixed.name, "--protocol", "twice", "--num-prompts", "4",
+        "--input-len", "128", "--output-len", "4", "--tokenizer", str(MODEL),
+        "--results", str(tmp_path / "bench"), "--json", "--no-charts", check=False, timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    run = json.loads(r.stdout)
+    assert run["ok"], run
+    cold, warm = run["records"]
+    assert warm["result"]["completed"] == 4 and warm["result"]["failed"] == 0
+    hits = sum(t["prefix_cache_hits"] for t in warm["metrics"]["per_target"].values())
+    assert hits > 0, warm["metrics"]["per_target"]
+
+
+def test_mixed_down_leaves_nothing(mixed: Rehearsal) -> None:
+    assert_down_leaves_nothing(mixed)
