@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 from kvpd.exec.executor import Executor
+from kvpd.exec.pool import TransportPool
 from kvpd.exec.state import StateStore
-from kvpd.exec.transports import TransportPool
-from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED_SH = REPO / "scripts" / "testbed.sh"

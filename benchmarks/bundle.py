@@ -31,9 +31,9 @@ from pathlib import Path
 
 from kvpd.exec import wheel as wheels
 from kvpd.exec.bundle import BundleInstaller
-from kvpd.exec.transports import TransportPool
+from kvpd.exec.pool import TransportPool
 from kvpd.plan.bundle import BundleUse
-from kvpd.plan.model import HostSpec, Plan
+from kvpd.plan.value import HostSpec, Plan
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED_SH = REPO / "scripts" / "testbed.sh"

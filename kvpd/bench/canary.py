@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpd.bench import metrics, proof
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 # Endpoints are cluster nodes; an http_proxy from the environment must not apply.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kvpd.bench.records import BenchRun, Record
 from kvpd.bench.report import columns, rows
-from kvpd.bench.results import value
-from kvpd.bench.saved import BenchRun, Record
+from kvpd.bench.serve_output import value
 
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL"))
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from kvpd.bench.results import value
-from kvpd.bench.saved import BenchRun, Record
+from kvpd.bench.records import BenchRun, Record
+from kvpd.bench.serve_output import value
 
 # (label, metric, stat or result key, lower_is_better)
 COMPARED: tuple[tuple[str, str, str, bool], ...] = (

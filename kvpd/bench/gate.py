@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvpd.bench.compare import GATED, diffs, unmatched
-from kvpd.bench.saved import BenchRun
+from kvpd.bench.records import BenchRun
 from kvpd.errors import BenchError
 
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvpd.plan.model import LogCheck
+from kvpd.plan.value import LogCheck
 
 LAYERWISE = re.compile(r"Layerwise KV cache reuse merged \d+ descriptors into \d+ descriptors")
 HITS = re.compile(r"hit hbm:? (\d+), hit external:? (\d+)")

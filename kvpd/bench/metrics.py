@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
+from kvpd.profile.roles import ENGINE_ROLES
 
 # A sample line: name{label="value",...} value [timestamp]. Label values may hold escaped quotes.
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
@@ -17,7 +18,6 @@ _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 # Endpoints are cluster nodes; an http_proxy from the environment must not apply.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-ENGINE_ROLES = ("prefill", "decode", "mixed")
 
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[str, dict[Labels, float]]

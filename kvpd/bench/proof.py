@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpd.bench.metrics import Delta
+from kvpd.profile.roles import ENGINE_ROLES, PREFILLING_ROLES
 
 
 def check_phase(
@@ -47,10 +48,10 @@ def check_phase(
     seeded_phase = (protocol == "prefix" and phase == "measured") or (
         protocol == "twice" and phase == "warm"
     )
-    ext_roles = ("prefill", "mixed") if disaggregated else ("prefill", "decode", "mixed")
+    ext_roles = PREFILLING_ROLES if disaggregated else ENGINE_ROLES
     if cache is None:
         return problems
-    engines = [n for n, r in delta.roles.items() if r in ("prefill", "decode", "mixed")]
+    engines = [n for n, r in delta.roles.items() if r in ENGINE_ROLES]
     if engines and all(n in delta.missing for n in engines):
         if cache != "external" or (seeded_phase and measured):
             problems.append(f"{where}: cannot check the {cache} cache: no engine /metrics.")

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from kvpd.bench.runner import RunOutput
 from kvpd.exec.transport import CommandResult
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 # What the client needs in its environment on the host (the rest of this machine's is not sent).
 CLIENT_ENV = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "NO_PROXY", "no_proxy", "HF_TOKEN")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from kvpd.bench.results import value
-from kvpd.bench.saved import BenchRun, Record
+from kvpd.bench.records import BenchRun, Record
+from kvpd.bench.serve_output import value
 
 TABLE_METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL"))
 STATS = ("mean", "median", "p99")

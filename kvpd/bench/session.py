@@ -10,15 +10,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvpd.bench import logcheck, proof, results, runner
+from kvpd.bench import logcheck, proof, runner, serve_output
 from kvpd.bench import metrics as m
-from kvpd.bench.saved import BenchRun, Record
+from kvpd.bench.records import BenchRun, Record
 from kvpd.bench.settings import Point, Scenario, Settings
 from kvpd.errors import BenchError, KvpdError, StateError
 from kvpd.exec.diagnose import current_run
 from kvpd.exec.health import probe
 from kvpd.exec.service import Deployments
-from kvpd.plan.model import HealthCheck, Plan
+from kvpd.plan.value import HealthCheck, Plan
 
 # How much of each engine's log the confirmations read (a line per request at most).
 LOG_LINES = 20000
@@ -262,10 +262,10 @@ class Session:
         raw: dict[str, Any] = {}
         if raw_path.is_file():
             try:
-                raw = results.load_json(raw_path)
+                raw = serve_output.load_json(raw_path)
             except ValueError:
                 raw = {}
-        result = results.merge(raw, results.parse_stdout(out.stdout))
+        result = serve_output.merge(raw, serve_output.parse_stdout(out.stdout))
         rec = Record(
             scenario=scenario,
             phase=ph.name,

@@ -7,9 +7,10 @@ from typing import Any
 
 from kvpd.errors import BenchError
 from kvpd.plan.bench import PROTOCOLS, STORE_CONNECTORS, BenchSpec, ScenarioSpec
+from kvpd.profile.roles import ENGINE_ROLES
 
 # Where `without` takes connectors away from.
-GROUPS: tuple[str, ...] = ("prefill", "decode", "mixed")
+GROUPS: tuple[str, ...] = ENGINE_ROLES
 
 # The UCM guide's three setups, which every profile has (a profile's own entry of the same
 # name replaces the preset): recompute = no prefix cache of any kind, hbm = vLLM's prefix cache

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from kvpd.errors import BenchError
+from kvpd.profile.roles import ENGINE_ROLES
 
 
 def register(app: typer.Typer) -> None:
@@ -95,13 +96,13 @@ def register(app: typer.Typer) -> None:
         """  # noqa: E501
         from kvpd.bench import charts as charts_mod
         from kvpd.bench import compare as cmp
-        from kvpd.bench import gate, report, saved
+        from kvpd.bench import gate, records, report
         from kvpd.cli import output
 
         if stat not in ("mean", "median", "p99"):
             raise BenchError(f"--stat must be mean, median or p99, not {stat!r}.")
         if compare:
-            a, b = saved.load(compare[0]), saved.load(compare[1])
+            a, b = records.load(compare[0]), records.load(compare[1])
             output.out.print(cmp.compare_table(a, b, compare[0], compare[1]))
             only_a, only_b = cmp.unmatched(a, b)
             for label in only_a:
@@ -134,7 +135,7 @@ def register(app: typer.Typer) -> None:
             quiet=json_out,
         )
         out_dir = Path(run.out_dir)
-        json_path, csv_path = saved.save(run, out_dir)
+        json_path, csv_path = records.save(run, out_dir)
         pngs = charts_mod.charts(run, out_dir) if charts and run.measured else []
         if json_out:
             output.print_json(run.to_dict())
@@ -154,7 +155,7 @@ def register(app: typer.Typer) -> None:
         gate_problems: list[str] = []
         if baseline is not None:
             allowed = gate.parse_percent(max_regression or "10%")
-            gate_problems = gate.regressions(saved.load(baseline), run, allowed)
+            gate_problems = gate.regressions(records.load(baseline), run, allowed)
         if problems or gate_problems:
             lines = [f"  - {p}" for p in problems]
             if gate_problems:
@@ -256,7 +257,7 @@ def _profile_facts(profile: str, sets: list[str]) -> tuple[dict[str, list[str]],
     p, _ = load_profile(profile, sets=list(sets))
     connectors: dict[str, list[str]] = {}
     lens: list[int] = []
-    for role in ("prefill", "decode", "mixed"):
+    for role in ENGINE_ROLES:
         group = getattr(p, role, None)
         if group is not None:
             connectors[role] = list(group.kv_connectors)
@@ -277,7 +278,7 @@ def _client(plan, tokenizer: str | None) -> tuple[str, str | None]:
 
     host = plan.bench.host
     remote_vllm = next(
-        (p.command[0] for p in plan.processes if p.role in ("prefill", "decode", "mixed")),
+        (p.command[0] for p in plan.processes if p.role in ENGINE_ROLES),
         "vllm",
     )
     if host == LOCAL:

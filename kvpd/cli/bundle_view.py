@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 
 def _python(spec: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 
 def plan_lines(plan: Plan) -> list[str]:

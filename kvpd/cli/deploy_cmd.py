@@ -9,10 +9,11 @@ import typer
 
 from kvpd.cli import bundle_view, complete
 from kvpd.errors import DeployError, KvpdError, StateError
+from kvpd.profile.roles import ENGINE_ROLES
 
 if TYPE_CHECKING:
     from kvpd.exec.state import StateStore
-    from kvpd.plan.model import Plan
+    from kvpd.plan.value import Plan
 
 
 def _load_plan(
@@ -52,7 +53,7 @@ def _resolve_deployment(profile: str | None, deployment: str | None, store: Stat
 
 
 def _canary_failed(plan: Plan, problems: list[str], profile: str, kept: bool) -> None:
-    engines = ", ".join(p.name for p in plan.processes if p.role in ("prefill", "decode", "mixed"))
+    engines = ", ".join(p.name for p in plan.processes if p.role in ENGINE_ROLES)
     what = "\n".join(f"  - {p}" for p in problems)
     tail = (
         f"The deployment is left up (--keep-on-failure): inspect with `kvpd logs "

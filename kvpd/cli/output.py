@@ -20,7 +20,7 @@ from kvpd.exec.executor import DownResult
 from kvpd.exec.gather import Report
 from kvpd.exec.state import DeploymentState
 from kvpd.exec.status import ProcessStatus
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 # Not a terminal (make demo, CI logs): wide enough that tables are not cut to 80 columns.
 _WIDTH = None if Console().is_terminal else 160

@@ -9,7 +9,7 @@ import typer
 
 from kvpd.cli import bundle_view, container_view
 from kvpd.errors import PlanError
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 PROFILE_HELP = "profile: a YAML file or a bundled name (local, ucm-centralized-2p2d, ...)"
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvpd.plan.model import SparseSizing
 from kvpd.plan.sizing import LINK_GBPS, TPOT_MS, sparse_estimate
+from kvpd.plan.value import SparseSizing
 
 
 def sparse_sizing_lines(sparse: SparseSizing) -> list[str]:

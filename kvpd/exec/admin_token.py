@@ -14,8 +14,8 @@ import os
 import secrets
 from pathlib import Path
 
-from kvpd.plan.model import FileSpec, Plan
 from kvpd.plan.processes import ADMIN_TOKEN_FILE
+from kvpd.plan.value import FileSpec, Plan
 
 TOKEN_FILE = "admin-token"
 

@@ -25,11 +25,11 @@ from typing import Any
 from kvpd.errors import DeployError
 from kvpd.exec import wheel as wheels
 from kvpd.exec.fanout import Fanout
+from kvpd.exec.pool import TransportPool
 from kvpd.exec.stop import NullReporter, Reporter
 from kvpd.exec.transport import Transport
-from kvpd.exec.transports import TransportPool
 from kvpd.plan.bundle import BUNDLE_DIR, BundleUse
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 NODE_SCRIPT = (wheels.BUILDER.parent / "bundle_node.py").read_text()
 # Resolves each slot's interpreter (a command, or "@CMD": the #! interpreter of console script

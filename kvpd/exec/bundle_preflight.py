@@ -17,7 +17,7 @@ from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.transport import Transport
 from kvpd.plan.bundle import BundleUse
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 
 def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check]:

@@ -14,7 +14,7 @@ from kvpd.exec.container import ContainerTransport, runtime_failure
 from kvpd.exec.stop import Reporter
 from kvpd.exec.transport import Transport, Transports
 from kvpd.plan.container import ContainerSpec
-from kvpd.plan.model import HostSpec, Plan
+from kvpd.plan.value import HostSpec, Plan
 
 
 @dataclass(frozen=True)

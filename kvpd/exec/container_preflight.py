@@ -15,7 +15,7 @@ from kvpd.exec.container import ContainerTransport
 from kvpd.exec.container_life import host_side, inspect
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.transport import Transport
-from kvpd.plan.model import HostSpec, Plan
+from kvpd.plan.value import HostSpec, Plan
 
 
 def _one(h: HostSpec, t: Transport, token: str) -> tuple[list[Check], str]:

@@ -14,12 +14,12 @@ from kvpd.exec.bundle import install_bundle
 from kvpd.exec.container_life import remove_containers, start_containers
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
+from kvpd.exec.pool import TransportPool
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.status import ProcessStatus, query_status
 from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
 from kvpd.exec.transport import Transport
-from kvpd.exec.transports import TransportPool
-from kvpd.plan.model import FileSpec, HostSpec, Plan, ProcessSpec
+from kvpd.plan.value import FileSpec, HostSpec, Plan, ProcessSpec
 
 DEFAULT_GRACE_S = 20.0
 # Written through bash's positional parameters so no value is ever parsed as shell code.

@@ -19,10 +19,10 @@ from pathlib import Path
 from kvpd.exec import diagnose, supervised
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import probe
+from kvpd.exec.pool import TransportPool
 from kvpd.exec.state import DeploymentState, ProcessRecord
 from kvpd.exec.stop import is_running
-from kvpd.exec.transports import TransportPool
-from kvpd.plan.shell import mask
+from kvpd.plan.quoting import mask
 
 # One script per host; every value reaches it as a positional parameter, never as code.
 _HOST_FACTS_SH = r"""

@@ -6,7 +6,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from kvpd.plan.model import HealthCheck
+from kvpd.plan.value import HealthCheck
 
 # Health URLs point at cluster nodes; an http_proxy from the environment must not apply.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))

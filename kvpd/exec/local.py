@@ -8,6 +8,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from kvpd.exec.command_words import check_env
 from kvpd.exec.procfs import (
     ProcStat,
     is_alive,
@@ -16,9 +17,8 @@ from kvpd.exec.procfs import (
     may_signal_group,
     parse_stat,
 )
-from kvpd.exec.shellwords import check_env
 from kvpd.exec.transport import CommandResult, Started
-from kvpd.plan.model import HostSpec
+from kvpd.plan.value import HostSpec
 
 # Children kvpd itself started, process-wide: any LocalTransport instance reaps them, so a
 # stopped child never lingers as a zombie while kvpd runs (PID 1 may reap orphans slowly).

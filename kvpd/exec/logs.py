@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 from kvpd.errors import StateError
 from kvpd.exec.transport import Transport
-from kvpd.plan.model import ProcessSpec
+from kvpd.plan.value import ProcessSpec
 
 
 def tail(t: Transport, path: str, lines: int, *, timeout_s: float = 30) -> str:

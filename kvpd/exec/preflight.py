@@ -20,7 +20,7 @@ from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout, HostOutcome
 from kvpd.exec.probe import PROBE
 from kvpd.exec.transport import Transport
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 GiB = 1 << 30
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from kvpd.exec import diagnose, logs
 from kvpd.exec.health import ProbeResult
 from kvpd.exec.transport import Transport
-from kvpd.plan.model import HealthCheck
+from kvpd.plan.value import HealthCheck
 
 # After this long without health, `up` shows a process as still initialising, with the last
 # line of its log (read at most every LOG_LINE_EVERY_S): sparse decode with a large host pool

@@ -20,9 +20,10 @@ from kvpd.exec.executor import Executor
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.state import DeploymentState
-from kvpd.plan.model import Plan, ProcessSpec
+from kvpd.plan.value import Plan, ProcessSpec
+from kvpd.profile.roles import DECODING_ROLES, ENGINE_ROLES
 
-ENGINES = ("prefill", "decode", "mixed")
+ENGINES = ENGINE_ROLES
 
 
 class CanaryOutcome(Protocol):
@@ -52,7 +53,7 @@ def proxy_backend_names(plan: Plan) -> dict[str, str]:
     the order of its --prefiller/--decoder lists, which are the plan's engine order."""
     out: dict[str, str] = {}
     pre = [p for p in plan.processes if p.role == "prefill"]
-    dec = [p for p in plan.processes if p.role in ("decode", "mixed")]
+    dec = [p for p in plan.processes if p.role in DECODING_ROLES]
     out.update({p.name: f"prefill-{i}" for i, p in enumerate(pre)})
     out.update({p.name: f"decode-{i}" for i, p in enumerate(dec)})
     return out

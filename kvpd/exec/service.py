@@ -20,6 +20,7 @@ from kvpd.exec.container_life import remove_containers, start_containers
 from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor
 from kvpd.exec.interrupts import sigterm_as_interrupt
+from kvpd.exec.pool import TransportPool
 from kvpd.exec.preflight import run_checks
 from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.purge import purge_run_dirs
@@ -29,8 +30,7 @@ from kvpd.exec.status import ProcessStatus
 from kvpd.exec.stop import NullReporter, Reporter, StopOutcome
 from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import CommandResult, Transport
-from kvpd.exec.transports import TransportPool
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 
 class PreflightFailed(DeployError):

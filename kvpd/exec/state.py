@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpd.errors import StateError
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 STATE_ENV = "KVPD_STATE_DIR"
 STATE_FILE = "state.json"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from kvpd.exec.checks import Check
 from kvpd.exec.transport import Transport
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 # role -> the first version with the HTTP health endpoint
 HTTP_HEALTH_SINCE = {"metaservice": (1, 3, 0), "mooncake": (0, 3, 13)}

@@ -15,7 +15,22 @@ from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
 from kvpd.plan.lognames import log_file
-from kvpd.plan.model import (
+from kvpd.plan.processes import ProcessDraft, all_procs
+from kvpd.plan.quoting import mask
+from kvpd.plan.rehearse import DEFAULT_ENGINE, engine_named
+from kvpd.plan.rehearse import rehearse as rehearse_procs
+from kvpd.plan.render import launch_script
+from kvpd.plan.requirements import build_requirements
+from kvpd.plan.rules import check
+from kvpd.plan.sizing import (
+    GiB,
+    MiB,
+    kv_bytes_per_token,
+    memcache_dram_need,
+    parse_size,
+    round_up,
+)
+from kvpd.plan.value import (
     FileSpec,
     HealthCheck,
     HostSpec,
@@ -24,21 +39,6 @@ from kvpd.plan.model import (
     ProcessSpec,
     Sizing,
     SparseSizing,
-)
-from kvpd.plan.processes import Proc, all_procs
-from kvpd.plan.rehearse import DEFAULT_ENGINE, engine_named
-from kvpd.plan.rehearse import rehearse as rehearse_procs
-from kvpd.plan.render import launch_script
-from kvpd.plan.requirements import build_requirements
-from kvpd.plan.rules import check
-from kvpd.plan.shell import mask
-from kvpd.plan.sizing import (
-    GiB,
-    MiB,
-    kv_bytes_per_token,
-    memcache_dram_need,
-    parse_size,
-    round_up,
 )
 from kvpd.profile.load import Source, load_profile
 from kvpd.profile.messages import dotted
@@ -270,7 +270,7 @@ def build_plan(
     )
 
 
-def _supervisor(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, ...]:
+def _supervisor(profile: Profile, p: ProcessDraft, rehearse: bool) -> tuple[str, ...]:
     pol = supervision.policy_for(profile, p.role)
     if pol is None:
         return ()
@@ -327,7 +327,7 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
 POOL_INIT_S_PER_GB = 20.0
 
 
-def _health_timeout(profile: Profile, p: Proc) -> float:
+def _health_timeout(profile: Profile, p: ProcessDraft) -> float:
     if p.health_timeout_s is not None:
         return p.health_timeout_s
     if p.role in ("metaservice", "mooncake", "proxy"):

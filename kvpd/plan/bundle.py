@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvpd.plan.supervision import policy_for
+from kvpd.profile.roles import ENGINE_ROLES
 
-if TYPE_CHECKING:  # only types: kvpd.plan.model imports this module
-    from kvpd.plan.processes import Proc
+if TYPE_CHECKING:  # only types: kvpd.plan.value imports this module
+    from kvpd.plan.processes import ProcessDraft
     from kvpd.profile.schema import Group, Profile
 
 BUNDLE_DIR = "bundle"  # below each host's run dir
@@ -92,7 +93,7 @@ def proxy_python(profile: Profile, rehearse: bool) -> str:
     return profile.rehearsal.python if rehearse else profile.runtime.python
 
 
-def _reasons(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, str] | None:
+def _reasons(profile: Profile, p: ProcessDraft, rehearse: bool) -> tuple[str, str] | None:
     """(slot, why) when process `p` imports kvpd, else None. A supervised process imports kvpd
     for its supervisor (`python -m kvpd.supervisor`, standard library only)."""
     supervised: tuple[str, str] | None = None
@@ -103,7 +104,7 @@ def _reasons(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, str] | Non
         if px is not None and (px.impl == "kvpd" or rehearse):
             return PROXY_SLOT, "kvpd proxy"
         return supervised
-    if p.role not in ("prefill", "decode", "mixed"):
+    if p.role not in ENGINE_ROLES:
         return None
     group: Group = getattr(profile, p.role)
     if not rehearse and "kvpd_store" in group.kv_connectors:
@@ -114,7 +115,9 @@ def _reasons(profile: Profile, p: Proc, rehearse: bool) -> tuple[str, str] | Non
     return supervised
 
 
-def bundle_uses(profile: Profile, procs: list[Proc], rehearse: bool) -> tuple[BundleUse, ...]:
+def bundle_uses(
+    profile: Profile, procs: list[ProcessDraft], rehearse: bool
+) -> tuple[BundleUse, ...]:
     """Every (host, slot) that needs the bundle, in host order of the profile."""
     vllm = profile.rehearsal.vllm if rehearse else profile.runtime.vllm
     found: dict[tuple[str, str], dict[str, Any]] = {}
@@ -148,7 +151,7 @@ def bundle_uses(profile: Profile, procs: list[Proc], rehearse: bool) -> tuple[Bu
     )
 
 
-def with_bundle_paths(procs: list[Proc], uses: tuple[BundleUse, ...]) -> list[Proc]:
+def with_bundle_paths(procs: list[ProcessDraft], uses: tuple[BundleUse, ...]) -> list[ProcessDraft]:
     """The processes, each that needs kvpd with its slot as `pythonpath` (the launch script
     prepends it to PYTHONPATH)."""
     slot_of = {(name, u.host): u.path for u in uses for name in u.processes}

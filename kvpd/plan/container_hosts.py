@@ -6,7 +6,7 @@ import dataclasses
 import posixpath
 
 from kvpd.plan.container import container_spec
-from kvpd.plan.model import HostRequirements, HostSpec, ProcessSpec
+from kvpd.plan.value import HostRequirements, HostSpec, ProcessSpec
 from kvpd.profile.container_schema import Container
 from kvpd.profile.schema import Profile
 

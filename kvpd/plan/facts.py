@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvpd.plan.layout import ROLES, Layout, hardware_of, merged
-from kvpd.plan.processes import Proc, proxy_flow
+from kvpd.plan.processes import ProcessDraft, proxy_flow
 from kvpd.profile.schema import Group, Profile, ServeOptions
 
 MEMCACHE_USERS = frozenset({"ascend_store"})
@@ -35,7 +35,7 @@ class GroupFacts:
 class Facts:
     profile: Profile
     layout: Layout
-    procs: tuple[Proc, ...]
+    procs: tuple[ProcessDraft, ...]
     groups: tuple[GroupFacts, ...]
     memcache_ranks: int
     proxy_flow: str
@@ -63,7 +63,7 @@ def memcache_ranks(profile: Profile, layout: Layout) -> int:
     return n
 
 
-def derive_facts(profile: Profile, layout: Layout, procs: list[Proc]) -> Facts:
+def derive_facts(profile: Profile, layout: Layout, procs: list[ProcessDraft]) -> Facts:
     groups = []
     for role in ROLES:
         g: Group | None = getattr(profile, role)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpd.plan.layout import EngineProc, hardware_of
+from kvpd.plan.layout import EnginePlacement, hardware_of
 from kvpd.profile.schema import Group, Profile
 
 DEFAULT_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer", "mixed": "kv_both"}
@@ -34,7 +34,7 @@ def ucm_config_path(profile: Profile) -> str:
 
 
 def _component(
-    comp: str, profile: Profile, role: str, group: Group, proc: EngineProc
+    comp: str, profile: Profile, role: str, group: Group, proc: EnginePlacement
 ) -> dict[str, Any]:
     r = kv_role(role, group)
     kv = profile.kv
@@ -116,7 +116,7 @@ def _component(
 
 
 def kv_transfer_config(
-    profile: Profile, role: str, group: Group, proc: EngineProc
+    profile: Profile, role: str, group: Group, proc: EnginePlacement
 ) -> dict[str, Any] | None:
     comps = group.kv_connectors
     if not comps:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvpd.profile.roles import ENGINE_ROLES
 from kvpd.profile.schema import DEFAULT_DEVICES, Group, Host, Profile, ServeOptions
 
-ROLES = ("prefill", "decode", "mixed")
+ROLES = ENGINE_ROLES
 DEFAULT_KV_PORT = {
     "mooncake": 20001,
     "mooncake_layerwise": 20001,
@@ -22,7 +23,7 @@ DEFAULT_KV_PORT = {
 
 
 @dataclass(frozen=True)
-class EngineProc:
+class EnginePlacement:
     name: str
     role: str  # prefill | decode | mixed
     host: str
@@ -37,7 +38,7 @@ class EngineProc:
 
 @dataclass
 class Layout:
-    procs: list[EngineProc] = field(default_factory=list)
+    procs: list[EnginePlacement] = field(default_factory=list)
     problems: list[tuple[tuple[str | int, ...], str]] = field(default_factory=list)
 
 
@@ -162,7 +163,7 @@ def _place_group(
                     else:
                         kv_port = kv_base
                 out.procs.append(
-                    EngineProc(
+                    EnginePlacement(
                         name=_name(role, group, inst, proc_ranks, per_rank),
                         role=role,
                         host=host,

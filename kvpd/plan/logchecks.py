@@ -8,8 +8,9 @@ store connector logs the same words). `kvpd bench` reads the logs and checks the
 from __future__ import annotations
 
 from kvpd.plan.facts import Facts
-from kvpd.plan.model import LogCheck
-from kvpd.plan.processes import Proc
+from kvpd.plan.processes import ProcessDraft
+from kvpd.plan.value import LogCheck
+from kvpd.profile.roles import PREFILLING_ROLES
 
 # Connectors whose per-request log line carries `hit external` (UCMConnector, kvpd's store).
 HIT_LOGGERS = frozenset({"ucm", "kvpd_store"})
@@ -18,12 +19,12 @@ SUBSTITUTED = frozenset({"ucm", "ascend_store"})
 
 
 def log_checks(
-    facts: Facts, procs: tuple[Proc, ...] | list[Proc], rehearse: bool = False
+    facts: Facts, procs: tuple[ProcessDraft, ...] | list[ProcessDraft], rehearse: bool = False
 ) -> tuple[LogCheck, ...]:
     out: list[LogCheck] = []
     for p in procs:
         g = facts.group(p.role)
-        if g is None or p.role not in ("prefill", "mixed"):
+        if g is None or p.role not in PREFILLING_ROLES:
             continue
         real = set(g.connectors) - (SUBSTITUTED if rehearse else set())
         lw = g.group.layerwise

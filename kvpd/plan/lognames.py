@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import string
 
-from kvpd.plan.layout import EngineProc
+from kvpd.plan.layout import EnginePlacement
 
 PLACEHOLDERS = ("name", "role", "host", "instance", "dp_rank")
 LOG_DIR = "logs"
@@ -35,7 +35,7 @@ def template_problem(template: str) -> str | None:
     return None
 
 
-def log_file(template: str | None, ep: EngineProc) -> str:
+def log_file(template: str | None, ep: EnginePlacement) -> str:
     """The log path (relative to the run dir) of engine process `ep`."""
     if not template:
         return f"{LOG_DIR}/{ep.name}.log"

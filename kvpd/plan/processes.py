@@ -15,17 +15,18 @@ from kvpd.plan.kvconfig import (
     kv_transfer_config,
     ucm_config_path,
 )
-from kvpd.plan.layout import EngineProc, Layout, hardware_of, merged
-from kvpd.plan.model import Interpreter
+from kvpd.plan.layout import EnginePlacement, Layout, hardware_of, merged
 from kvpd.plan.proxyargs import proxy_timeout_args
 from kvpd.plan.sparse_planner import planner_env
+from kvpd.plan.value import Interpreter
+from kvpd.profile.roles import DECODING_ROLES, Role
 from kvpd.profile.schema import ASCEND, Group, Profile, ServeOptions
 
 STAGE = {"metaservice": 0, "mooncake": 0, "prefill": 1, "decode": 1, "mixed": 1, "proxy": 2}
 
 
 @dataclass(frozen=True)
-class Proc:
+class ProcessDraft:
     """A process before rendering: the launch script is made from `source`, `env`, `argv`."""
 
     name: str
@@ -77,7 +78,7 @@ def _json(d: dict[str, Any]) -> str:
     return json.dumps(d, separators=(", ", ": "))
 
 
-def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> Proc:
+def engine_proc(profile: Profile, group: Group, ep: EnginePlacement, stage: int) -> ProcessDraft:
     opts: ServeOptions = merged(profile, group)
     hw = hardware_of(profile, ep.host)
     host = profile.hosts[ep.host]
@@ -188,7 +189,7 @@ def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> P
     ports += kv_ports(profile, group, ep)
     if ep.per_rank and group.dp > 1 and ep.dp_ranks[0] == 0:
         ports.append((group.dp_rpc_port, "data-parallel rpc"))
-    return Proc(
+    return ProcessDraft(
         name=ep.name,
         host=ep.host,
         role=ep.role,
@@ -203,7 +204,7 @@ def engine_proc(profile: Profile, group: Group, ep: EngineProc, stage: int) -> P
     )
 
 
-def kv_ports(profile: Profile, group: Group, ep: EngineProc) -> list[tuple[int, str]]:
+def kv_ports(profile: Profile, group: Group, ep: EnginePlacement) -> list[tuple[int, str]]:
     """Hidden listening ports of a process: connector side channels (see vllm-ascend.md)."""
     comps = set(group.kv_connectors)
     out: list[tuple[int, str]] = []
@@ -224,18 +225,18 @@ def kv_ports(profile: Profile, group: Group, ep: EngineProc) -> list[tuple[int, 
     return out
 
 
-def service_procs(profile: Profile) -> list[Proc]:
+def service_procs(profile: Profile) -> list[ProcessDraft]:
     """The memcache MetaService and the Mooncake master."""
-    out: list[Proc] = []
+    out: list[ProcessDraft] = []
     kv = profile.kv
     mc = kv.memcache
     if mc is not None and mc.host in profile.hosts:
         a = addr(profile, mc.host)
         out.append(
-            Proc(
+            ProcessDraft(
                 name="metaservice",
                 host=mc.host,
-                role="metaservice",
+                role=Role.METASERVICE,
                 stage=STAGE["metaservice"],
                 argv=(
                     mc.python,
@@ -273,10 +274,10 @@ def service_procs(profile: Profile) -> list[Proc]:
         if mk.ld_library_path:
             env = (("LD_LIBRARY_PATH", f"{mk.ld_library_path}:$LD_LIBRARY_PATH"),)
         out.append(
-            Proc(
+            ProcessDraft(
                 name="mooncake-master",
                 host=mk.host,
-                role="mooncake",
+                role=Role.MOONCAKE,
                 stage=STAGE["mooncake"],
                 argv=tuple(argv),
                 env=env,
@@ -291,7 +292,7 @@ def service_procs(profile: Profile) -> list[Proc]:
 ADMIN_TOKEN_FILE = "proxy/admin-token"  # relative to the proxy host's run dir
 
 
-def proxy_proc(profile: Profile, engines: list[Proc], stage: int) -> Proc | None:
+def proxy_proc(profile: Profile, engines: list[ProcessDraft], stage: int) -> ProcessDraft | None:
     """The P/D proxy in front of `engines`: kvpd's, or vLLM-Ascend's example script."""
     px = profile.proxy
     if px is None or px.host not in profile.hosts:
@@ -315,8 +316,8 @@ def proxy_proc(profile: Profile, engines: list[Proc], stage: int) -> Proc | None
 
 
 def kvpd_proxy(
-    profile: Profile, engines: list[Proc], stage: int, python: str, flow: str
-) -> Proc | None:
+    profile: Profile, engines: list[ProcessDraft], stage: int, python: str, flow: str
+) -> ProcessDraft | None:
     """kvpd's proxy with `flow`, in front of `engines`. It runs as `python -m kvpd.proxy` from
     the node bundle in the run dir (PYTHONPATH, kvpd.plan.bundle): nothing of kvpd needs to be
     installed on the host."""
@@ -330,16 +331,16 @@ def kvpd_proxy(
 
 def _proxy(
     profile: Profile,
-    engines: list[Proc],
+    engines: list[ProcessDraft],
     stage: int,
     argv: list[str],
     health: str,
     flow: str | None = None,
-) -> Proc:
+) -> ProcessDraft:
     px = profile.proxy
     assert px is not None
     pre = [p for p in engines if p.role == "prefill"]
-    dec = [p for p in engines if p.role in ("decode", "mixed")]
+    dec = [p for p in engines if p.role in DECODING_ROLES]
     if pre:
         argv += ["--prefiller-hosts", *(addr(profile, p.host) for p in pre)]
         argv += ["--prefiller-ports", *(str(p.ports[0][0]) for p in pre)]
@@ -351,10 +352,10 @@ def _proxy(
         argv += ["--admin-token-file", ADMIN_TOKEN_FILE]
         # On SIGTERM (down, restart) in-flight requests finish; below `down`'s SIGKILL grace.
         argv += ["--shutdown-grace", "15"]
-    return Proc(
+    return ProcessDraft(
         name="proxy",
         host=px.host,
-        role="proxy",
+        role=Role.PROXY,
         stage=stage,
         argv=tuple(argv),
         env=tuple((k, v) for k, v in profile.env.items() if k == "OPENAI_API_KEY"),
@@ -373,11 +374,11 @@ def proxy_flow(profile: Profile) -> str:
     return "layerwise" if d is not None and "sfa_d2h" in d.kv_connectors else "prefill-first"
 
 
-def all_procs(profile: Profile, layout: Layout) -> list[Proc]:
+def all_procs(profile: Profile, layout: Layout) -> list[ProcessDraft]:
     """The real deployment's processes, in stage order (a rehearsal transforms these)."""
     out = service_procs(profile)
     services_stage = 0 if out else -1
-    engines: list[Proc] = []
+    engines: list[ProcessDraft] = []
     # Decode waits for prefill only where it depends on it: SfaRemoteD2H's MemFabric config
     # store is owned by the prefill side. Otherwise P and D start together, as the guides do.
     d = profile.decode

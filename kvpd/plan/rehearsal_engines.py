@@ -17,7 +17,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from kvpd.plan.processes import Proc, StatedNeeds, addr
+from kvpd.plan.processes import ProcessDraft, StatedNeeds, addr
 from kvpd.plan.requirements import python_of
 from kvpd.plan.sparse_planner import planner_env
 from kvpd.profile.schema import Group, Profile
@@ -60,7 +60,9 @@ class CpuVllm:
 
     name = "vllm"
 
-    def substitute(self, profile: Profile, group: Group, real: Proc, index: int) -> Proc:
+    def substitute(
+        self, profile: Profile, group: Group, real: ProcessDraft, index: int
+    ) -> ProcessDraft:
         rh = profile.rehearsal
         a = addr(profile, real.host)
         port = real.ports[0][0]
@@ -88,7 +90,7 @@ class CpuVllm:
             # as on the real decode: the kvpd plugin reads it (no sparse offload manager on CPU)
             *(planner_env(group).items() if real.role == "decode" else ()),
         )
-        return Proc(
+        return ProcessDraft(
             name=real.name,
             host=real.host,
             role=real.role,
@@ -132,7 +134,9 @@ class StandIn:
 
     name = "standin"
 
-    def substitute(self, profile: Profile, group: Group, real: Proc, index: int) -> Proc:
+    def substitute(
+        self, profile: Profile, group: Group, real: ProcessDraft, index: int
+    ) -> ProcessDraft:
         rh = profile.rehearsal
         a = addr(profile, real.host)
         port = real.ports[0][0]

@@ -20,11 +20,10 @@ from typing import Protocol
 
 from kvpd.errors import KvpdError
 from kvpd.plan.bundle import proxy_python
-from kvpd.plan.processes import Proc, kvpd_proxy, proxy_flow
+from kvpd.plan.processes import ProcessDraft, kvpd_proxy, proxy_flow
 from kvpd.plan.rehearsal_engines import CpuVllm, StandIn
+from kvpd.profile.roles import ENGINE_ROLES
 from kvpd.profile.schema import Group, Profile
-
-ENGINE_ROLES = ("prefill", "decode", "mixed")
 
 
 class Engine(Protocol):
@@ -32,7 +31,9 @@ class Engine(Protocol):
 
     name: str
 
-    def substitute(self, profile: Profile, group: Group, real: Proc, index: int) -> Proc:
+    def substitute(
+        self, profile: Profile, group: Group, real: ProcessDraft, index: int
+    ) -> ProcessDraft:
         """The process that runs instead of `real` (the `index`-th engine of the plan)."""
         ...
 
@@ -49,16 +50,16 @@ DEFAULT_ENGINE = "vllm"
 class Rehearsed:
     """A rehearsal's processes and, by process name, what each stands in for."""
 
-    procs: list[Proc]
+    procs: list[ProcessDraft]
     notes: dict[str, str]
 
 
-def rehearse(profile: Profile, procs: list[Proc], engine: Engine) -> Rehearsed:
+def rehearse(profile: Profile, procs: list[ProcessDraft], engine: Engine) -> Rehearsed:
     """The real deployment's `procs` as rehearsed by `engine` on CPU hosts."""
     rh = profile.rehearsal
-    out: list[Proc] = []
+    out: list[ProcessDraft] = []
     notes: dict[str, str] = {}
-    engines: list[Proc] = []
+    engines: list[ProcessDraft] = []
     for p in procs:
         if p.role in ENGINE_ROLES:
             group: Group = getattr(profile, p.role)

@@ -7,8 +7,8 @@ from typing import Any
 
 import jinja2
 
-from kvpd.plan.processes import Proc
-from kvpd.plan.shell import ENV_NAME, command_lines, quote, quote_expanding
+from kvpd.plan.processes import ProcessDraft
+from kvpd.plan.quoting import ENV_NAME, command_lines, quote, quote_expanding
 
 
 @lru_cache(maxsize=1)
@@ -33,7 +33,7 @@ def render(template: str, **context: Any) -> str:
 
 
 def launch_script(
-    proc: Proc,
+    proc: ProcessDraft,
     deployment: str,
     log: str,
     dirs: list[str] | None = None,

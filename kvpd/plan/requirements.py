@@ -9,10 +9,11 @@ import posixpath
 from dataclasses import dataclass, field
 
 from kvpd.plan.layout import hardware_of
-from kvpd.plan.model import HostRequirements, Interpreter, PackageNeed
-from kvpd.plan.processes import Proc
+from kvpd.plan.processes import ProcessDraft
 from kvpd.plan.sizing import GiB, parse_size
 from kvpd.plan.sparse_planner import sparse_planner
+from kvpd.plan.value import HostRequirements, Interpreter, PackageNeed
+from kvpd.profile.roles import ENGINE_ROLES
 from kvpd.profile.schema import ASCEND, Profile
 
 
@@ -87,7 +88,7 @@ def ucm_shm_gb(profile: Profile, devices: int, devices_per_rank: int) -> float:
 
 def build_requirements(
     profile: Profile,
-    procs: list[Proc],
+    procs: list[ProcessDraft],
     dram_per_rank: str | None,
     run_dirs: dict[str, str] | None = None,
 ) -> dict[str, HostRequirements]:
@@ -104,7 +105,7 @@ def build_requirements(
                 _add(h.paths, path)
             for d in p.needs.shared_dirs:
                 _add(h.shared_dirs, d)
-        elif p.role in ("prefill", "decode", "mixed"):
+        elif p.role in ENGINE_ROLES:
             hw = hardware_of(profile, p.host)
             g = getattr(profile, p.role)
             py = python_of(profile.runtime.vllm)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from kvpd.plan.model import SparseSizing
+from kvpd.plan.value import SparseSizing
 from kvpd.profile.schema import ModelSpec, Profile
 
 if TYPE_CHECKING:

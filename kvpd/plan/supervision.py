@@ -8,6 +8,7 @@ every supervised process and puts on its PYTHONPATH (kvpd.plan.bundle).
 
 from __future__ import annotations
 
+from kvpd.profile.roles import ENGINE_ROLES
 from kvpd.profile.schema import Profile, RestartPolicy
 
 STATUS_DIR = "supervise"  # relative to the host's run dir (launch scripts cd there)
@@ -29,7 +30,7 @@ def policy_for(profile: Profile, role: str) -> RestartPolicy | None:
     if role == "proxy":
         pol = profile.proxy.restart if profile.proxy is not None else None
     else:
-        group = getattr(profile, role, None) if role in ("prefill", "decode", "mixed") else None
+        group = getattr(profile, role, None) if role in ENGINE_ROLES else None
         pol = getattr(group, "restart", None)
     return pol if pol is not None and pol.policy != "never" else None
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from kvpd.errors import TransportError
 from kvpd.exec import procfs
+from kvpd.exec.command_words import check_env
 from kvpd.exec.executor import LOG_HEADER_SH
-from kvpd.exec.shellwords import check_env
 from kvpd.exec.transport import CommandResult, Started
 
 NOT_FOUND = 127

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpd.plan.model import HostSpec
+from kvpd.plan.value import HostSpec
 from tests.e2e.local_deploy import _local_deployment, local_deployment  # noqa: F401  (fixtures)
 
 REPO = Path(__file__).resolve().parents[2]

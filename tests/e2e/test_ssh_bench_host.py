@@ -15,7 +15,7 @@ from kvpd.bench.remote import RemoteClient
 from kvpd.exec.service import Deployments
 from kvpd.exec.ssh.transport import SSHTransport
 from kvpd.exec.state import StateStore
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

@@ -15,7 +15,7 @@ import pytest
 from kvpd.errors import HostKeyError, PlanError, TransportError
 from kvpd.exec.fanout import raise_for_failures, run_on_hosts
 from kvpd.exec.ssh import SSHTransport
-from kvpd.plan.model import HostSpec
+from kvpd.plan.value import HostSpec
 
 pytestmark = pytest.mark.ssh
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvpd.bench.logcheck import confirm, store_hits
 from kvpd.plan.build import load_plan
-from kvpd.plan.model import LogCheck
+from kvpd.plan.value import LogCheck
 
 # UCMConnector's line (UCM guide) and kvpd's store connector's line (kvpd/connectors/store.py)
 UCM = (

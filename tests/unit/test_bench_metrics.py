@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from kvpd.bench import metrics as m
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

@@ -17,7 +17,7 @@ from kvpd.bench.settings import make_settings
 from kvpd.exec.service import Deployments
 from kvpd.exec.state import StateStore
 from kvpd.plan.bench import bench_spec
-from kvpd.plan.model import HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.plan.value import HealthCheck, HostSpec, Plan, ProcessSpec
 from kvpd.profile.schema import Bench
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "bench"

@@ -17,7 +17,7 @@ from kvpd.exec.local import LocalTransport
 from kvpd.exec.service import Deployments
 from kvpd.exec.state import StateStore
 from kvpd.plan.build import load_plan
-from kvpd.plan.model import HostSpec, Plan
+from kvpd.plan.value import HostSpec, Plan
 
 # A stand-in for `vllm bench serve` (no vLLM client needed): it writes the result file where
 # --result-dir/--result-filename say and prints the last line of a real run's summary.

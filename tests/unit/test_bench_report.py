@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from kvpd.bench import charts, compare, gate, report, results, saved
-from kvpd.bench.saved import BenchRun, Record
+from kvpd.bench import charts, compare, gate, records, report, serve_output
+from kvpd.bench.records import BenchRun, Record
 from kvpd.errors import BenchError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
@@ -21,7 +21,7 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 def _record(scenario: str, input_len: int, scale: float = 1.0, phase: str = "measured") -> Record:
     """A record built from a real saved result, latencies scaled by `scale`."""
     raw = json.loads((FIX / "pd_measured.json").read_text())
-    res = results.summarize(raw)
+    res = serve_output.summarize(raw)
     for k in list(res):
         if k.endswith("_ms"):
             res[k] *= scale
@@ -100,8 +100,8 @@ def test_save_load_roundtrip_csv_and_charts(tmp_path: Path) -> None:
     seed = _record("hbm", 128, phase="seed")
     seed.measured = False
     run = _run(seed, _record("hbm", 128), _record("hbm", 256, 1.5))
-    j, c = saved.save(run, tmp_path)
-    back = saved.load(tmp_path)
+    j, c = records.save(run, tmp_path)
+    back = records.load(tmp_path)
     assert back.to_dict() == run.to_dict()
     assert [r.key for r in back.measured] == [r.key for r in run.measured]
     with open(c) as f:
@@ -113,10 +113,10 @@ def test_save_load_roundtrip_csv_and_charts(tmp_path: Path) -> None:
     assert [p.name for p in pngs] == ["latency.png"]  # swept input lengths, no per-request data
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     with pytest.raises(BenchError, match="no saved bench run"):
-        saved.load(tmp_path / "nothing")
+        records.load(tmp_path / "nothing")
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(BenchError, match="not a kvpd bench result"):
-        saved.load(tmp_path / "other.json")
+        records.load(tmp_path / "other.json")
 
 
 def test_compare_and_gate() -> None:
@@ -152,8 +152,8 @@ def test_gate_fails_on_missing_or_failed_records() -> None:
 def test_cli_compare_and_gate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kvpd.cli.main import main
 
-    saved.save(_run(_record("hbm", 128)), tmp_path / "a")
-    saved.save(_run(_record("hbm", 128, 1.2)), tmp_path / "b")
+    records.save(_run(_record("hbm", 128)), tmp_path / "a")
+    records.save(_run(_record("hbm", 128, 1.2)), tmp_path / "b")
     with pytest.raises(SystemExit) as e:
         main(["bench", "--compare", str(tmp_path / "a"), str(tmp_path / "b")])
     assert e.value.code == 0

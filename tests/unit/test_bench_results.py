@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpd.bench import results
+from kvpd.bench import serve_output
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 
@@ -15,7 +15,7 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
 @pytest.mark.parametrize("stem", ["measured", "seed"])
 def test_stdout_block_matches_saved_json(stem: str) -> None:
     raw = json.loads((FIX / f"{stem}.json").read_text())
-    printed = results.parse_stdout((FIX / f"{stem}.stdout.txt").read_text())
+    printed = serve_output.parse_stdout((FIX / f"{stem}.stdout.txt").read_text())
     assert printed["completed"] == raw["completed"] == 20
     assert printed["failed"] == 0
     assert printed["max_concurrency"] == 4
@@ -30,7 +30,7 @@ def test_stdout_block_matches_saved_json(stem: str) -> None:
 
 def test_summarize_keeps_scalars_percentiles_and_kvpd_metadata() -> None:
     raw = json.loads((FIX / "pd_measured.json").read_text())
-    s = results.summarize(raw)
+    s = serve_output.summarize(raw)
     assert s["completed"] == 20 and s["request_rate"] == "inf"
     assert s["kvpd_phase"] == "measured" and s["kvpd_protocol"] == "prefix"
     assert {"mean_ttft_ms", "p99_e2el_ms", "p90_tpot_ms"} <= set(s)
@@ -38,19 +38,19 @@ def test_summarize_keeps_scalars_percentiles_and_kvpd_metadata() -> None:
 
 
 def test_missing_keys_and_missing_block_are_tolerated() -> None:
-    assert results.parse_stdout("no result block here\n") == {}
-    assert results.summarize({"completed": 3}) == {"completed": 3}
-    merged = results.merge({}, {"completed": 5, "mean_ttft_ms": 1.5})
+    assert serve_output.parse_stdout("no result block here\n") == {}
+    assert serve_output.summarize({"completed": 3}) == {"completed": 3}
+    merged = serve_output.merge({}, {"completed": 5, "mean_ttft_ms": 1.5})
     assert merged == {"completed": 5, "mean_ttft_ms": 1.5}
     # JSON wins over the 2-decimal printed numbers
-    merged = results.merge({"mean_ttft_ms": 1.23456}, {"mean_ttft_ms": 1.23})
+    merged = serve_output.merge({"mean_ttft_ms": 1.23456}, {"mean_ttft_ms": 1.23})
     assert merged["mean_ttft_ms"] == 1.23456
-    assert results.value({"p50_ttft_ms": 7.0}, "ttft", "median") == 7.0
-    assert results.value({}, "ttft") is None
+    assert serve_output.value({"p50_ttft_ms": 7.0}, "ttft", "median") == 7.0
+    assert serve_output.value({}, "ttft") is None
 
 
 def test_failed_run_block() -> None:
     """A real run where every request got 502 from the proxy (engine died)."""
-    printed = results.parse_stdout((FIX / "failed.stdout.txt").read_text())
+    printed = serve_output.parse_stdout((FIX / "failed.stdout.txt").read_text())
     assert printed["completed"] == 0
     assert printed["failed"] == 20

@@ -21,7 +21,7 @@ from kvpd.exec.local import LocalTransport
 from kvpd.exec.purge import unsafe_run_dir
 from kvpd.plan.build import load_plan
 from kvpd.plan.bundle import BundleUse, native_need, sparse_planner
-from kvpd.plan.model import HostSpec, Plan
+from kvpd.plan.value import HostSpec, Plan
 
 # -- the plan (pure) -----------------------------------------------------------------------------
 

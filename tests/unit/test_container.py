@@ -15,7 +15,7 @@ from kvpd.errors import ProfileError, TransportError
 from kvpd.exec.container import ContainerTransport
 from kvpd.exec.local import LocalTransport
 from kvpd.plan.build import load_plan
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 from tests.unit.standin import spec, standin_container
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "containers"
@@ -169,8 +169,8 @@ def test_up_starts_only_its_containers_and_down_removes_only_those(tmp_path: Pat
     from kvpd.errors import DeployError
     from kvpd.exec.container_life import inspect, remove_containers, start_containers
     from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.pool import TransportPool
     from kvpd.exec.stop import NullReporter
-    from kvpd.exec.transports import TransportPool
     from tests.unit.standin import can_unshare
 
     if not can_unshare():
@@ -205,7 +205,7 @@ def test_up_starts_only_its_containers_and_down_removes_only_those(tmp_path: Pat
 
 def test_preflight_names_a_missing_container_and_a_missing_runtime(tmp_path: Path) -> None:
     from kvpd.exec.container_preflight import preflight_checks
-    from kvpd.exec.transports import TransportPool
+    from kvpd.exec.pool import TransportPool
 
     plan = _standin_plan(tmp_path, "kvpd-no-such-container")
     pool = TransportPool(plan.hosts)
@@ -241,8 +241,8 @@ def test_a_stopped_container_and_a_denied_socket_say_what_to_do(tmp_path: Path) 
 
     from kvpd.exec.container import runtime_failure
     from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.pool import TransportPool
     from kvpd.exec.transport import CommandResult
-    from kvpd.exec.transports import TransportPool
 
     denied = CommandResult(
         ("docker",), 1, "", "permission denied while trying to connect to the Docker daemon "

@@ -21,7 +21,7 @@ from kvpd.exec.local import LocalTransport, read_stat
 from kvpd.exec.state import DeploymentState, StateStore
 from kvpd.exec.status import ProcessStatus
 from kvpd.exec.stop import is_running
-from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 
 # The "service": modes via argv. `ok` serves /health 200; `never` answers 503 forever;
 # `fail` prints a known error and exits 1; `stubborn` ignores SIGTERM; every mode appends its
@@ -265,7 +265,7 @@ def test_down_after_up_killed_half_way(env, tmp_path: Path) -> None:
         from kvpd.exec.executor import Executor
         from kvpd.exec.local import LocalTransport
         from kvpd.exec.state import StateStore
-        from kvpd.plan.model import Plan
+        from kvpd.plan.value import Plan
         plan = Plan.from_dict(json.load(open({str(tmp / "plan.json")!r})))
         Executor({{"local": LocalTransport()}}, store=StateStore({str(store.root)!r})).up(plan)
         """

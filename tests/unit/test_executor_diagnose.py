@@ -9,7 +9,7 @@ import pytest
 
 from kvpd.exec.diagnose import current_run, likely_cause, tail
 from kvpd.exec.health import probe
-from kvpd.plan.model import HealthCheck
+from kvpd.plan.value import HealthCheck
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from kvpd.errors import DeployError, HealthTimeout, StateError
 from kvpd.exec.executor import Executor
 from kvpd.exec.state import StateStore
 from kvpd.exec.transport import CommandResult
-from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 from kvpd.testing.transport import FakeProgram, FakeTransport
 
 HOSTS = ("h1", "h2")

@@ -55,7 +55,7 @@ def test_golden(name: str, tmp_path: Path, update_golden: bool) -> None:
 
 @pytest.mark.parametrize("name", bundled_names())
 def test_plan_roundtrips_through_json(name: str) -> None:
-    from kvpd.plan.model import Plan
+    from kvpd.plan.value import Plan
 
     plan = load_plan(name, base_dir=BASE_DIR)
     again = Plan.from_dict(json.loads(plan.to_json()))

@@ -145,7 +145,7 @@ def test_ports_listening(family: int, addr: str) -> None:
 
 def test_import_kvpd_exec_stays_light() -> None:
     code = (
-        "import sys, kvpd.exec.executor, kvpd.exec.local, kvpd.exec.transports;"
+        "import sys, kvpd.exec.executor, kvpd.exec.local, kvpd.exec.pool;"
         "bad = {'typer', 'rich', 'paramiko'} & set(sys.modules); assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

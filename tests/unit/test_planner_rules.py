@@ -7,7 +7,7 @@ import pytest
 
 from kvpd.errors import ProfileError
 from kvpd.plan.build import load_plan
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 LW = "layerwise-sparse-1p1d"  # GLM-5.1: 78 layers, kv_lora_rank 512, rope 64, block 128
 

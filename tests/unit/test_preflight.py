@@ -13,7 +13,7 @@ from kvpd.exec.local import LocalTransport
 from kvpd.exec.preflight import run_checks
 from kvpd.exec.service import Deployments, PreflightFailed
 from kvpd.exec.state import StateStore
-from kvpd.plan.model import HostRequirements, HostSpec, Interpreter, PackageNeed, Plan, PortUse
+from kvpd.plan.value import HostRequirements, HostSpec, Interpreter, PackageNeed, Plan, PortUse
 
 
 def plan(tmp_path: Path, port: int, **need: object) -> Plan:

@@ -15,7 +15,7 @@ from kvpd.cli.plan_cmd import write_plan_dir
 from kvpd.errors import PlanError, ProfileError
 from kvpd.plan.build import load_plan
 from kvpd.plan.configfiles import ini_text
-from kvpd.plan.model import FileSpec, Plan
+from kvpd.plan.value import FileSpec, Plan
 
 LW = "layerwise-sparse-1p1d"
 UCM = "ucm-centralized-2p2d"

@@ -17,8 +17,8 @@ from pathlib import Path
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.service import Deployments
 from kvpd.exec.state import StateStore
-from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 from kvpd.plan.processes import ADMIN_TOKEN_FILE
+from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 from kvpd.testing.backend import StandInBackend
 from tests.unit.test_executor import free_port
 

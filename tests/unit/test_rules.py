@@ -8,7 +8,7 @@ import pytest
 
 from kvpd.errors import ProfileError
 from kvpd.plan.build import load_plan
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 from kvpd.profile.load import parse_profile
 
 LW = "layerwise-sparse-1p1d"

@@ -7,7 +7,7 @@ import pytest
 
 from kvpd.errors import ProfileError
 from kvpd.plan.build import load_plan
-from kvpd.plan.model import Plan
+from kvpd.plan.value import Plan
 
 LW = "layerwise-sparse-1p1d"
 MC = "ucm-mooncake-2p2d"

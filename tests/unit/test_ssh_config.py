@@ -9,7 +9,7 @@ import pytest
 
 from kvpd.errors import TransportError
 from kvpd.exec.ssh.config import load_ssh_config, route
-from kvpd.plan.model import HostSpec
+from kvpd.plan.value import HostSpec
 
 CONFIG = """
 Host gpu1

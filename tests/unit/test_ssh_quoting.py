@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kvpd.errors import PlanError
-from kvpd.exec.shellwords import check_env, quote_word
+from kvpd.exec.command_words import check_env, quote_word
 from kvpd.exec.ssh.commands import command_line, detached_command_line, group_stats_snippet
 from kvpd.exec.ssh.config import parse_jump
 

@@ -12,7 +12,7 @@ import pytest
 from kvpd.errors import StateError
 from kvpd.exec import state as state_mod
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore, state_root
-from kvpd.plan.model import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 
 
 def a_plan() -> Plan:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import posixpath
 
 from kvpd.errors import PlanError
-from kvpd.exec.shellwords import check_env, quote_word
+from kvpd.exec.command_words import check_env, quote_word
 
 # Exit code when the working directory or the command is unusable: what a shell gives for a
 # missing command and what LocalTransport returns for both.

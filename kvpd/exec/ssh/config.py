@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import paramiko
 
 from kvpd.errors import PlanError, TransportError
-from kvpd.plan.model import HostSpec
+from kvpd.plan.value import HostSpec
 
 DEFAULT_SSH_CONFIG = "~/.ssh/config"
 # Points kvpd at another ssh_config (tests, or a team's shared file); "none" reads none.

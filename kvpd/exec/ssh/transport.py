@@ -17,7 +17,7 @@ from kvpd.exec.ssh.config import Route, load_ssh_config, route
 from kvpd.exec.ssh.connect import LINK_ERRORS, Connection, Unstarted, connect
 from kvpd.exec.ssh.timed import drive
 from kvpd.exec.transport import CommandResult, Started
-from kvpd.plan.model import HostSpec
+from kvpd.plan.value import HostSpec
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kvpd.plan.facts import Facts, GroupFacts
 from kvpd.plan.layout import Layout
-from kvpd.plan.processes import Proc
+from kvpd.plan.processes import ProcessDraft
 from kvpd.profile.schema import Group, Profile
 
 Path_ = tuple[str | int, ...]
@@ -32,7 +32,7 @@ class Checker:
         self.f = facts
         self.p: Profile = facts.profile
         self.layout: Layout = facts.layout
-        self.procs: tuple[Proc, ...] = facts.procs
+        self.procs: tuple[ProcessDraft, ...] = facts.procs
         self.findings: list[Finding] = []
 
     def err(self, path: Path_, msg: str, *, on_hardware: bool = False) -> None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 
-from kvpd.plan.processes import Proc
+from kvpd.plan.processes import ProcessDraft
 from kvpd.plan.proxyargs import set_timeouts
 from kvpd.plan.rules.base import Checker, Path_
+from kvpd.profile.roles import ENGINE_ROLES
 from kvpd.profile.types import is_ip
 
 WILDCARDS = ("0.0.0.0", "::", "0:0:0:0:0:0:0:0")
@@ -73,9 +74,9 @@ def rule_proxy(c: Checker) -> None:
         )
 
 
-def port_field(proc: Proc, purpose: str) -> Path_:
+def port_field(proc: ProcessDraft, purpose: str) -> Path_:
     """The profile field that put `purpose`'s port into the ledger."""
-    if proc.role in ("prefill", "decode", "mixed"):
+    if proc.role in ENGINE_ROLES:
         if purpose == "http":
             return (proc.role, "port")
         if purpose == "data-parallel rpc":
@@ -108,8 +109,8 @@ def _span(ports: list[int]) -> str:
 def rule_ports(c: Checker) -> None:
     """One message per problem: all overflowing ports of one field together, and all clashes
     between the same two fields together (a kv_port range overlapping another counts once)."""
-    over: dict[Path_, list[tuple[Proc, int]]] = {}
-    seen: dict[tuple[str, int], tuple[Proc, str, Path_]] = {}
+    over: dict[Path_, list[tuple[ProcessDraft, int]]] = {}
+    seen: dict[tuple[str, int], tuple[ProcessDraft, str, Path_]] = {}
     clashes: dict[tuple[Path_, Path_], list[tuple[str, int, str, str]]] = {}
     located: dict[tuple[Path_, Path_], Path_] = {}
     for proc in c.procs:

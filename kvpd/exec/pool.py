@@ -6,7 +6,7 @@ import threading
 
 from kvpd.errors import ProfileError
 from kvpd.exec.transport import Transport
-from kvpd.plan.model import HostSpec
+from kvpd.plan.value import HostSpec
 
 KNOWN_TRANSPORTS = ("local", "ssh")
 

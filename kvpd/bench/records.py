@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvpd.bench.results import METRICS
+from kvpd.bench.serve_output import METRICS
 from kvpd.errors import BenchError
 
 FORMAT = "kvpd-bench/1"
