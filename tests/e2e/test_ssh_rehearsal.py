@@ -393,6 +393,28 @@ def test_layerwise_engines_up_and_request_through_proxy(layerwise: Rehearsal) ->
     assert after - before >= 32
 
 
+def test_layerwise_bundle_on_both_hosts_and_decode_selects_kvpds_planner(
+    layerwise: Rehearsal,
+) -> None:
+    """`up` put kvpd's node bundle on both hosts (the proxy on p1; on d1 the decode, whose
+    sparse offload uses kvpd's planner), and the running decode's environment selects it."""
+    st = json.loads(layerwise.kvpd("status", layerwise.name, "--json").stdout)
+    assert {b["host"] for b in st["bundle"]} == {"p1", "d1"}, st["bundle"]
+    assert all(b["action"] in ("installed", "kept") for b in st["bundle"]), st["bundle"]
+    dec = next(p for p in st["processes"] if p["name"] == "decode-0")
+    from kvpd.exec.ssh import SSHTransport
+
+    t = SSHTransport(layerwise.bed.spec(layerwise.hosts["d1"]))
+    try:
+        r = t.run(["cat", f"/proc/{dec['pid']}/environ"])
+    finally:
+        t.close()
+    assert r.ok, r.stderr
+    env = dict(v.split("=", 1) for v in r.stdout.split("\0") if "=" in v)
+    assert env.get("KVPD_SPARSE_PLANNER") == "kvpd"
+    assert "bundle/engine" in env.get("PYTHONPATH", "")
+
+
 def test_layerwise_down_stops_everything(layerwise: Rehearsal) -> None:
     assert_down_leaves_nothing(layerwise)
 
