@@ -7,7 +7,7 @@ import json
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
@@ -20,7 +20,11 @@ from kvpd.exec.executor import DownResult
 from kvpd.exec.gather import Report
 from kvpd.exec.state import DeploymentState
 from kvpd.exec.status import ProcessStatus
+from kvpd.exec.stop import Progress
 from kvpd.plan.value import Plan
+
+if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
+    from typing_extensions import Unpack
 
 # Not a terminal (make demo, CI logs): wide enough that tables are not cut to 80 columns.
 _WIDTH = None if Console().is_terminal else 160
@@ -95,22 +99,15 @@ class LiveProgress:
         if not self._console.is_terminal:  # Live leaves the last line open when not a tty
             self._console.line()
 
-    def process(
-        self,
-        name: str,
-        phase: str,
-        *,
-        host: str = "",
-        detail: str = "",
-        elapsed_s: float | None = None,
-    ) -> None:
+    def process(self, name: str, phase: str, **info: Unpack[Progress]) -> None:
+        host, detail = info.get("host", ""), info.get("detail", "")
         with self._lock:
             row = self._rows.setdefault(name, {"host": host, "t": None})
             if phase == "starting":
                 self._messages = []  # file writing is over: its note would only be stale
             if phase != row.get("phase"):
                 row["t"] = time.monotonic()  # elapsed of the current phase, shown live
-            row.update(phase=phase, detail=detail, elapsed=elapsed_s)
+            row.update(phase=phase, detail=detail, elapsed=info.get("elapsed_s"))
             if host:
                 row["host"] = host
 

@@ -12,11 +12,15 @@ and every later operation reads them inside again, so the PID-reuse guard holds.
 from __future__ import annotations
 
 import posixpath
+from typing import TYPE_CHECKING
 
 from kvpd.errors import TransportError
-from kvpd.exec import procfs
 from kvpd.exec.ssh import commands
-from kvpd.exec.transport import CommandResult, Started, Transport
+from kvpd.exec.ssh.processes import ShellProcesses, started
+from kvpd.exec.transport import CommandResult, Run, RunOptions, Started, Transport
+
+if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
+    from typing_extensions import Unpack
 from kvpd.plan.container import ContainerSpec
 
 # What the runtime prints when it cannot do the exec itself, and what the user should do.
@@ -53,7 +57,7 @@ def runtime_failure(spec: ContainerSpec, host: str, r: CommandResult) -> str | N
     return None
 
 
-class ContainerTransport:
+class ContainerTransport(ShellProcesses):
     """Operations on one host's container, through `inner` (the host's transport)."""
 
     def __init__(self, inner: Transport, spec: ContainerSpec) -> None:
@@ -80,17 +84,11 @@ class ContainerTransport:
 
     # -- commands and files ------------------------------------------------------------
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        timeout_s: float = 60.0,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> CommandResult:
-        where = self.resolve(cwd) if cwd is not None else None
-        line = commands.command_line(list(argv), env=env, cwd=where)
-        r = self._inside(line, timeout_s)
+    def run(self, argv: list[str], **opts: Unpack[RunOptions]) -> CommandResult:
+        o = Run(**opts)
+        where = self.resolve(o.cwd) if o.cwd is not None else None
+        line = commands.command_line(list(argv), env=o.env, cwd=where)
+        r = self._inside(line, o.timeout_s)
         return CommandResult(tuple(argv), r.exit_code, r.stdout, r.stderr)
 
     def put(self, path: str, content: bytes, *, mode: int = 0o644) -> None:
@@ -121,42 +119,12 @@ class ContainerTransport:
                 f"{(r.stderr.strip() or r.stdout.strip())[-500:]}. Fix: check that the run "
                 "dir is mounted at the same path inside and the command exists there."
             )
-        pid = int(lines[0])
-        st = procfs.parse_stat("\n".join(lines[1:])) if len(lines) > 1 else None
-        ticks = st.start_ticks if st is not None and st.pid == pid else 0
-        return Started(pid=pid, pgid=pid, start_ticks=ticks, log=log_path)
+        return started(lines, log_path)
 
-    def _group(self, pgid: int) -> tuple[procfs.ProcStat | None, list[procfs.ProcStat]]:
-        out = self._snippet(commands.group_stats_snippet(pgid), f"listing process group {pgid}")
-        leader, members = None, []
-        for line in out.splitlines():
-            if line.startswith("L "):
-                leader = procfs.parse_stat(line[2:])
-            elif (st := procfs.parse_stat(line)) is not None:
-                members.append(st)
-        return leader, procfs.live_members(members, int(pgid))
 
-    def alive(self, pid: int, *, start_ticks: int | None = None) -> bool:
-        out = self._snippet(commands.stat_snippet(pid), f"reading the state of {pid}")
-        st = procfs.parse_stat(out) if out.strip() else None
-        return procfs.is_alive(st, start_ticks)
 
-    def group_alive(self, pgid: int) -> list[int]:
-        return sorted(s.pid for s in self._group(pgid)[1])
 
-    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
-        leader, members = self._group(pgid)
-        if not procfs.may_signal_group(int(pgid), leader, members, start_ticks):
-            return False
-        out = self._snippet(commands.signal_snippet(pgid, sig), f"signalling process group {pgid}")
-        return out.strip() == "sent"
 
-    def ports_listening(self, ports: list[int]) -> list[int]:
-        # Host networking: the container sees the host's sockets; read them inside anyway, so
-        # a container without host networking shows its own.
-        out = self._snippet(commands.LISTENING_SNIPPET, "listing listening ports")
-        listening = procfs.listening_in([out])
-        return [p for p in ports if p in listening]
 
     def close(self) -> None:
         self.inner.close()

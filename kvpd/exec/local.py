@@ -7,6 +7,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvpd.exec.command_words import check_env
 from kvpd.exec.procfs import (
@@ -17,7 +18,10 @@ from kvpd.exec.procfs import (
     may_signal_group,
     parse_stat,
 )
-from kvpd.exec.transport import CommandResult, Started
+from kvpd.exec.transport import CommandResult, Run, RunOptions, Started
+
+if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
+    from typing_extensions import Unpack
 from kvpd.plan.value import HostSpec
 
 # Children kvpd itself started, process-wide: any LocalTransport instance reaps them, so a
@@ -79,23 +83,17 @@ class LocalTransport:
     def resolve(self, path: str) -> str:
         return os.path.normpath(os.path.join(self._base, os.path.expanduser(path)))
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        timeout_s: float = 60.0,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> CommandResult:
+    def run(self, argv: list[str], **opts: Unpack[RunOptions]) -> CommandResult:
+        o = Run(**opts)
         # Same rules as over SSH: a name a shell could not export is refused on every host.
-        full_env = {**os.environ, **check_env(env)} if env else None
+        full_env = {**os.environ, **check_env(o.env)} if o.env else None
         try:
             proc = subprocess.run(
                 argv,
                 capture_output=True,
-                timeout=timeout_s,
+                timeout=o.timeout_s,
                 env=full_env,
-                cwd=self.resolve(cwd) if cwd else self._base,
+                cwd=self.resolve(o.cwd) if o.cwd else self._base,
                 stdin=subprocess.DEVNULL,
             )
         except FileNotFoundError as e:  # same code a shell gives for a missing command
@@ -103,7 +101,7 @@ class LocalTransport:
         except subprocess.TimeoutExpired as e:
             out = (e.stdout or b"").decode(errors="replace")
             err = (e.stderr or b"").decode(errors="replace")
-            return CommandResult(tuple(argv), 124, out, err + f"\ntimed out after {timeout_s}s")
+            return CommandResult(tuple(argv), 124, out, err + f"\ntimed out after {o.timeout_s}s")
         return CommandResult(
             tuple(argv),
             proc.returncode,

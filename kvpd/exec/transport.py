@@ -7,7 +7,10 @@ host; a relative path is relative to the host's run directory, which `resolve` t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
+
+if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
+    from typing_extensions import Unpack
 
 
 @dataclass(frozen=True)
@@ -32,20 +35,31 @@ class Started:
     log: str
 
 
+class RunOptions(TypedDict, total=False):
+    """The keyword options of `Transport.run`, stated once for every transport."""
+
+    timeout_s: float
+    env: dict[str, str] | None
+    cwd: str | None
+
+
+@dataclass(frozen=True)
+class Run:
+    """`RunOptions` with their defaults: what an implementation of `run` reads."""
+
+    timeout_s: float = 60.0
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+
+
 class Transport(Protocol):
     """Operations on one host. Implementations must be safe to call from several threads."""
 
     host: str
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        timeout_s: float = 60.0,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> CommandResult:
-        """Run a command to completion (no shell: argv is quoted by the transport)."""
+    def run(self, argv: list[str], **opts: Unpack[RunOptions]) -> CommandResult:
+        """Run a command to completion (no shell: argv is quoted by the transport); `opts`:
+        `timeout_s` (default 60), `env`, `cwd`."""
         ...
 
     def put(self, path: str, content: bytes, *, mode: int = 0o644) -> None:

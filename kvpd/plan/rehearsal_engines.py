@@ -55,6 +55,11 @@ CPU_ENV = (
 ROLE = {"prefill": "kv_producer", "decode": "kv_consumer", "mixed": "kv_both"}
 
 
+def endpoint(profile: Profile, real: ProcessDraft) -> tuple[str, int]:
+    """Where the real engine answers (address, HTTP port): its substitute answers there too."""
+    return addr(profile, real.host), real.ports[0][0]
+
+
 class CpuVllm:
     """CPU vLLM of the rehearsal's tiny model, ExampleConnector for every KV connector."""
 
@@ -64,8 +69,7 @@ class CpuVllm:
         self, profile: Profile, group: Group, real: ProcessDraft, index: int
     ) -> ProcessDraft:
         rh = profile.rehearsal
-        a = addr(profile, real.host)
-        port = real.ports[0][0]
+        a, port = endpoint(profile, real)
         argv = [rh.vllm, "serve", rh.model, "--host", a, "--port", str(port)]
         argv += ["--served-model-name", profile.model.served_name or profile.model.path]
         argv += list(CPU_ENGINE_ARGS)
@@ -138,8 +142,7 @@ class StandIn:
         self, profile: Profile, group: Group, real: ProcessDraft, index: int
     ) -> ProcessDraft:
         rh = profile.rehearsal
-        a = addr(profile, real.host)
-        port = real.ports[0][0]
+        a, port = endpoint(profile, real)
         argv = [rh.python, STANDIN_SCRIPT, "--host", a, "--port", str(port)]
         argv += ["--role", real.role]
         argv += ["--served-model-name", profile.model.served_name or profile.model.path]

@@ -17,12 +17,16 @@ import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvpd.errors import TransportError
 from kvpd.exec import procfs
 from kvpd.exec.command_words import check_env
 from kvpd.exec.executor import LOG_HEADER_SH
-from kvpd.exec.transport import CommandResult, Started
+from kvpd.exec.transport import CommandResult, Run, RunOptions, Started
+
+if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
+    from typing_extensions import Unpack
 
 NOT_FOUND = 127
 
@@ -106,16 +110,10 @@ class FakeTransport:
             path = path[2:]
         return posixpath.normpath(posixpath.join(self.home, path))
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        timeout_s: float = 60.0,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> CommandResult:
+    def run(self, argv: list[str], **opts: Unpack[RunOptions]) -> CommandResult:
+        o = Run(**opts)
         self._check_reachable()
-        check_env(env)
+        check_env(o.env)
         with self._lock:
             self.ran.append(tuple(argv))
             builtin = self.commands.get(posixpath.basename(argv[0])) if argv else None

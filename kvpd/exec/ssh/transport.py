@@ -6,17 +6,20 @@ from __future__ import annotations
 import posixpath
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import paramiko
 
 from kvpd.errors import TransportError
-from kvpd.exec import procfs
 from kvpd.exec.ssh import commands, sftp
 from kvpd.exec.ssh.config import Route, load_ssh_config, route
 from kvpd.exec.ssh.connect import LINK_ERRORS, Connection, Unstarted, connect
+from kvpd.exec.ssh.processes import ShellProcesses, started
 from kvpd.exec.ssh.timed import drive
-from kvpd.exec.transport import CommandResult, Started
+from kvpd.exec.transport import CommandResult, Run, RunOptions, Started
+
+if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
+    from typing_extensions import Unpack
 from kvpd.plan.value import HostSpec
 
 T = TypeVar("T")
@@ -25,7 +28,7 @@ T = TypeVar("T")
 MAX_PARALLEL_CHANNELS = 8
 
 
-class SSHTransport:
+class SSHTransport(ShellProcesses):
     """Operations on one host over one SSH connection, opened on first use and shared by all
     threads (channels are multiplexed; at most MAX_PARALLEL_CHANNELS at a time). A connection
     found dropped is re-opened once per operation. Relative paths are relative to the login
@@ -138,16 +141,10 @@ class SSHTransport:
         except Exception:  # noqa: BLE001
             pass
 
-    def run(
-        self,
-        argv: list[str],
-        *,
-        timeout_s: float = 60.0,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-    ) -> CommandResult:
-        command = commands.command_line(list(argv), env=env, cwd=cwd)
-        return self._result(tuple(argv), command, timeout_s)
+    def run(self, argv: list[str], **opts: Unpack[RunOptions]) -> CommandResult:
+        o = Run(**opts)
+        command = commands.command_line(list(argv), env=o.env, cwd=o.cwd)
+        return self._result(tuple(argv), command, o.timeout_s)
 
     def shell(self, script: str, *, timeout_s: float = 60.0) -> CommandResult:
         """Run a trusted shell snippet written by kvpd itself (never built from plan values)."""
@@ -262,42 +259,12 @@ class SSHTransport:
                 f"{err.decode(errors='replace').strip()[-500:] or text.strip()[-500:]}. "
                 "Fix: check that the directory exists and the log directory is writable."
             )
-        pid = int(lines[0])
-        st = procfs.parse_stat("\n".join(lines[1:])) if len(lines) > 1 else None
-        ticks = st.start_ticks if st is not None and st.pid == pid else 0
-        return Started(pid=pid, pgid=pid, start_ticks=ticks, log=log_path)
+        return started(lines, log_path)
 
-    def _group(self, pgid: int) -> tuple[procfs.ProcStat | None, list[procfs.ProcStat]]:
-        """(the process numbered `pgid` if any, the live members of process group `pgid`)."""
-        out = self._snippet(commands.group_stats_snippet(pgid), f"listing process group {pgid}")
-        leader, members = None, []
-        for line in out.splitlines():
-            if line.startswith("L "):
-                leader = procfs.parse_stat(line[2:])
-            elif (st := procfs.parse_stat(line)) is not None:
-                members.append(st)
-        return leader, procfs.live_members(members, int(pgid))
 
-    def alive(self, pid: int, *, start_ticks: int | None = None) -> bool:
-        out = self._snippet(commands.stat_snippet(pid), f"reading the state of {pid}")
-        st = procfs.parse_stat(out) if out.strip() else None
-        return procfs.is_alive(st, start_ticks)
 
-    def group_alive(self, pgid: int) -> list[int]:
-        return sorted(s.pid for s in self._group(pgid)[1])
 
-    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
-        """Signal the group unless it can no longer be ours (procfs.may_signal_group)."""
-        leader, members = self._group(pgid)
-        if not procfs.may_signal_group(int(pgid), leader, members, start_ticks):
-            return False
-        out = self._snippet(commands.signal_snippet(pgid, sig), f"signalling process group {pgid}")
-        return out.strip() == "sent"
 
-    def ports_listening(self, ports: list[int]) -> list[int]:
-        out = self._snippet(commands.LISTENING_SNIPPET, "listing listening ports")
-        listening = procfs.listening_in([out])
-        return [p for p in ports if p in listening]
 
     def close(self) -> None:
         """Close the connection (a later operation opens a new one); detached processes keep

@@ -1,0 +1,62 @@
+"""Process control through shell snippets (pure of paramiko): what every transport that runs
+commands through a POSIX shell on the node shares, over SSH or inside a container.
+
+A transport mixes in `ShellProcesses` and provides `_snippet(script, what)` (run one shell
+snippet, return its stdout or raise TransportError naming `what`); identity, the PID-reuse
+guard and port listing then follow the procfs rules once (kvpd.exec.procfs).
+"""
+
+from __future__ import annotations
+
+from kvpd.exec import procfs
+from kvpd.exec.ssh import commands
+from kvpd.exec.transport import Started
+
+
+class ShellProcesses:
+    """alive / group_alive / signal_group / ports_listening over `_snippet`."""
+
+    def _snippet(self, script: str, what: str, timeout_s: float = 30.0) -> str:
+        raise NotImplementedError
+
+    def _group(self, pgid: int) -> tuple[procfs.ProcStat | None, list[procfs.ProcStat]]:
+        """(the process numbered `pgid` if any, the live members of process group `pgid`)."""
+        out = self._snippet(commands.group_stats_snippet(pgid), f"listing process group {pgid}")
+        leader, members = None, []
+        for line in out.splitlines():
+            if line.startswith("L "):
+                leader = procfs.parse_stat(line[2:])
+            elif (st := procfs.parse_stat(line)) is not None:
+                members.append(st)
+        return leader, procfs.live_members(members, int(pgid))
+
+    def alive(self, pid: int, *, start_ticks: int | None = None) -> bool:
+        out = self._snippet(commands.stat_snippet(pid), f"reading the state of {pid}")
+        st = procfs.parse_stat(out) if out.strip() else None
+        return procfs.is_alive(st, start_ticks)
+
+    def group_alive(self, pgid: int) -> list[int]:
+        return sorted(s.pid for s in self._group(pgid)[1])
+
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
+        """Signal the group unless it can no longer be ours (procfs.may_signal_group)."""
+        leader, members = self._group(pgid)
+        if not procfs.may_signal_group(int(pgid), leader, members, start_ticks):
+            return False
+        out = self._snippet(commands.signal_snippet(pgid, sig), f"signalling process group {pgid}")
+        return out.strip() == "sent"
+
+    def ports_listening(self, ports: list[int]) -> list[int]:
+        # Read where the processes run: a container without host networking shows its own.
+        out = self._snippet(commands.LISTENING_SNIPPET, "listing listening ports")
+        listening = procfs.listening_in([out])
+        return [p for p in ports if p in listening]
+
+
+def started(lines: list[str], log_path: str) -> Started:
+    """The process `detached_command_line` started, from its output: the PID on the first
+    line, then its stat line (for the start time that guards against PID reuse)."""
+    pid = int(lines[0])
+    st = procfs.parse_stat("\n".join(lines[1:])) if len(lines) > 1 else None
+    ticks = st.start_ticks if st is not None and st.pid == pid else 0
+    return Started(pid=pid, pgid=pid, start_ticks=ticks, log=log_path)
