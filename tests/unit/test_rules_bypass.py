@@ -5,28 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvpd.errors import ProfileError
 from kvpd.plan.build import load_plan
-from kvpd.plan.value import Plan
+from tests.unit.test_rules import LW, error, plan, warnings
 
-LW = "layerwise-sparse-1p1d"
 MC = "ucm-mooncake-2p2d"
 UCM = "ucm-centralized-2p2d"
 MIXED = "ucm-pd-mixed"
-
-
-def plan(name: str, *sets: str) -> Plan:
-    return load_plan(name, sets=list(sets), base_dir="/srv/kvpd")
-
-
-def error(name: str, *sets: str) -> str:
-    with pytest.raises(ProfileError) as e:
-        plan(name, *sets)
-    return str(e.value)
-
-
-def warnings(name: str, *sets: str) -> str:
-    return "\n".join(plan(name, *sets).warnings)
 
 
 # --- extra args cannot bypass what kvpd derives or checks ---
