@@ -33,8 +33,9 @@ def kvpd_env() -> dict[str, str]:
 
 def kvpd(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "kvpd.cli.main", *args]
-    r = subprocess.run(cmd, cwd=REPO, env=kvpd_env(), capture_output=True, text=True,
-                       timeout=timeout)
+    r = subprocess.run(
+        cmd, cwd=REPO, env=kvpd_env(), capture_output=True, text=True, timeout=timeout
+    )
     if check and r.returncode != 0:
         out = f"{r.stdout}\n{r.stderr}"
         raise AssertionError(f"kvpd {' '.join(args)} exited {r.returncode}:\n{out}")

@@ -31,8 +31,14 @@ PROMPT = (
 
 
 def complete(url: str, prompt: str, n: int = 12, **extra) -> tuple[int, dict]:
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0,
-            "ignore_eos": True, **extra}
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": n,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
     return get_json(url + "/v1/completions", body)
 
 
@@ -46,28 +52,40 @@ def test_greedy_output_through_proxy_equals_prefill_alone(local_deployment) -> N
 
 
 def test_decode_receives_kv_from_prefill(local_deployment) -> None:
-    before = metric(local_deployment.decode, "vllm:prompt_tokens_by_source_total",
-                    source="external_kv_transfer")
+    before = metric(
+        local_deployment.decode, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
+    )
     status, body = complete(local_deployment.proxy, PROMPT + " two, with a longer tail here")
     assert status == 200, body
-    after = metric(local_deployment.decode, "vllm:prompt_tokens_by_source_total",
-                   source="external_kv_transfer")
+    after = metric(
+        local_deployment.decode, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer"
+    )
     assert after - before >= 32  # at least one whole 32-token block came from prefill
 
 
 def test_streaming_and_chat_through_proxy(local_deployment) -> None:
     import urllib.request
 
-    body = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "stream": True,
-                       "ignore_eos": True})
-    req = urllib.request.Request(local_deployment.proxy + "/v1/completions", data=body.encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "stream": True, "ignore_eos": True}
+    )
+    req = urllib.request.Request(
+        local_deployment.proxy + "/v1/completions",
+        data=body.encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         text = r.read().decode()
     assert text.count("data: ") >= 5 and "data: [DONE]" in text
-    status, chat = get_json(local_deployment.proxy + "/v1/chat/completions", {
-        "model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4,
-        "ignore_eos": True})
+    status, chat = get_json(
+        local_deployment.proxy + "/v1/chat/completions",
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 4,
+            "ignore_eos": True,
+        },
+    )
     assert status == 200 and chat["usage"]["completion_tokens"] == 4
 
 
@@ -111,8 +129,9 @@ def test_down_after_killed_up_leaves_nothing(tmp_path) -> None:
     sets = local_sets(name, 18610)
     kvpd("down", "--deployment", name, check=False)
     cmd = [sys.executable, "-m", "kvpd.cli.main", "up", "local", "--yes", *set_args(sets)]
-    up = subprocess.Popen(cmd, cwd=REPO, env=kvpd_env(), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL)
+    up = subprocess.Popen(
+        cmd, cwd=REPO, env=kvpd_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     state_file = REPO / ".kvpd" / name / "state.json"
 
     deadline = time.monotonic() + 120

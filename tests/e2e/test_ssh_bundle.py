@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Testbed, other_python
-from tests.e2e.test_ssh_rehearsal import PROMPT, REPO, fetch, kvpd, metric, not_root
+from tests.e2e.test_ssh_rehearsal import PROMPT, REPO, fetch, metric, not_root
+from tests.e2e.test_ssh_rehearsal import kvpd as kvpd_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 
@@ -84,6 +85,13 @@ def profile(bed: Testbed, proxy_python: str) -> dict[str, Any]:
         "decode": {"hosts": ["d1"], "port": 18200, "kv_connectors": ["kvpd_store"]},
         "proxy": {"host": "px", "port": 18000, "python": proxy_python},
     }
+
+
+def kvpd(state_dir: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """The CLI with a wheel cache of this module's own, empty at the start: whatever an earlier
+    run left in `~/.cache/kvpd` must not turn the proxy host's build into a cache hit."""
+    cache = state_dir.parent / "wheel-cache"
+    return kvpd_cli(state_dir, *args, env={"KVPD_CACHE_DIR": str(cache)}, **kw)
 
 
 def on_host(bed: Testbed, host: str, argv: list[str]) -> subprocess.CompletedProcess[str]:

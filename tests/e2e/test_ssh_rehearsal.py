@@ -103,9 +103,10 @@ def write_inventory(
     return path
 
 
-def kvpd_env(state_dir: Path) -> dict[str, str]:
+def kvpd_env(state_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     env["KVPD_STATE_DIR"] = str(state_dir)
+    env.update(extra or {})
     return env
 
 
@@ -114,13 +115,17 @@ def kvpd_cmd(*args: str) -> list[str]:
 
 
 def kvpd(
-    state_dir: Path, *args: str, check: bool = True, timeout: float = 900
+    state_dir: Path,
+    *args: str,
+    check: bool = True,
+    timeout: float = 900,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the kvpd CLI in a fresh process with its own state directory."""
+    """Run the kvpd CLI in a fresh process with its own state directory (and `env` on top)."""
     r = subprocess.run(
         kvpd_cmd(*args),
         cwd=state_dir.parent,
-        env=kvpd_env(state_dir),
+        env=kvpd_env(state_dir, env),
         capture_output=True,
         text=True,
         timeout=timeout,
