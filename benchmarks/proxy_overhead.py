@@ -57,6 +57,17 @@ def request_bytes(port: int, path: str, body: dict, request_id: str = "") -> byt
     ).encode() + data
 
 
+def parse_head(head: bytes) -> tuple[int, int]:
+    """A response head's status and how its body ends: -2 = chunked, else its Content-Length
+    (the lean clients here measure the proxy, not HTTP parsing)."""
+    head = head.lower()
+    if b"transfer-encoding: chunked" in head:
+        return int(head[9:12]), -2
+    i = head.find(b"content-length:")
+    j = head.find(b"\r\n", i)
+    return int(head[9:12]), int(head[i + 15 : j if j > 0 else len(head)])
+
+
 class Conn(asyncio.Protocol):
     """Lean keep-alive client connection: one request at a time; the end of a response is
     its Content-Length or the chunked terminator (our backends never send trailers)."""
@@ -81,17 +92,10 @@ class Conn(asyncio.Protocol):
             end = self.buf.find(b"\r\n\r\n")
             if end < 0:
                 return
-            head = self.buf[:end].lower()
+            self.status, self.need = parse_head(self.buf[:end])
             data = self.buf[end + 4 :]
             self.buf = b""
-            self.status = int(head[9:12])
-            if b"transfer-encoding: chunked" in head:
-                self.need = -2
-                self.tail = b""
-            else:
-                i = head.find(b"content-length:")
-                j = head.find(b"\r\n", i)
-                self.need = int(head[i + 15 : j if j > 0 else len(head)])
+            self.tail = b""
         if self.need == -2:
             self.tail = (self.tail + data)[-7:]
             if self.tail.endswith(b"\r\n0\r\n\r\n") or self.tail == b"0\r\n\r\n":

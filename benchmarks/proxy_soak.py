@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from proxy_overhead import free_port, proc_cpu_seconds, request_bytes  # noqa: E402
+from proxy_overhead import free_port, parse_head, proc_cpu_seconds, request_bytes  # noqa: E402
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
 
@@ -64,17 +64,10 @@ class Stream(asyncio.Protocol):
             end = self.head.find(b"\r\n\r\n")
             if end < 0:
                 return
-            head = self.head[:end].lower()
+            self.status, self.need = parse_head(self.head[:end])
             data = self.head[end + 4 :]
             self.head = b""
-            self.status = int(head[9:12])
-            if b"transfer-encoding: chunked" in head:
-                self.need = -2
-                self.tail = b""
-            else:
-                i = head.find(b"content-length:")
-                j = head.find(b"\r\n", i)
-                self.need = int(head[i + 15 : j if j > 0 else len(head)])
+            self.tail = b""
         if data and not self.first_at:
             self.first_at = time.perf_counter()
         if self.need == -2:
