@@ -52,6 +52,25 @@ class Testbed:
         return str(self.dir / name / "ssh_host_ed25519_key.pub")
 
 
+def not_root() -> str | None:
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return "the SSH test bed needs root (network namespaces, mounts)"
+    return None
+
+
+def engine_or_services_missing() -> str | None:
+    venv, services = REPO / ".venv-engine" / "bin", REPO / ".venv-services" / "bin"
+    for path, fix in (
+        (venv / "vllm", "make engine"),
+        (REPO / ".kvpd" / "models" / "tiny" / "config.json", "make model"),
+        (services / "python", "make services"),
+        (services / "mooncake_master", "make services"),
+    ):
+        if not path.exists():
+            return f"{path} is missing (run `{fix}`)"
+    return None
+
+
 def testbed_unavailable() -> str | None:
     """Why the test bed cannot run here, or None."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
@@ -135,3 +154,15 @@ def testbed() -> Iterator[Testbed]:
                 env=_testbed_env(),
                 timeout=120,
             )
+
+
+@pytest.fixture(scope="module")
+def bed(request: pytest.FixtureRequest) -> Testbed:
+    """The session's test bed, once what every SSH end-to-end module needs is known to be there:
+    root (namespaces, mounts), the CPU engine, the tiny model and the services venv (`make test`
+    installs them all). One definition: a module-level copy per test file trips ruff's F811
+    when imported, so they were copied; conftest fixtures need no import."""
+    why = not_root() or engine_or_services_missing()
+    if why:
+        pytest.skip(why)
+    return request.getfixturevalue("testbed")  # type: ignore[no-any-return]

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import Testbed, other_python
-from tests.e2e.test_ssh_rehearsal import PROMPT, REPO, fetch, metric, not_root
+from tests.e2e.test_ssh_rehearsal import PROMPT, REPO, fetch, metric
 from tests.e2e.test_ssh_rehearsal import kvpd as kvpd_cli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
@@ -129,16 +129,10 @@ class Deployed:
 def deployed(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployed]:
-    why = not_root()
-    for path, fix in ((VLLM, "make engine"), (MODEL / "config.json", "make model")):
-        if not path.exists():
-            why = why or f"{path} is missing (run `{fix}`)"
     other = other_python()
     if other is None:
-        why = why or "no second Python (>= 3.10, another version) for the proxy host"
-    if why:
-        pytest.skip(why)
-    bed: Testbed = request.getfixturevalue("testbed")
+        pytest.skip("no second Python (>= 3.10, another version) for the proxy host")
+    bed: Testbed = request.getfixturevalue("bed")  # root, engine, model (or a skip)
     tmp = tmp_path_factory.mktemp("bundle")
     prof = tmp / f"{NAME}.yaml"
     prof.write_text(yaml.safe_dump(profile(bed, other), sort_keys=False))

@@ -30,7 +30,6 @@ from tests.e2e.test_ssh_rehearsal import (
     rehearse,
     write_inventory,
 )
-from tests.e2e.test_ssh_rehearsal import bed as bed  # noqa: F401  (module fixture)
 from tests.unit.standin import STANDIN, can_unshare
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]

@@ -28,7 +28,7 @@ from tests.e2e.test_ssh_faults import (
     start_up,
     wait_for_records,
 )
-from tests.e2e.test_ssh_rehearsal import SHARED, UCM4_HOSTS, kvpd, not_root
+from tests.e2e.test_ssh_rehearsal import SHARED, UCM4_HOSTS, kvpd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 
@@ -53,14 +53,6 @@ SUPERVISED = [
     "--set", "decode.restart.max_restarts=3",
     "--set", "decode.restart.backoff_s=0.5",
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def bed(request: pytest.FixtureRequest) -> Testbed:
-    why = not_root()
-    if why:
-        pytest.skip(why)
-    return request.getfixturevalue("testbed")
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,6 @@ from tests.e2e.test_ssh_rehearsal import (
     kvpd,
     kvpd_cmd,
     kvpd_env,
-    not_root,
     processes_on,
     write_inventory,
 )
@@ -44,14 +43,6 @@ print("fake engine: still loading (this fake never becomes healthy)", flush=True
 while True:
     time.sleep(3600)
 """
-
-
-@pytest.fixture(scope="module")
-def bed(request: pytest.FixtureRequest) -> Testbed:
-    why = not_root()
-    if why:
-        pytest.skip(why)
-    return request.getfixturevalue("testbed")
 
 
 @pytest.fixture(scope="module")

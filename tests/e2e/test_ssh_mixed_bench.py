@@ -19,8 +19,6 @@ from tests.e2e.test_ssh_rehearsal import (
     MODEL,
     Rehearsal,
     assert_down_leaves_nothing,
-    engine_or_services_missing,
-    not_root,
     rehearse,
 )
 
@@ -36,10 +34,7 @@ def mixed(_mixed: Rehearsal) -> Rehearsal:
 def _mixed(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Rehearsal]:
-    why = not_root() or engine_or_services_missing()
-    if why:
-        pytest.skip(why)
-    bed: Testbed = request.getfixturevalue("testbed")
+    bed: Testbed = request.getfixturevalue("bed")
     yield from rehearse(tmp_path_factory.mktemp("mixed"), bed, "ucm-pd-mixed", {"n1": "h1"}, [])
 
 

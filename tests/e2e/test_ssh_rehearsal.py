@@ -39,33 +39,6 @@ SHARED = REPO / ".kvpd" / "e2e-ssh"
 PROMPT = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 10)
 
 
-def not_root() -> str | None:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "the SSH test bed needs root (network namespaces, mounts)"
-    return None
-
-
-def engine_or_services_missing() -> str | None:
-    for path, fix in (
-        (VLLM, "make engine"),
-        (MODEL / "config.json", "make model"),
-        (SERVICES_PY, "make services"),
-        (MOONCAKE, "make services"),
-    ):
-        if not path.exists():
-            return f"{path} is missing (run `{fix}`)"
-    return None
-
-
-@pytest.fixture(scope="module")
-def bed(request: pytest.FixtureRequest) -> Testbed:
-    """The session's test bed, once the rehearsal prerequisites are known to be there."""
-    why = not_root() or engine_or_services_missing()
-    if why:
-        pytest.skip(why)
-    return request.getfixturevalue("testbed")
-
-
 # -- helpers shared with test_ssh_faults.py ------------------------------------------------------
 
 

@@ -23,26 +23,15 @@ from tests.e2e.test_ssh_rehearsal import (
     SHARED,
     Rehearsal,
     assert_down_leaves_nothing,
-    engine_or_services_missing,
     fetch,
     kvpd,
     metric,
-    not_root,
     write_inventory,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 
 ENGINE_ROLES = ("prefill", "decode", "mixed")
-
-
-@pytest.fixture(scope="module")
-def bed(request: pytest.FixtureRequest) -> Testbed:
-    """The session's test bed (the stand-in needs only the services venv's Python and kvpd)."""
-    why = not_root() or engine_or_services_missing()
-    if why:
-        pytest.skip(why)
-    return request.getfixturevalue("testbed")
 
 
 # The rehearsals of this module share bed hosts and ports: one runs at a time, whatever the order.
