@@ -33,6 +33,96 @@ def test_managed_flags_are_refused_in_args(args: str, use: str) -> None:
     assert "decode.args[0]: " in msg and "is set by kvpd from the profile" in msg and use in msg
 
 
+@pytest.mark.parametrize(
+    ("args", "shown", "use"),
+    [
+        # vLLM turns `_` into `-` in a flag's name, with or without `=value`
+        ("[--tensor_parallel_size, '2']", "--tensor-parallel-size", "the group's tp"),
+        ("[--block_size=64]", "--block-size", "block_size"),
+        ("['--kv_transfer_config={}']", "--kv-transfer-config", "kv_connectors"),
+        # one key of a JSON-valued flag
+        (
+            "['--compilation-config.cudagraph_mode=NONE']",
+            "--compilation-config",
+            "compilation_config",
+        ),
+        ("['--kv-transfer-config.kv_role=kv_both']", "--kv-transfer-config", "kv_connectors"),
+        # -O with its value attached
+        ("[-O3]", "-O", "compilation_config"),
+        ("['-O.cudagraph_mode=NONE']", "-O", "compilation_config"),
+        # argparse expands unambiguous prefixes (allow_abbrev is on in vLLM's parser)
+        (
+            "[--tensor-parallel, '2']",
+            "--tensor-parallel (vLLM reads it as --tensor-parallel-size)",
+            "tp",
+        ),
+        ("[--max-model, '8']", "--max-model (vLLM reads it as --max-model-len)", "max_model_len"),
+        # the negative form of a boolean flag kvpd sets
+        (
+            "[--no-enforce-eager]",
+            "--no-enforce-eager (vLLM reads it as --enforce-eager)",
+            "enforce_eager",
+        ),
+        (
+            "[--no-trust_remote_code]",
+            "--no-trust-remote-code (vLLM reads it as --trust-remote-code)",
+            "trust_remote_code",
+        ),
+    ],
+)
+def test_managed_flags_are_refused_in_every_spelling_vllm_reads(
+    args: str, shown: str, use: str
+) -> None:
+    msg = error(LW, f"decode.args={args}")
+    assert f"decode.args[0]: {shown} is set by kvpd from the profile" in msg, msg
+    assert use in msg
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ("[--config, /tmp/more.yaml]", "--config in args reads more options from a YAML file"),
+        ("[--config=/tmp/more.yaml]", "--config in args reads more options from a YAML file"),
+        ("[--api-key, s3cret]", "set VLLM_API_KEY in the group's env instead"),
+        ("[--api_key=s3cret]", "set VLLM_API_KEY in the group's env instead"),
+    ],
+)
+def test_flags_that_hide_options_or_secrets_are_refused(args: str, says: str) -> None:
+    msg = error(LW, f"decode.args={args}")
+    assert "decode.args[0]: " in msg and says in msg, msg
+    assert "s3cret" not in msg  # the refusal does not print the secret either
+
+
+def test_a_flag_and_its_value_in_one_entry_is_refused() -> None:
+    msg = error(LW, "decode.args=['--block-size 64']")
+    assert "decode.args[0]: '--block-size 64' holds a space in a flag" in msg
+    assert "two list entries" in msg
+
+
+@pytest.mark.parametrize("args", ["[--dtype, float16]", "[--dtype=half]", "[--dtype, auto]"])
+def test_dtype_in_args_must_agree_with_the_model(args: str) -> None:
+    msg = error(LW, f"decode.args={args}")
+    assert "decode.args: --dtype " in msg and "contradicts model.dtype bfloat16" in msg, msg
+
+
+def test_dtype_in_args_that_agrees_with_the_model_passes() -> None:
+    p = plan(LW, "decode.args=[--dtype, bfloat16]")
+    assert "bfloat16" in p.process("decode-0").command
+
+
+def test_kv_cache_dtype_under_sparse_offload_is_found_in_any_spelling() -> None:
+    assert "requires a BF16 main cache; --kv-cache-dtype fp8" in error(
+        LW, "decode.args=[--kv_cache_dtype=fp8]"
+    )
+
+
+def test_unmanaged_flags_and_values_that_look_like_flags_pass() -> None:
+    # a value of -1, a real flag that shares a first word with a managed one, a `.` in a value
+    args = "[--max-loras, '-1', --enable-prompt-tokens-details, --tokenizer, ./tok.v2]"
+    cmd = plan(LW, f"decode.args={args}").process("decode-0").command
+    assert "--enable-prompt-tokens-details" in cmd and "./tok.v2" in cmd and "-1" in cmd
+
+
 def test_engine_args_are_checked_too() -> None:
     assert "engine.args[1]: --max-model-len is set by kvpd" in error(
         LW, "engine.args=[--disable-log-stats, --max-model-len, '8']"

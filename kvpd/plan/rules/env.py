@@ -4,6 +4,7 @@ environment variables kvpd manages, and addresses that must be numeric."""
 from __future__ import annotations
 
 from kvpd.plan.rules.base import Checker, Path_
+from kvpd.plan.rules.flags import OPAQUE_FLAGS, arg_value, flag_name, resolve
 from kvpd.profile.schema import ASCEND
 from kvpd.profile.types import HASHSEED_MAX, is_ip, is_ipv4
 
@@ -65,11 +66,8 @@ MANAGED_ENV = {
     "VLLM_DP_SIZE": "the group's dp",
 }
 NUMERIC_ENV = ("HCCL_IF_IP", "VLLM_HOST_IP")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other names for them
 MANAGED_ADDITIONAL = {"sparse_kv_offload_config": "the decode group's sparse_offload"}
-
-
-def _flag_name(arg: str) -> str:
-    return arg.split("=", 1)[0] if arg.startswith("-") else ""
 
 
 def _env_places(c: Checker) -> list[tuple[Path_, dict[str, str]]]:
@@ -83,21 +81,22 @@ def _env_places(c: Checker) -> list[tuple[Path_, dict[str, str]]]:
 
 
 def rule_args(c: Checker) -> None:
-    """Extra `args` must not re-set what kvpd derives or checks (that would bypass the rules)."""
+    """Extra `args` must not re-set what kvpd derives or checks (that would bypass the rules),
+    in any spelling vLLM accepts (`_` for `-`, `--flag.key=v`, abbreviations, `--no-`)."""
     places: list[tuple[Path_, list[str]]] = []
     if c.p.engine.args:
         places.append((("engine", "args"), list(c.p.engine.args)))
     places += [((role, "args"), list(g.args)) for role, g in c.groups() if g.args]
     for path, args in places:
         for i, arg in enumerate(args):
-            name = _flag_name(arg)
-            use = MANAGED_FLAGS.get(name)
-            if use is not None:
-                c.err(
-                    (*path, i),
-                    f"{name} is set by kvpd from the profile (and checked against the other "
-                    f"groups); remove it from args and set {use} instead.",
-                )
+            _check_arg(c, (*path, i), arg)
+        dtype = arg_value(args, "--dtype")
+        if dtype is not None and DTYPE_ALIASES.get(dtype, dtype) != c.p.model.dtype:
+            c.err(
+                path,
+                f"--dtype {dtype} contradicts model.dtype {c.p.model.dtype}, which kvpd's rules "
+                f"and sizing use; set model.dtype: {dtype}, or remove --dtype from args.",
+            )
     for role, g in c.groups():
         add = (g.additional_config or {}) | (c.p.engine.additional_config or {})
         for key, use in MANAGED_ADDITIONAL.items():
@@ -106,6 +105,30 @@ def rule_args(c: Checker) -> None:
                     (role, "additional_config", key),
                     f"{key} is written by kvpd (and checked); remove it and set {use} instead.",
                 )
+
+
+def _check_arg(c: Checker, where: Path_, arg: str) -> None:
+    if arg.startswith("-") and any(ch.isspace() for ch in arg.split("=", 1)[0]):
+        c.err(
+            where,
+            f"{arg!r} holds a space in a flag, so vLLM does not read it as one; give the flag "
+            "and its value as two list entries (e.g. [--flag, value]).",
+        )
+        return
+    name = flag_name(arg)
+    managed = resolve(name, MANAGED_FLAGS)
+    if managed is not None:
+        spelled = name if name == managed else f"{name} (vLLM reads it as {managed})"
+        c.err(
+            where,
+            f"{spelled} is set by kvpd from the profile (and checked against the other "
+            f"groups); remove it from args and set {MANAGED_FLAGS[managed]} instead.",
+        )
+        return
+    opaque = resolve(name, {k: "" for k in OPAQUE_FLAGS})
+    if opaque is not None:
+        why, fix = OPAQUE_FLAGS[opaque]
+        c.err(where, f"{opaque} in args {why}; {fix}.")
 
 
 def rule_env(c: Checker) -> None:

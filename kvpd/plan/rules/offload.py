@@ -5,6 +5,7 @@ from __future__ import annotations
 from kvpd.plan.kvconfig import memfabric_protocol
 from kvpd.plan.layout import hardware_of
 from kvpd.plan.rules.base import Checker
+from kvpd.plan.rules.flags import arg_value
 from kvpd.plan.sizing import GiB, kv_bytes
 
 MEMFABRIC_PROTOCOLS = {"a3": ("sdma", "device_rdma"), "950": ("device_urma",)}
@@ -158,7 +159,7 @@ def rule_sparse(c: Checker) -> None:
                 f"sparse KV offload requires a BF16 main SFA cache, but the model dtype is "
                 f"{m.dtype}. Serve the model in bfloat16 or drop sparse_offload.",
             )
-        kv_dtype = _arg_value(list(opts.args or []), "--kv-cache-dtype")
+        kv_dtype = arg_value(list(opts.args or []), "--kv-cache-dtype")
         if kv_dtype not in (None, "auto", "bfloat16"):
             c.err(
                 (role, "args"),
@@ -296,13 +297,3 @@ def rule_memfabric(c: Checker) -> None:
             + (" and 950 hosts require device_urma on both sides" if on_950 else "")
             + f". Set memfabric_protocol: {want} on both groups.",
         )
-
-
-def _arg_value(args: list[str], flag: str) -> str | None:
-    """The value of `flag` in extra args (`--flag v` or `--flag=v`), if given."""
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
