@@ -167,6 +167,15 @@ def test_memcache_extra_cannot_repeat_managed_keys(field: str, key: str, use: st
     assert f"kv.memcache.{field}.{key}: {key} is written by kvpd" in msg and use in msg
 
 
+@pytest.mark.parametrize(
+    "key", ["OCK.MMC.META_SERVICE_URL", "ock.mmc.meta_service_url ", " Ock.mmc.meta_service_url"]
+)
+def test_a_managed_memcache_key_in_other_case_or_with_spaces_is_named(key: str) -> None:
+    msg = error(LW, f'kv.memcache.local_extra={{"{key}": "tcp://10.0.0.9:5000"}}')
+    assert f"{key!r} is 'ock.mmc.meta_service_url' in other case or with spaces" in msg, msg
+    assert "remove it and set kv.memcache.host and kv.memcache.port instead" in msg
+
+
 def test_unknown_memcache_key_is_refused_with_suggestion() -> None:
     msg = error(LW, 'kv.memcache.meta_extra={"ock.mmc.evict_threshold_hig": "90"}')
     assert "is not a memcache 1.3 key of mmc-meta.conf" in msg

@@ -112,7 +112,17 @@ def _extra_keys(
     path = ("kv", "memcache", field)
     file = "mmc-meta.conf" if field == "meta_extra" else "mmc-local.conf"
     for key in extra:
-        if key in MANAGED:
+        tidy = key.strip().lower()
+        if tidy != key and (tidy in MANAGED or tidy in own or tidy in other):
+            # memcache keys are exact: a near-spelling is an unknown key at start, and where it
+            # is one kvpd writes it also reads as an attempt to set that key twice
+            fix = (
+                f"kvpd writes that key: remove it and set {MANAGED[tidy]} instead."
+                if tidy in MANAGED
+                else f"memcache keys are exact: write it as {tidy!r}."
+            )
+            c.err((*path, key), f"{key!r} is {tidy!r} in other case or with spaces; {fix}")
+        elif key in MANAGED:
             c.err(
                 (*path, key),
                 f"{key} is written by kvpd (a second value would make memcache refuse "
