@@ -67,7 +67,14 @@ def test_streaming_and_chat_through_proxy(local_deployment) -> None:
     import urllib.request
 
     body = json.dumps(
-        {"model": "tiny", "prompt": PROMPT, "max_tokens": 5, "stream": True, "ignore_eos": True}
+        {
+            "model": "tiny",
+            "prompt": PROMPT,
+            "max_tokens": 5,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
     )
     req = urllib.request.Request(
         local_deployment.proxy + "/v1/completions",
@@ -75,8 +82,18 @@ def test_streaming_and_chat_through_proxy(local_deployment) -> None:
         headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=60) as r:
+        kind = r.headers.get("Content-Type", "")
         text = r.read().decode()
-    assert text.count("data: ") >= 5 and "data: [DONE]" in text
+    assert kind.startswith("text/event-stream"), kind
+    events = [e.removeprefix("data: ") for e in text.split("\n\n") if e.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", text[-500:]
+    chunks = [json.loads(e) for e in events[:-1]]
+    # vLLM may put several tokens in one event when the engine runs ahead of the API server
+    # (a loaded machine), so the count of events is not the count of tokens: the usage is.
+    text_out = "".join(ch["text"] for c in chunks for ch in c.get("choices") or [])
+    assert text_out, text[-500:]
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert usage and usage[-1]["completion_tokens"] == 5, text[-500:]
     status, chat = get_json(
         local_deployment.proxy + "/v1/chat/completions",
         {
