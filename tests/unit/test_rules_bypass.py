@@ -374,6 +374,31 @@ def test_mooncake_lease_must_outlive_transfer_timeout() -> None:
     )
 
 
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.1.2.3", "localhost", "::1"])
+def test_a_loopback_host_in_a_cluster_is_refused(address: str) -> None:
+    msg = error(MC, f"hosts.d1.address={address}")
+    assert (
+        f"hosts.d1.address: host 'd1' has the loopback address {address}, but it runs decode "
+        f"engines that host p1 must reach, and there {address} is the host itself. Set "
+        "hosts.d1.address to its address on the network the hosts share." in msg
+    ), msg
+
+
+def test_loopback_is_right_when_everything_runs_here() -> None:
+    plan("local")  # one host, 127.0.0.1
+    plan(MC, "hosts.p1.address=127.0.0.1", "hosts.d1.address=127.0.0.2")  # all on this machine
+
+
+def test_a_loopback_host_that_only_runs_the_proxy_passes() -> None:
+    p = plan(
+        MC,
+        "hosts={p1: {address: 192.168.10.1, devices: 8}, d1: {address: 192.168.10.2, "
+        "devices: 8}, here: {address: 127.0.0.1}}",
+        "proxy.host=here",
+    )
+    assert p.process("proxy").host == "here"
+
+
 def test_memcache_on_loopback_with_remote_clients() -> None:
     msg = error(
         LW,

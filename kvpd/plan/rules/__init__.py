@@ -32,6 +32,7 @@ RULES: tuple[Rule, ...] = (
     bench.rule_scenarios,
     bench.rule_bench_host,
     topology.rule_host_refs,
+    topology.rule_loopback_hosts,
     topology.rule_groups_present,
     topology.rule_parallelism,
     topology.rule_dp_layout,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import ipaddress
 
 from kvpd.plan.layout import dp_size_local, host_devices
 from kvpd.plan.rules.base import Checker, Path_
@@ -41,6 +42,49 @@ def rule_host_refs(c: Checker) -> None:
                 "its own address (list it once and give its engines different ports).",
             )
         addrs[host.address] = name
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1 or a `localhost` name: on every host, that host itself."""
+    a = address.lower().rstrip(".")
+    if a == "localhost" or a.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(a).is_loopback
+    except ValueError:
+        return False
+
+
+def rule_loopback_hosts(c: Checker) -> None:
+    """A host known by a loopback address cannot be reached from the other hosts: its engines
+    would get no KV and no requests, its Mooncake master no clients. (The MetaService has a
+    rule of its own; a host that only runs the proxy is fine, the controller reaches it.)"""
+    p = c.p
+    if not any(is_loopback(h.address) for h in p.hosts.values()):
+        return
+    runs: dict[str, list[str]] = {}
+    for role, g in c.groups():
+        for h in g.hosts:
+            runs.setdefault(h, []).append(f"{role} engines")
+    if p.kv.mooncake:
+        runs.setdefault(p.kv.mooncake.host, []).append("the Mooncake master")
+    if p.proxy:
+        runs.setdefault(p.proxy.host, []).append("the proxy")
+    remote = sorted(h for h in runs if h in p.hosts and not is_loopback(p.hosts[h].address))
+    if not remote:
+        return  # everything on this machine: loopback is right
+    others = ("host " if len(remote) == 1 else "hosts ") + ", ".join(remote)
+    for name, what in runs.items():
+        host = p.hosts.get(name)
+        if host is None or not is_loopback(host.address) or what == ["the proxy"]:
+            continue
+        c.err(
+            ("hosts", name, "address"),
+            f"host '{name}' has the loopback address {host.address}, but it runs "
+            f"{' and '.join(dict.fromkeys(what))} that {others} must reach, and "
+            f"there {host.address} is the host itself. Set hosts.{name}.address to its address "
+            "on the network the hosts share.",
+        )
 
 
 def rule_groups_present(c: Checker) -> None:
