@@ -9,16 +9,15 @@ from collections.abc import Callable
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.state import DeploymentState
 from kvpd.exec.transport import Transport
+from kvpd.profile.types import shared_folder
 
 
 def unsafe_run_dir(path: str) -> str | None:
     """Why `path` must not be removed recursively, or None. A run dir is a dedicated folder:
-    never the root, a top-level folder or a home directory."""
-    norm = posixpath.normpath(path)
-    if not posixpath.isabs(norm):
+    never the root, a top-level folder or a home directory (the profile refuses those too)."""
+    if not posixpath.isabs(posixpath.normpath(path)):
         return "it is not absolute"
-    depth = len([p for p in norm.split("/") if p])
-    if depth < 2 or norm in ("/root", "/home") or (norm.startswith("/home/") and depth < 3):
+    if shared_folder(path):
         return "it is a system or home folder"
     return None
 

@@ -27,10 +27,13 @@ from kvpd.profile.types import (
     Env,
     HostList,
     HostName,
+    HumanInt,
     JsonData,
     Jump,
     Line,
     NicName,
+    RunDir,
+    Text,
 )
 
 Positive = Annotated[int, Field(ge=1)]
@@ -86,7 +89,7 @@ class Host(_Model):
         None, ge=0, le=1024, description="NPUs/GPUs (cpu: cores) on this host"
     )
     memory_gb: float | None = Field(None, gt=0, description="host DRAM, for pool sizing checks")
-    run_dir: Line | None = Field(None, description="where kvpd writes files and logs on the host")
+    run_dir: RunDir | None = Field(None, description="where kvpd writes files and logs on the host")
     container: Container | None = Field(
         None, description="run this host's processes inside a container (see README Containers)"
     )
@@ -96,13 +99,13 @@ class ModelSpec(_Model):
     """The served model and the facts sizing needs (overridable; normally from config.json)."""
 
     path: Command
-    config: str | None = Field(
+    config: Text | None = Field(
         None,
         description="config.json (or model dir) to read the facts below from; "
         "facts written here take precedence",
     )
-    served_name: str | None = None
-    tokenizer: str | None = Field(None, description="tokenizer path for bench (default: path)")
+    served_name: Text | None = None
+    tokenizer: Text | None = Field(None, description="tokenizer path for bench (default: path)")
     attention: Literal["mha", "gqa", "mla", "sfa", "dsa"] = "gqa"
     layers: int | None = Field(None, ge=1)
     kv_heads: int | None = Field(None, ge=1)
@@ -171,13 +174,13 @@ class ServeOptions(_Model):
     trust_remote_code: bool | None = None
     enforce_eager: bool | None = None
     enable_expert_parallel: bool | None = None
-    quantization: str | None = None
+    quantization: Text | None = None
     block_size: int | None = Field(None, ge=1, description="--block-size (default: vLLM's)")
     enable_prefix_caching: bool | None = None
     enable_chunked_prefill: bool | None = None
     compilation_config: JsonData | None = None
     additional_config: JsonData | None = None
-    kv_cache_memory_bytes: str | None = None
+    kv_cache_memory_bytes: HumanInt | None = None
     args: list[str] | None = Field(None, description="extra `vllm serve` arguments, verbatim")
     env: Env | None = None
 
@@ -291,7 +294,7 @@ class Bench(_Model):
     input_len: int = Field(1024, ge=1)
     output_len: int = Field(128, ge=1)
     num_prompts: int = Field(10, ge=1)
-    request_rate: float | Literal["inf"] = "inf"
+    request_rate: Annotated[float, Field(gt=0)] | Literal["inf"] = "inf"
     max_concurrency: int | None = Field(None, ge=1)
     seed: int = 123456
     ignore_eos: bool = True
@@ -356,7 +359,7 @@ class Runtime(_Model):
     vllm: Command = Field("vllm", description="the vLLM command on the hosts")
     python: Command = Field("python3", description="python on the hosts (proxy, services)")
     kvpd: Command = Field("kvpd", description="the kvpd command on the proxy host")
-    run_dir: str | None = Field(None, description="default run dir on every host")
+    run_dir: RunDir | None = Field(None, description="default run dir on every host")
     dirs: list[Line] = Field(
         default_factory=list, description="directories created in the run dir before launch"
     )

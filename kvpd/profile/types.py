@@ -8,6 +8,7 @@ YAML line before anything is derived from it.
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 import re
 from typing import Annotated, Any
 
@@ -98,6 +99,56 @@ def _storage(v: str) -> str:
     return v
 
 
+def shared_folder(path: str) -> bool:
+    """The root, a top-level folder, `/home`, `/root`, a user's home or `~`/`.` (the login
+    folder a relative run dir starts from): never a run dir of its own, since kvpd writes conf/,
+    logs/ and bundle/ into one and `kvpd down --purge` removes it."""
+    norm = posixpath.normpath(path)
+    if norm in (".", "~") or (norm.startswith("~") and "/" not in norm):
+        return True
+    if not posixpath.isabs(norm):
+        return False
+    depth = len([p for p in norm.split("/") if p])
+    return depth < 2 or norm in ("/root", "/home") or (norm.startswith("/home/") and depth < 3)
+
+
+def _run_dir(v: str) -> str:
+    if not v.strip():
+        raise ValueError("is empty; give the run dir a folder of its own, or leave the field out")
+    if shared_folder(v):
+        raise ValueError(
+            f"{v!r} is the root, a top-level or a home folder. kvpd writes conf/, logs/ and "
+            "bundle/ into the run dir and `kvpd down --purge` removes it: give it a folder of "
+            "its own, e.g. /opt/kvpd/<name>, or leave the field out."
+        )
+    return v
+
+
+_HUMAN_INT = re.compile(r"^(?:\d+|\d+(?:\.\d+)?[kmgt]|\d+[KMGT])$")
+
+
+def _human_int(v: str) -> str:
+    # vLLM's human_readable_int: 1k/1m/1g/1t are powers of 10 (decimals allowed), 1K/1M/1G/1T
+    # powers of 2 (whole numbers only)
+    if not _HUMAN_INT.match(v):
+        raise ValueError(
+            f"{v!r} is not a byte count vLLM reads; write a whole number of bytes, or e.g. 16M "
+            "(MiB), 4G (GiB), 2.5g (10^9)"
+        )
+    return v
+
+
+def _count_as_text(v: Any) -> Any:
+    # a byte count may be a plain YAML number (a bool is not one)
+    return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+
+def _not_empty(v: str) -> str:
+    if not v.strip():
+        raise ValueError("is empty; give a value or leave the field out")
+    return v
+
+
 def _relative_file(v: str) -> str:
     parts = [p for p in v.split("/") if p]
     if not parts or ".." in parts or v.startswith("~"):
@@ -154,6 +205,9 @@ Env = dict[EnvName, EnvValue]  # PYTHONHASHSEED's range is a rule (kvpd.plan.rul
 HostName = Annotated[str, Field(pattern=PATH_NAME)]
 HostList = Annotated[list[HostName], Field(min_length=1), AfterValidator(_unique)]
 Line = Annotated[str, AfterValidator(_no_control)]
+Text = Annotated[str, AfterValidator(_no_control), AfterValidator(_not_empty)]
+HumanInt = Annotated[str, BeforeValidator(_count_as_text), AfterValidator(_human_int)]
+RunDir = Annotated[str, AfterValidator(_no_control), AfterValidator(_run_dir)]
 NicName = Annotated[str, Field(pattern=NIC)]
 Storage = Annotated[str, AfterValidator(_no_control), AfterValidator(_storage)]
 RelativeFile = Annotated[str, AfterValidator(_no_control), AfterValidator(_relative_file)]

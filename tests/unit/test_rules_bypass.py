@@ -445,3 +445,48 @@ def test_tp_must_shard_the_kv_heads() -> None:
 
 def test_address_that_looks_like_ipv4_must_be_one() -> None:
     assert "'999.1.1.1' is not a valid IPv4 address" in error(LW, "hosts.p1.address=999.1.1.1")
+
+
+# --- free-text fields that reach a command line or a path get a type of their own ---
+
+
+@pytest.mark.parametrize(
+    ("set_", "says"),
+    [
+        (
+            "model.served_name=''",
+            "model.served_name: is empty; give a value or leave the field out",
+        ),
+        ("model.tokenizer='  '", "model.tokenizer: is empty; give a value or leave the field out"),
+        ("engine.quantization=''", "engine.quantization: is empty; give a value"),
+        ("engine.kv_cache_memory_bytes=lots", "'lots' is not a byte count vLLM reads"),
+        ("engine.kv_cache_memory_bytes=1.5G", "'1.5G' is not a byte count vLLM reads"),
+        ("bench.request_rate=0", "bench.request_rate: request_rate must be greater than 0.0"),
+        ("bench.request_rate=-1", "bench.request_rate: request_rate must be greater than 0.0"),
+        ("runtime.run_dir=''", "runtime.run_dir: is empty; give the run dir a folder of its own"),
+        ("runtime.run_dir=/", "runtime.run_dir: '/' is the root, a top-level or a home folder"),
+        ("runtime.run_dir=/etc", "'/etc' is the root, a top-level or a home folder"),
+        ("runtime.run_dir=.", "'.' is the root, a top-level or a home folder"),
+        ("runtime.run_dir=/home/bob", "'/home/bob' is the root, a top-level or a home folder"),
+        ("hosts.p1.run_dir=/root", "hosts.p1.run_dir: '/root' is the root, a top-level or a home"),
+    ],
+)
+def test_free_text_fields_are_typed(set_: str, says: str) -> None:
+    assert says in error(MC, set_)
+
+
+@pytest.mark.parametrize(
+    "set_",
+    [
+        "engine.kv_cache_memory_bytes=16M",
+        "engine.kv_cache_memory_bytes=2.5g",
+        "engine.kv_cache_memory_bytes=1073741824",
+        "runtime.run_dir=/opt/kvpd/mc",
+        "runtime.run_dir=/home/bob/kvpd",
+        "runtime.run_dir=work/kvpd",
+        "bench.request_rate=2.5",
+        "model.served_name=Qwen/QwQ-32B",
+    ],
+)
+def test_good_values_of_those_fields_pass(set_: str) -> None:
+    plan(MC, set_)
