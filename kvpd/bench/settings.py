@@ -7,10 +7,7 @@ from typing import Any
 
 from kvpd.errors import BenchError
 from kvpd.plan.bench import PROTOCOLS, STORE_CONNECTORS, BenchSpec, ScenarioSpec
-from kvpd.profile.roles import ENGINE_ROLES
-
-# Where `without` takes connectors away from.
-GROUPS: tuple[str, ...] = ENGINE_ROLES
+from kvpd.plan.scenario_check import detach_sets
 
 # The UCM guide's three setups, which every profile has (a profile's own entry of the same
 # name replaces the preset): recompute = no prefix cache of any kind, hbm = vLLM's prefix cache
@@ -45,29 +42,17 @@ def without_sets(
     name: str, connectors: dict[str, list[str]], without: tuple[str, ...]
 ) -> tuple[list[str], list[str]]:
     """`--set` values that detach `without` from every group, and the connectors detached.
-
-    `connectors` is each group's `kv_connectors` (role -> names). A store that is the only
-    connector of a P/D group is its P->D path: taking it away would leave decode without KV,
-    so that is refused rather than benched as something it is not."""
-    sets: list[str] = []
-    removed: list[str] = []
-    pd = "prefill" in connectors and "decode" in connectors
-    for group in GROUPS:
-        if group not in connectors:
-            continue
-        have = connectors[group]
-        keep = [c for c in have if c not in without]
-        if keep == have:
-            continue
-        if pd and not keep:
-            raise BenchError(
-                f"scenario {name!r}: {' + '.join(have)} is the only KV connector of {group}, "
-                "the P->D path of this deployment; without it decode would get no KV. Define "
-                f"the scenario in the profile instead (bench.scenarios.{name}: {{sets: [...], "
-                "cache: none|hbm|external}}) with what this deployment can compare."
-            )
-        removed += [c for c in have if c in without and c not in removed]
-        sets.append(f"{group}.kv_connectors=[{', '.join(keep)}]")
+    A store that is the only connector of a P/D group is its P->D path: taking it away would
+    leave decode without KV, so that is refused rather than benched as something it is not."""
+    sets, removed, blocked = detach_sets(connectors, without)
+    if blocked is not None:
+        have = connectors[blocked]
+        raise BenchError(
+            f"scenario {name!r}: {' + '.join(have)} is the only KV connector of {blocked}, "
+            "the P->D path of this deployment; without it decode would get no KV. Define "
+            f"the scenario in the profile instead (bench.scenarios.{name}: {{sets: [...], "
+            "cache: none|hbm|external}}) with what this deployment can compare."
+        )
     return sets, removed
 
 

@@ -22,6 +22,7 @@ from kvpd.plan.rehearse import rehearse as rehearse_procs
 from kvpd.plan.render import launch_script
 from kvpd.plan.requirements import build_requirements
 from kvpd.plan.rules import check
+from kvpd.plan.scenario_check import check_scenarios
 from kvpd.plan.sizing import (
     GiB,
     MiB,
@@ -358,4 +359,11 @@ def load_plan(
 
     profile, source = load_profile(profile_arg, sets=sets or [], inventory=inventory)
     base = base_dir if base_dir is not None else os.getcwd()
-    return build_plan(profile, source, rehearse=rehearse, base_dir=base)
+    plan = build_plan(profile, source, rehearse=rehearse, base_dir=base)
+
+    def build(more: list[str]) -> Plan:
+        p, src = load_profile(profile_arg, sets=more, inventory=inventory)
+        return build_plan(p, src, rehearse=rehearse, base_dir=base)
+
+    check_scenarios(profile, source, list(sets or []), build)
+    return plan

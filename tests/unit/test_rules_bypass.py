@@ -490,3 +490,30 @@ def test_free_text_fields_are_typed(set_: str, says: str) -> None:
 )
 def test_good_values_of_those_fields_pass(set_: str) -> None:
     plan(MC, set_)
+
+
+# --- each bench scenario is a profile too: `plan` builds it, `bench` would fail on it later ---
+
+
+def test_a_scenario_whose_sets_break_the_profile_is_refused_by_plan() -> None:
+    msg = error(
+        MC,
+        "bench.scenarios={typo: {sets: [engine.max_num_seqz=4]}, "
+        "zero: {sets: [engine.max_num_seqs=0], without: [ucm]}}",
+    )
+    assert "bench.scenarios.typo: the profile with this scenario's changes " in msg
+    assert "(engine.max_num_seqz=4) is refused: " in msg and "max_num_seqz" in msg
+    # the connectors its `without` detaches are part of what is built
+    assert "bench.scenarios.zero: the profile with this scenario's changes " in msg
+    assert "(engine.max_num_seqs=0, prefill.kv_connectors=[mooncake]) is refused" in msg
+    assert "max_num_seqs must be at least 1, not 0" in msg
+
+
+def test_a_scenario_that_breaks_a_rule_is_refused_by_plan() -> None:
+    msg = error(LW, "bench.scenarios={big: {sets: [decode.tp=3]}}")
+    assert "bench.scenarios.big: the profile with this scenario's changes (decode.tp=3)" in msg
+
+
+def test_the_bundled_scenarios_all_plan() -> None:
+    for name in (MC, UCM, MIXED, "large-ep"):
+        plan(name)
