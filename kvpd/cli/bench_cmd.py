@@ -252,19 +252,18 @@ def _run(
 def _profile_facts(profile: str, sets: list[str]) -> tuple[dict[str, list[str]], int | None]:
     """Each group's kv_connectors (what a scenario's `without` detaches from) and the smallest
     max_model_len of the engines (what a benchmark prompt must fit)."""
+    from kvpd.plan.scenario_check import group_connectors
     from kvpd.profile.load import load_profile
 
     p, _ = load_profile(profile, sets=list(sets))
-    connectors: dict[str, list[str]] = {}
     lens: list[int] = []
     for role in ENGINE_ROLES:
         group = getattr(p, role, None)
         if group is not None:
-            connectors[role] = list(group.kv_connectors)
             n = group.max_model_len or p.engine.max_model_len or p.model.max_model_len
             if n:
                 lens.append(n)
-    return connectors, min(lens) if lens else None
+    return group_connectors(p), min(lens) if lens else None
 
 
 def _client(plan, tokenizer: str | None) -> tuple[str, str | None]:

@@ -22,13 +22,19 @@ def _load_plan(
     rehearse: bool | str = False,
     inventory: str | None = None,
     sets: list[str] | None = None,
+    scenarios: bool = True,
 ) -> Plan:
     import os
 
     from kvpd.plan.build import load_plan
 
     return load_plan(
-        profile, rehearse=rehearse, inventory=inventory, sets=sets, base_dir=os.getcwd()
+        profile,
+        rehearse=rehearse,
+        inventory=inventory,
+        sets=sets,
+        base_dir=os.getcwd(),
+        scenarios=scenarios,
     )
 
 
@@ -41,7 +47,7 @@ def _resolve_deployment(profile: str | None, deployment: str | None, store: Stat
     if profile:
         if profile in known:
             return profile
-        return _load_plan(profile).deployment
+        return _load_plan(profile, scenarios=False).deployment  # the name is all it needs
     if len(known) == 1:
         return known[0]
     if not known:

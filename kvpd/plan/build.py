@@ -353,13 +353,17 @@ def load_plan(
     base_dir: str | None = None,
     sets: list[str] | None = None,
     inventory: str | None = None,
+    scenarios: bool = True,
 ) -> Plan:
-    """Read PROFILE (path or bundled name) and build its plan."""
+    """Read PROFILE (path or bundled name) and build its plan; with `scenarios`, also build
+    each bench scenario (a verb that only needs the deployment's name skips that)."""
     import os
 
     profile, source = load_profile(profile_arg, sets=sets or [], inventory=inventory)
     base = base_dir if base_dir is not None else os.getcwd()
     plan = build_plan(profile, source, rehearse=rehearse, base_dir=base)
+    if not scenarios:
+        return plan
 
     def build(more: list[str]) -> Plan:
         p, src = load_profile(profile_arg, sets=more, inventory=inventory)

@@ -65,9 +65,9 @@ def _env_name(v: str) -> str:
     return v
 
 
-def _env_value(v: Any) -> Any:
-    """YAML reads `PYTHONHASHSEED: 0` as a number: take whole numbers as their text, but never a
-    bool (`true` would silently become "True")."""
+def _whole_number_as_text(v: Any) -> Any:
+    """YAML reads `PYTHONHASHSEED: 0` or a byte count as a number: take whole numbers as their
+    text, but never a bool (`true` would silently become "True")."""
     if isinstance(v, int) and not isinstance(v, bool):
         return str(v)
     return v
@@ -138,11 +138,6 @@ def _human_int(v: str) -> str:
     return v
 
 
-def _count_as_text(v: Any) -> Any:
-    # a byte count may be a plain YAML number (a bool is not one)
-    return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
-
-
 def _not_empty(v: str) -> str:
     if not v.strip():
         raise ValueError("is empty; give a value or leave the field out")
@@ -200,13 +195,13 @@ def _command(v: str) -> str:
 Address = Annotated[str, AfterValidator(_address)]
 Command = Annotated[str, AfterValidator(_no_control), AfterValidator(_command)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
-EnvValue = Annotated[str, BeforeValidator(_env_value), AfterValidator(_no_control)]
+EnvValue = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidator(_no_control)]
 Env = dict[EnvName, EnvValue]  # PYTHONHASHSEED's range is a rule (kvpd.plan.rules.env)
 HostName = Annotated[str, Field(pattern=PATH_NAME)]
 HostList = Annotated[list[HostName], Field(min_length=1), AfterValidator(_unique)]
 Line = Annotated[str, AfterValidator(_no_control)]
 Text = Annotated[str, AfterValidator(_no_control), AfterValidator(_not_empty)]
-HumanInt = Annotated[str, BeforeValidator(_count_as_text), AfterValidator(_human_int)]
+HumanInt = Annotated[str, BeforeValidator(_whole_number_as_text), AfterValidator(_human_int)]
 RunDir = Annotated[str, AfterValidator(_no_control), AfterValidator(_run_dir)]
 NicName = Annotated[str, Field(pattern=NIC)]
 Storage = Annotated[str, AfterValidator(_no_control), AfterValidator(_storage)]

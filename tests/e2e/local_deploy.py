@@ -15,6 +15,7 @@ import sys
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,6 +104,19 @@ def get_json(url: str, body: dict | None = None, timeout: float = 60) -> tuple[i
             return e.code, json.loads(raw)
         except ValueError:
             return e.code, {"raw": raw.decode(errors="replace")}
+
+
+def complete(url: str, prompt: str, n: int = 12, **extra: Any) -> tuple[int, dict]:
+    """A greedy completion of `n` tokens of the tiny model at `url`: (HTTP status, body)."""
+    body = {
+        "model": "tiny",
+        "prompt": prompt,
+        "max_tokens": n,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
+    return get_json(url + "/v1/completions", body)
 
 
 def metric(url: str, name: str, **labels: str) -> float:

@@ -14,6 +14,7 @@ import pytest
 
 from tests.e2e.local_deploy import (
     REPO,
+    complete,
     get_json,
     kvpd,
     kvpd_env,
@@ -28,18 +29,6 @@ PROMPT = (
     "The quick brown fox jumps over the lazy dog and then runs away into the forest where it "
     "meets another fox that says hello to it and they become friends forever and ever more"
 )
-
-
-def complete(url: str, prompt: str, n: int = 12, **extra) -> tuple[int, dict]:
-    body = {
-        "model": "tiny",
-        "prompt": prompt,
-        "max_tokens": n,
-        "temperature": 0,
-        "ignore_eos": True,
-        **extra,
-    }
-    return get_json(url + "/v1/completions", body)
 
 
 def test_greedy_output_through_proxy_equals_prefill_alone(local_deployment) -> None:

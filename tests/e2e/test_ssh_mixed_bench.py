@@ -8,7 +8,6 @@ the tiny model, two engine-core ranks (`kvpd plan ucm-pd-mixed --rehearse`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import pytest
 
 from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_rehearsal import (
-    MODEL,
     Rehearsal,
     assert_down_leaves_nothing,
     rehearse,
@@ -44,14 +42,7 @@ def test_mixed_runs_two_dp_ranks(mixed: Rehearsal) -> None:
 
 
 def test_mixed_bench_twice_hits_on_the_second_run(mixed: Rehearsal, tmp_path: Path) -> None:
-    r = mixed.kvpd(
-        "bench", mixed.name, "--protocol", "twice", "--num-prompts", "4",
-        "--input-len", "128", "--output-len", "4", "--tokenizer", str(MODEL),
-        "--results", str(tmp_path / "bench"), "--json", "--no-charts", check=False, timeout=900,
-    )  # fmt: skip
-    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
-    run = json.loads(r.stdout)
-    assert run["ok"], run
+    run = mixed.bench_twice(tmp_path / "bench", 4, input_len=128, output_len=4, timeout=900)
     cold, warm = run["records"]
     assert warm["result"]["completed"] == 4 and warm["result"]["failed"] == 0
     hits = sum(t["prefix_cache_hits"] for t in warm["metrics"]["per_target"].values())

@@ -175,6 +175,22 @@ class Rehearsal:
     def kvpd(self, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
         return kvpd(self.state_dir, *args, **kw)
 
+    def bench_twice(
+        self, results: Path, prompts: int, input_len: int, output_len: int, timeout: float
+    ) -> dict[str, Any]:
+        """`kvpd bench --protocol twice` against the running rehearsal: its JSON, once it
+        exited 0 and said ok."""
+        r = self.kvpd(
+            "bench", self.name, "--protocol", "twice", "--num-prompts", str(prompts),
+            "--input-len", str(input_len), "--output-len", str(output_len),
+            "--tokenizer", str(MODEL), "--results", str(results), "--json", "--no-charts",
+            check=False, timeout=timeout,
+        )  # fmt: skip
+        assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+        run: dict[str, Any] = json.loads(r.stdout)
+        assert run["ok"], run
+        return run
+
     def ensure_up(self) -> Rehearsal:
         """Start it again if a test (the `down` one) stopped it: every test gets a running
         deployment whatever ran before it."""

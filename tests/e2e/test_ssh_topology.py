@@ -19,7 +19,6 @@ import pytest
 
 from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_rehearsal import (
-    MODEL,
     SHARED,
     Rehearsal,
     assert_down_leaves_nothing,
@@ -218,14 +217,9 @@ def test_mooncake_full_size_bench_through_the_proxy(
 ) -> None:
     """`kvpd bench --protocol twice` against the running rehearsal: the P/D proof holds (decode
     served every request and received KV), and the warm run hits the engines' prefix caches."""
-    r = mooncake_full.kvpd(
-        "bench", mooncake_full.name, "--protocol", "twice", "--num-prompts", "8",
-        "--input-len", "1024", "--output-len", "8", "--tokenizer", str(MODEL),
-        "--results", str(tmp_path / "bench"), "--json", "--no-charts", check=False, timeout=600,
-    )  # fmt: skip
-    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
-    run = json.loads(r.stdout)
-    assert run["ok"], run
+    run = mooncake_full.bench_twice(
+        tmp_path / "bench", 8, input_len=1024, output_len=8, timeout=600
+    )
     cold, warm = run["records"]
     assert (cold["phase"], warm["phase"]) == ("cold", "warm")
     for rec in (cold, warm):

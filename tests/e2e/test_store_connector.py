@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.local_deploy import REPO, engine_missing, get_json, kvpd, metric, set_args
+from tests.e2e.local_deploy import complete as completion
 
 pytestmark = pytest.mark.e2e
 
@@ -28,14 +29,8 @@ EXT = "vllm:prompt_tokens_by_source_total"
 
 
 def complete(url: str, prompt: str, n: int = 12) -> str:
-    body = {
-        "model": "tiny",
-        "prompt": prompt,
-        "max_tokens": n,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-    status, out = get_json(url + "/v1/completions", body)
+    """The completion's text (the request must succeed)."""
+    status, out = completion(url, prompt, n)
     assert status == 200, out
     return out["choices"][0]["text"]
 

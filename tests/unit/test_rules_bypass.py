@@ -517,3 +517,9 @@ def test_a_scenario_that_breaks_a_rule_is_refused_by_plan() -> None:
 def test_the_bundled_scenarios_all_plan() -> None:
     for name in (MC, UCM, MIXED, "large-ep"):
         plan(name)
+
+
+def test_resolving_a_deployment_name_does_not_build_the_scenarios() -> None:
+    # `kvpd down/status PROFILE` need only the plan's name: a broken scenario does not block them
+    broken = "bench.scenarios={typo: {sets: [engine.max_num_seqz=4]}}"
+    assert load_plan(MC, sets=[broken], scenarios=False).deployment == MC

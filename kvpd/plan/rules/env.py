@@ -125,7 +125,7 @@ def _check_arg(c: Checker, where: Path_, arg: str) -> None:
             f"groups); remove it from args and set {MANAGED_FLAGS[managed]} instead.",
         )
         return
-    opaque = resolve(name, {k: "" for k in OPAQUE_FLAGS})
+    opaque = resolve(name, OPAQUE_FLAGS)
     if opaque is not None:
         why, fix = OPAQUE_FLAGS[opaque]
         c.err(where, f"{opaque} in args {why}; {fix}.")

@@ -9,6 +9,8 @@ A rule that compared raw strings would let each of those spellings past it.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 # A flag that stands for other options kvpd cannot see -> why it is refused and what to do.
 OPAQUE_FLAGS = {
     "--config": (
@@ -34,9 +36,10 @@ def flag_name(arg: str) -> str:
     return ""
 
 
-def resolve(name: str, known: dict[str, str]) -> str | None:
-    """The flag of `known` that `name` sets: itself, its `--no-` form, or the one flag it
-    abbreviates (argparse expands unambiguous prefixes). None when it sets none of them."""
+def resolve(name: str, known: Collection[str]) -> str | None:
+    """The flag of `known` (names, or a mapping keyed by them) that `name` sets: itself, its
+    `--no-` form, or the one flag it abbreviates (argparse expands unambiguous prefixes).
+    None when it sets none of them."""
     if not name:
         return None
     if name in known:
@@ -55,7 +58,7 @@ def arg_value(args: list[str], flag: str) -> str | None:
     abbreviations included); the last one wins, as in argparse."""
     found = None
     for i, arg in enumerate(args):
-        if resolve(flag_name(arg), {flag: ""}) != flag:
+        if resolve(flag_name(arg), (flag,)) != flag:
             continue
         if "=" in arg and "." not in arg.split("=", 1)[0]:
             found = arg.split("=", 1)[1]
