@@ -34,6 +34,17 @@ def is_ip(text: str) -> bool:
     return True
 
 
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1 or a `localhost` name: on every host, that host itself."""
+    a = address.lower().rstrip(".")
+    if a == "localhost" or a.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(a).is_loopback
+    except ValueError:
+        return False
+
+
 def is_ipv4(text: str) -> bool:
     try:
         ipaddress.IPv4Address(text)

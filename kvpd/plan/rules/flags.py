@@ -29,7 +29,7 @@ def flag_name(arg: str) -> str:
     if arg.startswith("--") and len(arg) > 2:
         name = arg[2:].split("=", 1)[0].split(".", 1)[0]
         return "--" + name.replace("_", "-")
-    if arg.startswith("-O") and len(arg) > 1:
+    if arg.startswith("-O"):
         return "-O"
     if arg.startswith("-") and len(arg) > 1 and not arg[1].isdigit():
         return arg.split("=", 1)[0]

@@ -7,11 +7,11 @@ memcache refuses unknown and repeated keys at start, so the pass-through maps `m
 from __future__ import annotations
 
 import difflib
-import ipaddress
 
 from kvpd.plan.layout import hardware_of
 from kvpd.plan.rules.base import Checker
 from kvpd.plan.sizing import GiB, memcache_dram_need, parse_size
+from kvpd.profile.types import is_loopback
 
 MEMCACHE_PROTOCOLS = {
     "a2": ("device_rdma", "host_rdma", "host_tcp"),
@@ -278,9 +278,9 @@ def rule_memcache(c: Checker) -> None:
     meta_host = c.p.hosts.get(mc.host)
     clients = {h for gf in c.gfacts() if "ascend_store" in gf.connectors for h in gf.group.hosts}
     remote = [
-        h for h in clients - {mc.host} if h in c.p.hosts and not _loopback(c.p.hosts[h].address)
+        h for h in clients - {mc.host} if h in c.p.hosts and not is_loopback(c.p.hosts[h].address)
     ]
-    if meta_host is not None and _loopback(meta_host.address) and remote:
+    if meta_host is not None and is_loopback(meta_host.address) and remote:
         c.err(
             (*path, "host"),
             f"the MetaService host '{mc.host}' has the loopback address {meta_host.address}, "
@@ -290,10 +290,3 @@ def rule_memcache(c: Checker) -> None:
     _extra_keys(c, "meta_extra", dict(mc.meta_extra), META_KEYS, LOCAL_KEYS)
     _extra_keys(c, "local_extra", dict(mc.local_extra), LOCAL_KEYS, META_KEYS)
     _extra_values(c)
-
-
-def _loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"

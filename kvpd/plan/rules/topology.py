@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import difflib
-import ipaddress
 
 from kvpd.plan.layout import dp_size_local, host_devices
 from kvpd.plan.rules.base import Checker, Path_
+from kvpd.profile.types import is_loopback
 
 
 def _host_ref(c: Checker, path: Path_, name: str) -> None:
@@ -42,17 +42,6 @@ def rule_host_refs(c: Checker) -> None:
                 "its own address (list it once and give its engines different ports).",
             )
         addrs[host.address] = name
-
-
-def is_loopback(address: str) -> bool:
-    """127.0.0.0/8, ::1 or a `localhost` name: on every host, that host itself."""
-    a = address.lower().rstrip(".")
-    if a == "localhost" or a.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(a).is_loopback
-    except ValueError:
-        return False
 
 
 def rule_loopback_hosts(c: Checker) -> None:
