@@ -112,10 +112,17 @@ def candidates(base, source, platform):
     except OSError:
         return out
     for name in names:
+        # Only the folders `install` made, named by their wheel's digest: not a slot's link
+        # (RUN_DIR/bundle/engine would read as a bundle through the link, and pointing the
+        # slot at itself leaves a link loop), not an install still in its temporary folder.
+        if os.path.islink(os.path.join(base, name)):
+            continue
         try:
             with open(os.path.join(base, name, MARKER)) as f:
                 m = json.load(f)
         except (OSError, ValueError):
+            continue
+        if str(m.get("digest", ""))[:16] != name:
             continue
         if m.get("source") == source and m.get("platform") in (platform, ANY):
             out.append((m.get("platform") != platform, name, m))
@@ -123,6 +130,8 @@ def candidates(base, source, platform):
 
 
 def point_slot(base, slot, name):
+    if name == slot or os.sep in name:
+        raise ValueError("bundle folder %r cannot be the target of slot %r" % (name, slot))
     link = os.path.join(base, slot)
     if os.path.islink(link) and os.readlink(link) == name:
         return

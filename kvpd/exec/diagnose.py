@@ -37,6 +37,14 @@ _CAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
         "utilisation of {name}, or run fewer instances on that host.",
     ),
     (
+        # kvpd reaches a host only as the node bundle `up` installs and verifies, so this is a
+        # damaged bundle (or a process started outside `up`), never a venv to install into.
+        re.compile(r"No module named '?(kvpd(?:\.\w+)*)\b"),
+        "{name} on {host} could not import `{m1}` from kvpd's node bundle (<run dir>/bundle, "
+        "put on its PYTHONPATH by its launch script): run `kvpd down --purge` and `kvpd up` "
+        "to reinstall it, and start {name} only through kvpd.",
+    ),
+    (
         re.compile(r"No module named '?([\w.]+)'?"),
         "the Python package `{m1}` is missing in the environment {name} runs with on "
         "{host}: install it into that venv.",

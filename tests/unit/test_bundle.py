@@ -153,6 +153,36 @@ def test_install_then_reuse_then_repair(cache: Path, tmp_path: Path) -> None:
     assert "tampered" not in (folder / "kvpd" / "proxy" / "app.py").read_text()
 
 
+def test_a_bundle_named_after_its_slot_link_in_sort_order_is_kept(
+    cache: Path, tmp_path: Path
+) -> None:
+    """Regression (CI, 1 run in 16): the slot link `bundle/engine` was listed as a bundle of its
+    own. When the digest folder sorted after "engine" (a digest starting with "f"), the check of
+    a second `up` took the link, pointed the slot at itself, and every engine of that host
+    failed with "No module named 'kvpd'"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    plan = one_host_plan(run)
+    plan = replace(plan, bundle=(replace(plan.bundle[0], slot="engine"),))
+    t = LocalTransport(plan.hosts[0])
+    first = BundleInstaller(lambda h: t, build_local=pure).install(plan, {"here": str(run)})[0]
+    assert first.ok, first.report
+    base = run / "bundle"
+    old = Path(first.report["folder"])
+    late = base / ("f" * 16)  # sorts after "engine"
+    old.rename(late)
+    marker = json.loads((late / ".kvpd-bundle.json").read_text())
+    (late / ".kvpd-bundle.json").write_text(json.dumps({**marker, "digest": "f" * 64}))
+    (base / "engine").unlink()
+    (base / "engine").symlink_to(late.name)
+    for _ in range(2):
+        again = BundleInstaller(lambda h: t, build_local=pure).install(plan, {"here": str(run)})
+        assert again[0].action == "kept", again[0].report
+        assert again[0].report["folder"] == str(late)
+        assert (base / "engine").resolve() == late
+        assert (base / "engine" / "kvpd" / "__init__.py").is_file()
+
+
 def test_missing_interpreter_is_an_actionable_error(cache: Path, tmp_path: Path) -> None:
     plan = one_host_plan(tmp_path / "run", python="/nonexistent/python3")
     (tmp_path / "run").mkdir()

@@ -20,6 +20,9 @@ from kvpd.plan.value import HealthCheck
         ("torch.OutOfMemoryError: CUDA out of memory", "out of memory"),  # not a missing GPU
         ("RuntimeError: [enforce fail] Cannot allocate memory", "out of memory"),
         ("ModuleNotFoundError: No module named 'vllm_ascend'", "`vllm_ascend` is missing"),
+        ("ModuleNotFoundError: No module named 'kvpd'", "from kvpd's node bundle"),
+        ("No module named 'kvpd.connectors'", "import `kvpd.connectors` from kvpd's node bundle"),
+        ("No module named 'kvpdx'", "`kvpdx` is missing"),
         ("launch.sh: line 3: vllm: command not found", "`vllm` is not installed"),
         ("bash: /opt/venv/bin/vllm: No such file or directory", "(/opt/venv/bin/vllm)"),
         ("aclrtSetDevice failed", "Ascend NPU"),
