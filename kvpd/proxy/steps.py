@@ -79,8 +79,12 @@ class Steps:
                 try:
                     answer = json.loads(resp.body)
                 except ValueError:
-                    pool.failed(backend, "answered 200 with a body that is not JSON")
-                    problems.append(f"{backend.name} answered 200 with a body that is not JSON")
+                    answer = None
+                if not isinstance(answer, dict):  # the decode step reads kv_transfer_params
+                    pool.failed(backend, "answered 200 with a body that is not a JSON object")
+                    problems.append(
+                        f"{backend.name} answered 200 with a body that is not a JSON object"
+                    )
                     continue
                 pool.succeeded(backend)
                 self.metrics.prefill_seconds.observe(self.loop.time() - started)

@@ -5,7 +5,8 @@ waits, then streams SSE chunks, speaking the HTTP vLLM speaks to a P/D proxy.
 Fault switches, settable at any time: `healthy` (GET /health 200 or 503), `fail_status` (answer
 every generation with that status), `hang` (accept generation requests and never answer),
 `silent` (never answer anything, health checks included), `trickle_s` (send a generation's
-answer one byte every `trickle_s` seconds).
+answer one byte every `trickle_s` seconds), `body_200` (answer every generation 200 with these
+bytes: a backend that says OK with a body the proxy cannot use).
 
 In a process of its own (to SIGKILL it, or to give it its own CPU and open-files budget):
 `python -m kvpd.testing.backend --prefill-port P --decode-port D` prints `prefill=P decode=D`
@@ -60,6 +61,7 @@ class StandInBackend:
         self.hang = False
         self.silent = False
         self.trickle_s = 0.0
+        self.body_200: bytes | None = None
         self.served = 0
         self.server: asyncio.AbstractServer | None = None
         self._events: dict[tuple[bytes, int], list[bytes]] = {}
@@ -86,7 +88,7 @@ class StandInBackend:
         self.server = await loop.create_server(
             lambda: ClientConnection(state), self.host, self.bind_port, backlog=2048
         )
-        self._port = self.server.sockets[0].getsockname()[1]
+        self._port: int = self.server.sockets[0].getsockname()[1]
         return self
 
     async def stop(self) -> None:
@@ -127,6 +129,9 @@ class StandInBackend:
             return
         if self.trickle_s:
             await self._trickle(client)
+            return
+        if self.body_200 is not None:
+            client.send_json(200, self.body_200)
             return
         if self.fail_status is not None:
             msg = {"error": {"message": f"stand-in {self.role} failure", "code": self.fail_status}}
@@ -190,8 +195,9 @@ class StandInBackend:
             chat = path.endswith(b"chat/completions")
             events = []
             for i in range(self.chunks):
+                obj: dict[str, object]
                 if chat:
-                    choice = {"index": 0, "delta": {"content": f"t{i}"}}
+                    choice: dict[str, object] = {"index": 0, "delta": {"content": f"t{i}"}}
                     obj = {"id": "chatcmpl-fake", "object": "chat.completion.chunk"}
                 else:
                     choice = {"index": 0, "text": f"t{i}"}
@@ -236,7 +242,8 @@ class StandInBackend:
         else:
             prompt = body.get("prompt")
             many = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
-            ids = [f"cmpl-{rid}-{i}" for i in range(len(prompt) if many else 1)]
+            n = len(prompt) if many and isinstance(prompt, list) else 1
+            ids = [f"cmpl-{rid}-{i}" for i in range(n)]
         if self.internal_ids:
             ids = [i + "-0a1b2c3d" for i in ids]
         results = await asyncio.gather(*(self._post_meta(url, child) for child in ids))

@@ -141,6 +141,24 @@ def test_failed_prefill_is_502_and_never_decoded() -> None:
     run_cluster(t, max_retries=2)
 
 
+@pytest.mark.parametrize("body", [b"[1, 2]", b'"ok"', b"null", b"{not json"])
+def test_prefill_200_without_a_json_object_is_a_prefill_failure(body: bytes) -> None:
+    """A prefiller that says OK with a body that is not a JSON object has no kv_transfer_params
+    to hand over: it counts as a failed prefill (retried, then 502), never as a proxy crash."""
+
+    async def t(c: Cluster) -> None:
+        c.p[0].body_200 = body
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert r.status == 502, r.body
+        err = r.json()["error"]
+        assert err["type"] == "prefill_error"
+        assert "not a JSON object" in err["message"]
+        assert c.d[0].requests == []
+        assert len(c.p[0].requests) == 1 + 1  # first try plus --max-retries 1
+
+    run_cluster(t, max_retries=1)
+
+
 def test_prefill_client_error_is_passed_through() -> None:
     async def t(c: Cluster) -> None:
         c.p[0].fail_status = 400
