@@ -126,7 +126,7 @@ def patch_manager(module: ModuleType, origin: str | None) -> bool:
             missing = [a for a in ("_build_cpp", "_onload_topk_kv_cpu") if not hasattr(cls, a)]
             if cls is None or missing:
                 why = f"the manager lacks {'SparseKVOffloadManager' if cls is None else missing}"
-        if why is None:
+        if why is None and cls is not None:
             from kvpd.native import ascend_planner  # ImportError when the core is not built
 
             original = cls._build_cpp

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvpd.bench import metrics, proof
 from kvpd.plan.value import Plan
+from kvpd.profile.roles import ENGINE_ROLES
 
 # Endpoints are cluster nodes; an http_proxy from the environment must not apply.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -69,7 +70,7 @@ def send(
 def applies(plan: Plan) -> bool:
     """A canary needs engines with /metrics and a URL to send to (a plan of services only,
     e.g. a KV store under test, has nothing to prove)."""
-    engines = [t for t in metrics.targets(plan) if t.role in metrics.ENGINE_ROLES]
+    engines = [t for t in metrics.targets(plan) if t.role in ENGINE_ROLES]
     return bool(engines and plan.proxy_url)
 
 

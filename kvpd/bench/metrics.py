@@ -96,7 +96,8 @@ class Snapshot:
 
 def fetch(url: str, timeout_s: float = 10.0) -> str:
     with _OPENER.open(url, timeout=timeout_s) as resp:
-        return resp.read().decode("utf-8", "replace")
+        body: bytes = resp.read()
+    return body.decode("utf-8", "replace")
 
 
 def scrape(tgts: list[Target], timeout_s: float = 10.0) -> Snapshot:

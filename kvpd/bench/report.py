@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.table import Table
 
 from kvpd.bench.records import BenchRun, Record
@@ -138,7 +140,7 @@ def proof_table(run: BenchRun) -> Table:
             "" if r.max_concurrency is None else f" c{r.max_concurrency}"
         )
 
-        def n(key: str, s: dict = s) -> str:
+        def n(key: str, s: dict[str, Any] = s) -> str:
             v = s.get(key)
             return "-" if v is None else f"{v:,.0f}"
 

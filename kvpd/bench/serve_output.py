@@ -85,7 +85,8 @@ def _number(raw: str) -> float | int | None:
 
 
 def load_json(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
+    data: dict[str, Any] = json.loads(Path(path).read_text())
+    return data
 
 
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from kvpd.errors import BenchError
 from kvpd.profile.roles import ENGINE_ROLES
+
+if TYPE_CHECKING:
+    from kvpd.bench.records import BenchRun
+    from kvpd.plan.value import Plan
 
 
 def register(app: typer.Typer) -> None:
@@ -185,7 +190,7 @@ def _run(
     keep_up: bool,
     restore: bool,
     quiet: bool,
-):
+) -> BenchRun:
     from kvpd.bench.progress import RichProgress
     from kvpd.bench.session import NullProgress, Session
     from kvpd.bench.settings import check_lengths, int_list, make_settings, resolve_scenarios
@@ -266,7 +271,7 @@ def _profile_facts(profile: str, sets: list[str]) -> tuple[dict[str, list[str]],
     return group_connectors(p), min(lens) if lens else None
 
 
-def _client(plan, tokenizer: str | None) -> tuple[str, str | None]:
+def _client(plan: Plan, tokenizer: str | None) -> tuple[str, str | None]:
     """(the `vllm` command, the host the client runs on or None for this machine).
 
     `bench.host` decides; unset, this machine when it has `vllm` and the tokenizer, else the

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from kvpd.cli import complete
 from kvpd.errors import StateError
+
+if TYPE_CHECKING:
+    from kvpd.exec.rolling import Step
 
 
 def split_targets(targets: list[str], known: list[str]) -> tuple[str, list[str]]:
@@ -46,7 +51,7 @@ def register(app: typer.Typer) -> None:
         with Deployments(grace_s=grace) as svc:
             name, names = split_targets(list(targets or []), svc.store.deployments())
 
-            def show(step) -> None:  # noqa: ANN001
+            def show(step: Step) -> None:
                 drained = {None: "", True: ", drained", False: ", drain timed out"}[step.drained]
                 output.out.print(f"restarted {step.name} in {step.seconds:.1f}s{drained}")
                 if step.canary:

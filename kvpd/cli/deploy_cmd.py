@@ -12,6 +12,7 @@ from kvpd.errors import DeployError, KvpdError, StateError
 from kvpd.profile.roles import ENGINE_ROLES
 
 if TYPE_CHECKING:
+    from kvpd.exec.service import Deployments
     from kvpd.exec.state import StateStore
     from kvpd.plan.value import Plan
 
@@ -220,7 +221,7 @@ def register(app: typer.Typer) -> None:
             purged = None
             if result is not None and state is not None and purge and not result.stop.leftover:
                 purged = svc.purge(state)  # only once nothing runs from the run dirs
-        if result is None:
+        if result is None or state is None:  # both or neither
             if json_out:
                 output.print_json(
                     {
@@ -333,7 +334,7 @@ def register(app: typer.Typer) -> None:
                     return
 
 
-def _confirm_layout(svc, plan) -> list[tuple[bool, str]]:
+def _confirm_layout(svc: Deployments, plan: Plan) -> list[tuple[bool, str]]:
     """The guide's `Layerwise KV cache reuse merged ...` check, once the engines are healthy
     (vLLM-Ascend logs it when it lays out the KV cache); `kvpd bench` checks it again."""
     from kvpd.bench.logcheck import confirm

@@ -9,7 +9,7 @@ import typer
 
 from kvpd.cli import bundle_view, container_view
 from kvpd.errors import PlanError
-from kvpd.plan.value import Plan
+from kvpd.plan.value import Plan, ProcessSpec
 
 PROFILE_HELP = "profile: a YAML file or a bundled name (local, ucm-centralized-2p2d, ...)"
 
@@ -60,7 +60,7 @@ def show_plan(plan: Plan) -> None:
     hosts = Table(title=title, show_lines=False)
     for col in ("host", "address", "hw", "process", "role", "stage", "devices", "ports"):
         hosts.add_column(col)
-    by_host: dict[str, list] = {}
+    by_host: dict[str, list[ProcessSpec]] = {}
     for p in plan.processes:
         by_host.setdefault(p.host, []).append(p)
     for h in plan.hosts:
@@ -86,7 +86,7 @@ def show_plan(plan: Plan) -> None:
         "{" + ", ".join(escape(p.name) for p in stage) + "}" for stage in plan.stages
     )
     con.print(f"[bold]start order[/bold] (each stage healthy before the next): {order}")
-    files = {}
+    files: dict[str, list[str]] = {}
     for f in plan.files:
         files.setdefault(f.host, []).append(f.path)
     for host, paths in files.items():

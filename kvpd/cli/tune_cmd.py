@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from kvpd.native.tune import SparseModelFacts, SparseTuneReport
 
 
 def _parse_sizes(text: str) -> list[int]:
@@ -127,7 +131,7 @@ def register(app: typer.Typer) -> None:
         _print_report(report, source, facts)
 
 
-def _print_report(report, source: str, facts) -> None:  # noqa: ANN001 - CLI rendering only
+def _print_report(report: SparseTuneReport, source: str, facts: SparseModelFacts) -> None:
     from rich.console import Console
     from rich.table import Table
 

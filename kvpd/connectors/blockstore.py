@@ -177,7 +177,8 @@ class BlockStore:
             self.counters.add(corrupt=1)
             self._remove_if_same(path, st)  # the inode check keeps a good copy renamed over it
             return None
-        self._touch(path, st)
+        if st is not None:  # always, when ok: fstat came first
+            self._touch(path, st)
         return dest
 
     def get_into(self, key: bytes, out: memoryview) -> bool:

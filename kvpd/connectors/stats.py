@@ -44,7 +44,7 @@ class KvpdStoreStats(KVConnectorStats):
     """Counter deltas since the last report; workers and the scheduler add theirs up."""
 
     def reset(self) -> None:
-        self.data = {}
+        self.data: dict[str, float] = {}
 
     def add(self, **deltas: float) -> None:
         for k, v in deltas.items():

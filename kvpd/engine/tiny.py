@@ -15,6 +15,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 # Before transformers is imported: nothing here may touch the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,7 +72,7 @@ class TinySpec:
             raise ValueError("vocab size must be at least 512 (256 bytes + merges + specials)")
 
 
-def build_tokenizer(spec: TinySpec):
+def build_tokenizer(spec: TinySpec) -> Any:  # a transformers PreTrainedTokenizerFast
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -96,7 +97,7 @@ def build_tokenizer(spec: TinySpec):
     )
 
 
-def build_model(spec: TinySpec, tokenizer):
+def build_model(spec: TinySpec, tokenizer: Any) -> Any:  # a transformers LlamaForCausalLM
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging as hf_logging

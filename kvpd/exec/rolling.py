@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvpd.errors import DeployError
 from kvpd.exec.executor import Executor
@@ -32,6 +32,8 @@ class CanaryOutcome(Protocol):
     ok: bool
     line: str
     problems: list[str]
+
+    def to_dict(self) -> dict[str, Any]: ...  # what `up --json` reports as "canary"
 
 
 CanaryCheck = Callable[[Plan], CanaryOutcome]

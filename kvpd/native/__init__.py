@@ -20,7 +20,7 @@ if os.environ.get("KVPD_NATIVE", "1") == "0":
     _IMPORT_ERROR = "disabled by KVPD_NATIVE=0"
 else:
     try:
-        from kvpd.native._sparse_lru import (  # type: ignore[import-not-found]
+        from kvpd.native._sparse_lru import (  # type: ignore[import-not-found,no-redef]
             SparseLRUPlanner,
             build_copy_descriptors,
         )
@@ -43,7 +43,7 @@ def implementation_info() -> dict[str, Any]:
         "reason": _IMPORT_ERROR,
     }
     if IMPLEMENTATION == "native":
-        from kvpd.native import _sparse_lru  # type: ignore[attr-defined]
+        from kvpd.native import _sparse_lru
 
         info.update(_sparse_lru.build_info())
         info["module"] = _sparse_lru.__file__

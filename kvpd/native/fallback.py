@@ -143,7 +143,7 @@ class SparseLRUPlanner:
         miss_slots[:m] = filled
         lru[:] = np.concatenate((evictable[m:], filled, hits))
         slot_of[vt] = -1
-        return m
+        return int(m)
 
 
 def build_copy_descriptors(

@@ -27,15 +27,15 @@ class TopkTrace:
 
     @property
     def steps(self) -> int:
-        return self.topk_indices.shape[0]
+        return int(self.topk_indices.shape[0])
 
     @property
     def rows(self) -> int:
-        return self.topk_indices.shape[1]
+        return int(self.topk_indices.shape[1])
 
     @property
     def topk(self) -> int:
-        return self.topk_indices.shape[2]
+        return int(self.topk_indices.shape[2])
 
 
 def _distinct(rng: np.random.Generator, n: int, hi: int, exclude: np.ndarray) -> np.ndarray:
@@ -91,10 +91,10 @@ def synthetic_topk_trace(
                 prev[r], dropped[r] = None, np.empty(0, dtype=np.int64)
             seq[r] += 1
             newest = np.array([seq[r] - 1])
-            if prev[r] is None:
+            old = prev[r]
+            if old is None:
                 chosen = np.concatenate((newest, _distinct(rng, topk - 1, seq[r], newest)))
             else:
-                old = prev[r]
                 keep_mask = rng.random(old.size) < overlap
                 keep = old[keep_mask]
                 keep = np.concatenate((newest, keep[keep != newest[0]]))[:topk]

@@ -63,14 +63,14 @@ class ProxyApp:
         router.add("GET", "/health", self.health_endpoint)
         router.add("GET", "/healthcheck", self.healthcheck)
         router.add("GET", "/metrics", self.metrics_endpoint)
-        self.server: asyncio.AbstractServer | None = None
+        self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()
 
     @property
     def port(self) -> int:
         assert self.server is not None
-        return self.server.sockets[0].getsockname()[1]
+        return int(self.server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
         self.server = await self.loop.create_server(

@@ -211,15 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
             "sent to the backends as a bearer token."
         ),
     )
-    d = ProxyConfig.__dataclass_fields__
+    d = ProxyConfig()  # the defaults
     p.add_argument("--prefiller-hosts", nargs="*", metavar="HOST",
-                   default=[h for h, _ in d["prefillers"].default])  # fmt: skip
+                   default=[h for h, _ in d.prefillers])  # fmt: skip
     p.add_argument("--prefiller-ports", nargs="*", type=int, metavar="PORT",
-                   default=[pt for _, pt in d["prefillers"].default])  # fmt: skip
+                   default=[pt for _, pt in d.prefillers])  # fmt: skip
     p.add_argument("--decoder-hosts", nargs="+", metavar="HOST",
-                   default=[h for h, _ in d["decoders"].default])  # fmt: skip
+                   default=[h for h, _ in d.decoders])  # fmt: skip
     p.add_argument("--decoder-ports", nargs="+", type=int, metavar="PORT",
-                   default=[pt for _, pt in d["decoders"].default])  # fmt: skip
+                   default=[pt for _, pt in d.decoders])  # fmt: skip
     choices = {"flow": FLOWS, "log_level": LOG_LEVELS + tuple(x.lower() for x in LOG_LEVELS)}
     for f in fields(ProxyConfig):
         if "help" not in f.metadata:
