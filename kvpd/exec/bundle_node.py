@@ -203,6 +203,10 @@ def check(run_dir, slot, source, prefer=None, full=False):
         return out
     info = native_info(folder)
     point_slot(base, slot, name)
+    # What the slot's processes will put on PYTHONPATH must be this very folder.
+    if os.path.realpath(os.path.join(base, slot)) != os.path.realpath(folder):
+        out["problem"] = "the slot link %s does not lead to %s" % (os.path.join(base, slot), folder)
+        return out
     out.update(
         ready=True,
         digest=marker["digest"],
