@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         concurrency: str | None = typer.Option(
             None, "--concurrency", help="--max-concurrency value(s), comma-separated for a sweep."
         ),
-        num_prompts: int | None = typer.Option(None, "--num-prompts", min=1),
+        num_prompts: int | None = typer.Option(None, "--num-prompts", min=1, max=1_000_000),
         request_rate: str | None = typer.Option(None, "--request-rate", help="req/s or inf."),
         seed: int | None = typer.Option(None, "--seed"),
         prefix_ratio: float | None = typer.Option(

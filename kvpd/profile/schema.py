@@ -37,6 +37,7 @@ from kvpd.profile.types import (
 )
 
 Positive = Annotated[int, Field(ge=1)]
+MAX_PROMPTS = 1_000_000  # per bench run: the client builds every prompt before it sends one
 Hardware = Literal["a2", "a3", "950", "cuda", "cpu"]
 ASCEND = ("a2", "a3", "950")
 # Devices per host when a host does not say: Atlas 800 A2 has 8 NPUs, A3 16 dies, 950 8.
@@ -293,7 +294,7 @@ class Bench(_Model):
 
     input_len: int = Field(1024, ge=1)
     output_len: int = Field(128, ge=1)
-    num_prompts: int = Field(10, ge=1)
+    num_prompts: int = Field(10, ge=1, le=MAX_PROMPTS)
     request_rate: Annotated[float, Field(gt=0)] | Literal["inf"] = "inf"
     max_concurrency: int | None = Field(None, ge=1)
     seed: int = 123456

@@ -463,6 +463,7 @@ def test_address_that_looks_like_ipv4_must_be_one() -> None:
         ("engine.kv_cache_memory_bytes=1.5G", "'1.5G' is not a byte count vLLM reads"),
         ("bench.request_rate=0", "bench.request_rate: request_rate must be greater than 0.0"),
         ("bench.request_rate=-1", "bench.request_rate: request_rate must be greater than 0.0"),
+        ("bench.num_prompts=1000001", "bench.num_prompts: num_prompts must be at most 1000000"),
         ("runtime.run_dir=''", "runtime.run_dir: is empty; give the run dir a folder of its own"),
         ("runtime.run_dir=/", "runtime.run_dir: '/' is the root, a top-level or a home folder"),
         ("runtime.run_dir=/etc", "'/etc' is the root, a top-level or a home folder"),
