@@ -30,6 +30,25 @@ def plan_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def fallback_warning(row: dict[str, Any], profile: str) -> str | None:
+    """The warning for an engine slot left on the NumPy fallback, with the way to the native
+    core. A bundle `up` verified is kept as it is, so once the host can build (a compiler and
+    the Python headers) the fallback stays until `down --purge` removes it."""
+    if row.get("slot") != "engine" or row.get("implementation") == "native":
+        return None
+    head = (
+        f"{row['host']}: kvpd's native core is not available for {row.get('platform')} "
+        f"({(row.get('native') or {}).get('reason')}); engines there use the NumPy fallback"
+    )
+    again = f"`kvpd down --purge {profile}` and `kvpd up {profile}`"
+    if row.get("compiler"):
+        return f"{head}. The host can build it now: {again} rebuild the bundle with it."
+    return (
+        f"{head}. For the native core install g++ and the Python headers (python3-dev) "
+        f"there, then {again}."
+    )
+
+
 def status_table(rows: list[dict[str, Any]]) -> Table:
     """What `up` verified per host slot: interpreter, digest, native implementation."""
     t = Table(title="node bundle")

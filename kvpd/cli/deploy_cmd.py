@@ -113,6 +113,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Start a deployment: write its files, start its stages in order, gate on health."""
+        from rich.text import Text
+
         from kvpd.bench import canary
         from kvpd.cli import output
         from kvpd.exec.service import Deployments
@@ -172,12 +174,9 @@ def register(app: typer.Typer) -> None:
         else:
             output.out.print(output.up_table(state))
             for b in state.bundle:  # node bundle: hosts left without the native core
-                if b.get("implementation") != "native" and b.get("slot") == "engine":
-                    output.err.print(
-                        f"[yellow]warning:[/] {b['host']}: kvpd's native core is not available "
-                        f"for {b.get('platform')} ({b.get('native', {}).get('reason')}); engines "
-                        "there use the NumPy fallback."
-                    )
+                warning = bundle_view.fallback_warning(b, profile)
+                if warning:
+                    output.err.print(Text.assemble(("warning: ", "yellow"), warning))
         if result is not None and not result.ok:
             _canary_failed(plan, result.problems, profile, keep_on_failure)
         if json_out:

@@ -99,6 +99,7 @@ class SlotResult:
             "digest": self.report.get("digest"),
             "folder": self.report.get("folder"),
             "implementation": native.get("implementation"),
+            "compiler": self.report.get("compiler"),
             "native": native,
             "action": self.action,
             "source": self.source,
@@ -356,7 +357,8 @@ class BundleInstaller:
                 problems.append(
                     f"{where}: the kvpd planner needs the native core, but this host got the "
                     "NumPy fallback. Install g++ and the Python headers on a host of platform "
-                    f"{rep.get('platform')}, or set decode.sparse_offload.planner: upstream."
+                    f"{rep.get('platform')} (then `kvpd down --purge`: an installed bundle is "
+                    "kept), or set decode.sparse_offload.planner: upstream."
                 )
         if problems:
             raise DeployError("node bundle: " + "\n  ".join(["", *problems]).lstrip("\n "))

@@ -300,3 +300,26 @@ def test_plan_shows_who_gets_the_bundle_and_why() -> None:
     )
     assert lines[2] == "  localhost (proxy slot, python3): proxy: kvpd proxy"
     assert plan_lines(load_plan("ucm-pd-mixed", base_dir="/srv")) == []
+
+
+def test_fallback_warning_says_how_to_get_the_native_core() -> None:
+    """A kept bundle stays on the NumPy fallback until `down --purge`: the warning says so, and
+    says whether the host can build the core now."""
+    from kvpd.cli.bundle_view import fallback_warning
+
+    row = {
+        "host": "d1",
+        "slot": "engine",
+        "platform": "cpython-311-aarch64-linux-gnu",
+        "implementation": "numpy",
+        "native": {"reason": "the bundle has no native core for this platform"},
+        "compiler": False,
+    }
+    w = fallback_warning(row, "prod.yaml")
+    assert w is not None and w.startswith("d1: kvpd's native core is not available")
+    assert "install g++ and the Python headers" in w
+    assert "`kvpd down --purge prod.yaml` and `kvpd up prod.yaml`" in w
+    now = fallback_warning({**row, "compiler": True}, "prod.yaml")
+    assert now is not None and "The host can build it now" in now
+    assert fallback_warning({**row, "implementation": "native"}, "p") is None
+    assert fallback_warning({**row, "slot": "proxy"}, "p") is None
