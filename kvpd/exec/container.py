@@ -121,10 +121,5 @@ class ContainerTransport(ShellProcesses):
             )
         return started(lines, log_path)
 
-
-
-
-
-
     def close(self) -> None:
         self.inner.close()

@@ -13,8 +13,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def kvpd(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kvpd.cli.main", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "kvpd.cli.main", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_plan_bundled_profile_shows_processes_and_order() -> None:
@@ -41,8 +46,9 @@ def test_plan_out_writes_one_folder_per_host(tmp_path: Path) -> None:
 
 def test_bad_profile_exits_2_with_located_message(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\nhosts:\n  h1: {address: 10.0.0.1}\nmodel:\n  path: /m\n"
-                   "prefil:\n  hosts: [h1]\n")
+    bad.write_text(
+        "name: bad\nhosts:\n  h1: {address: 10.0.0.1}\nmodel:\n  path: /m\nprefil:\n  hosts: [h1]\n"
+    )
     r = kvpd("plan", str(bad))
     assert r.returncode == 2
     assert f"{bad}:6: prefil: unknown field 'prefil'. Did you mean 'prefill'?" in r.stderr
@@ -74,8 +80,10 @@ def test_plan_rehearse_shows_substitutions() -> None:
 
 
 def test_import_kvpd_core_is_light() -> None:
-    code = ("import sys, kvpd, kvpd.plan.build; "
-            "print(sorted(m for m in ('typer','rich','paramiko') if m in sys.modules))")
+    code = (
+        "import sys, kvpd, kvpd.plan.build; "
+        "print(sorted(m for m in ('typer','rich','paramiko') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
 
@@ -88,8 +96,10 @@ def test_plan_shows_sparse_offload_sizing() -> None:
 
 def test_plan_with_inventory_overlay(tmp_path: Path) -> None:
     inv = tmp_path / "inv.yaml"
-    inv.write_text("hosts:\n  p1: {address: 10.9.9.1}\n  d1: {address: 10.9.9.2}\n"
-                   "ssh: {user: deploy, port: 2222}\n")
+    inv.write_text(
+        "hosts:\n  p1: {address: 10.9.9.1}\n  d1: {address: 10.9.9.2}\n"
+        "ssh: {user: deploy, port: 2222}\n"
+    )
     r = kvpd("plan", "ucm-centralized-2p2d", "--inventory", str(inv), "--json")
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)

@@ -16,11 +16,7 @@ BASE_DIR = "/srv/kvpd"  # fixed, so local-profile paths in the golden files are 
 
 
 def _tree(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): p.read_text()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_every_seed_deployment_is_bundled() -> None:

@@ -165,9 +165,14 @@ def test_large_ep_per_rank_commands() -> None:
     assert env["ASCEND_RT_VISIBLE_DEVICES"] == "4,5,6,7"
     assert env["HCCL_IF_IP"] == "192.168.10.6"
     assert env["GLOO_SOCKET_IFNAME"] == env["TP_SOCKET_IFNAME"] == env["HCCL_SOCKET_IFNAME"]
-    for k, v in {"OMP_PROC_BIND": "false", "OMP_NUM_THREADS": "10", "HCCL_BUFFSIZE": "256",
-                 "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True", "TASK_QUEUE_ENABLE": "1",
-                 "VLLM_USE_MODELSCOPE": "True"}.items():
+    for k, v in {
+        "OMP_PROC_BIND": "false",
+        "OMP_NUM_THREADS": "10",
+        "HCCL_BUFFSIZE": "256",
+        "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
+        "TASK_QUEUE_ENABLE": "1",
+        "VLLM_USE_MODELSCOPE": "True",
+    }.items():
         assert env[k] == v
     proxy = flags(p.process("proxy").command)
     assert proxy["--decoder-ports"] == "9000"  # first of the list; the full list below
@@ -177,18 +182,41 @@ def test_large_ep_per_rank_commands() -> None:
 
 
 LW_P_KV = {
-    "kv_connector": "MultiConnector", "kv_role": "kv_producer",
-    "kv_connector_extra_config": {"connectors": [
-        {"kv_connector": "SfaRemoteD2HConnector", "kv_role": "kv_producer",
-         "kv_connector_extra_config": {"transfer_backend": "memfabric"}},
-        {"kv_connector": "AscendStoreConnector", "kv_role": "kv_producer",
-         "kv_connector_extra_config": {"backend": "memcache", "use_layerwise": True,
-                                       "layerwise_num_shared_buffers": 3,
-                                       "layerwise_independent_layers": [0]}}]}}
-LW_D_KV = {"kv_connector": "SfaRemoteD2HConnector", "kv_role": "kv_consumer", "kv_port": 20050,
-           "kv_connector_extra_config": {"transfer_backend": "memfabric", "use_layerwise": True}}
-LW_D_ADD = {"sparse_kv_offload_config": {"enabled": True, "topk_buffer_size": 4096,
-                                         "dram_size_per_dp_GB": 128}}
+    "kv_connector": "MultiConnector",
+    "kv_role": "kv_producer",
+    "kv_connector_extra_config": {
+        "connectors": [
+            {
+                "kv_connector": "SfaRemoteD2HConnector",
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {"transfer_backend": "memfabric"},
+            },
+            {
+                "kv_connector": "AscendStoreConnector",
+                "kv_role": "kv_producer",
+                "kv_connector_extra_config": {
+                    "backend": "memcache",
+                    "use_layerwise": True,
+                    "layerwise_num_shared_buffers": 3,
+                    "layerwise_independent_layers": [0],
+                },
+            },
+        ]
+    },
+}
+LW_D_KV = {
+    "kv_connector": "SfaRemoteD2HConnector",
+    "kv_role": "kv_consumer",
+    "kv_port": 20050,
+    "kv_connector_extra_config": {"transfer_backend": "memfabric", "use_layerwise": True},
+}
+LW_D_ADD = {
+    "sparse_kv_offload_config": {
+        "enabled": True,
+        "topk_buffer_size": 4096,
+        "dram_size_per_dp_GB": 128,
+    }
+}
 
 
 def test_layerwise_and_sparse() -> None:

@@ -159,6 +159,7 @@ def test_bad_env_names_are_refused_like_over_ssh(tmp_path: Path) -> None:
         with pytest.raises(PlanError):
             t.run(["true"], env={name: "x"})
         with pytest.raises(PlanError):
-            t.start_detached(["true"], log=str(tmp_path / "l.log"), cwd=str(tmp_path),
-                             env={name: "x"})
+            t.start_detached(
+                ["true"], log=str(tmp_path / "l.log"), cwd=str(tmp_path), env={name: "x"}
+            )
     assert not (tmp_path / "l.log").exists()  # refused before anything was created

@@ -261,11 +261,6 @@ class SSHTransport(ShellProcesses):
             )
         return started(lines, log_path)
 
-
-
-
-
-
     def close(self) -> None:
         """Close the connection (a later operation opens a new one); detached processes keep
         running."""
