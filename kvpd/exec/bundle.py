@@ -19,11 +19,11 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from kvpd.errors import DeployError
 from kvpd.exec import wheel as wheels
+from kvpd.exec.bundle_result import SlotResult, judge
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.stop import NullReporter, Reporter
@@ -69,43 +69,6 @@ BUILD_SH = r"""
 cd -- "$1" && rm -rf src out && mkdir src && tar -xzf src.tar.gz -C src &&
   "$2" -I src/wheel_build.py src out
 """
-
-
-@dataclass
-class SlotResult:
-    """What the bundle step found and did for one slot (recorded in the deployment state)."""
-
-    host: str
-    slot: str
-    python: str  # as the plan says it
-    report: dict[str, Any] = field(default_factory=dict)  # the node script's last JSON line
-    action: str = "kept"  # kept | installed | failed
-    source: str = ""  # where the installed wheel came from: local | cache | host:NAME | any
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.report.get("ready"))
-
-    def to_dict(self) -> dict[str, Any]:
-        native = self.report.get("native") or {}
-        return {
-            "host": self.host,
-            "slot": self.slot,
-            "python": self.python,
-            "executable": self.report.get("executable"),
-            "version": self.report.get("version"),
-            "platform": self.report.get("platform"),
-            "digest": self.report.get("digest"),
-            "folder": self.report.get("folder"),
-            "implementation": native.get("implementation"),
-            "compiler": self.report.get("compiler"),
-            "native": native,
-            "action": self.action,
-            "source": self.source,
-            "seconds": round(self.seconds, 3),
-            "problem": self.report.get("problem", ""),
-        }
 
 
 @dataclass(frozen=True)
@@ -242,7 +205,7 @@ class BundleInstaller:
             if r.action == "kept" and not r.ok:
                 r.action = "failed"
             self._done(r.host, [r], t0s, quiet=True)
-        self._judge(list(results.values()), uses)
+        judge(list(results.values()), uses)
         return list(results.values())
 
     def _done(
@@ -340,38 +303,6 @@ class BundleInstaller:
             return lines[-1]
         err = r.stderr.strip().splitlines()[-1:] or [f"exit {r.exit_code}"]
         return {**res.report, "ready": False, "problem": f"install failed: {err[0][:300]}"}
-
-    def _judge(self, results: list[SlotResult], uses: dict[tuple[str, str], BundleUse]) -> None:
-        problems = []
-        for r in results:
-            u = uses[(r.host, r.slot)]
-            rep = r.report
-            where = f"{r.host} ({r.slot}: {u.python})"
-            if not r.ok:
-                fix = fix_hint(rep)
-                problems.append(f"{where}: {rep.get('problem', 'not installed')}. {fix}")
-            elif (
-                u.native == "required"
-                and (rep.get("native") or {}).get("implementation") != "native"
-            ):
-                problems.append(
-                    f"{where}: the kvpd planner needs the native core, but this host got the "
-                    "NumPy fallback. Install g++ and the Python headers on a host of platform "
-                    f"{rep.get('platform')} (then `kvpd down --purge`: an installed bundle is "
-                    "kept), or set decode.sparse_offload.planner: upstream."
-                )
-        if problems:
-            raise DeployError("node bundle: " + "\n  ".join(["", *problems]).lstrip("\n "))
-
-
-def fix_hint(rep: dict[str, Any]) -> str:
-    if rep.get("too_old"):
-        return "Use a Python >= 3.10 for this process (e.g. set the profile's python)."
-    if rep.get("problem") == "interpreter not found":
-        return "Install it or set its full path in the profile."
-    if rep.get("platform") and not rep.get("pip"):
-        return f"Install pip for {rep.get('executable')} (python -m ensurepip)."
-    return "See the message; `kvpd up` retries the install."
 
 
 def install_bundle(
