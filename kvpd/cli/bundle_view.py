@@ -32,20 +32,27 @@ def plan_lines(plan: Plan) -> list[str]:
 
 def fallback_warning(row: dict[str, Any], profile: str) -> str | None:
     """The warning for an engine slot left on the NumPy fallback, with the way to the native
-    core. A bundle `up` verified is kept as it is, so once the host can build (a compiler and
-    the Python headers) the fallback stays until `down --purge` removes it."""
+    core: `up` replaces the fallback by itself once a native wheel can be had, but does not
+    retry a build that failed for this kvpd (its wheel cache remembers the failure)."""
     if row.get("slot") != "engine" or row.get("implementation") == "native":
         return None
+    from kvpd.exec.wheel import cache_dir
+
+    platform = row.get("platform")
     head = (
-        f"{row['host']}: kvpd's native core is not available for {row.get('platform')} "
+        f"{row['host']}: kvpd's native core is not available for {platform} "
         f"({(row.get('native') or {}).get('reason')}); engines there use the NumPy fallback"
     )
-    again = f"`kvpd down --purge {profile}` and `kvpd up {profile}`"
     if row.get("compiler"):
-        return f"{head}. The host can build it now: {again} rebuild the bundle with it."
+        return (
+            f"{head}. A build of the core for {platform} failed before and is not retried: "
+            f"fix it (that `up` warned why), remove {cache_dir() / 'wheels'}/*/{platform} on "
+            f"this machine and run `kvpd up {profile}` again."
+        )
     return (
-        f"{head}. For the native core install g++ and the Python headers (python3-dev) "
-        f"there, then {again}."
+        f"{head}. Install g++ and the Python headers (python3-dev) on a host of that platform "
+        "(on this machine for its own): the next `kvpd up` builds the core and replaces the "
+        "fallback."
     )
 
 

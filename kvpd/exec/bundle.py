@@ -96,6 +96,12 @@ def choose_builds(
     return out
 
 
+def fallback(r: SlotResult) -> bool:
+    """A verified slot holding the wheel without the native core (the one hosts get when no
+    build for their platform was possible): what a native build can replace."""
+    return r.ok and r.report.get("bundle_platform") == wheels.ANY
+
+
 def json_lines(stdout: str) -> list[dict[str, Any]]:
     out = []
     for line in stdout.splitlines():
@@ -162,22 +168,25 @@ class BundleInstaller:
                     res = results[(host, rep["slot"])]
                     res.report = rep
                 if all(results[(host, u.slot)].ok for u in by_host[host]):
-                    self._done(host, [results[(host, u.slot)] for u in by_host[host]], t0s)
+                    if not any(fallback(results[(host, u.slot)]) for u in by_host[host]):
+                        self._done(host, [results[(host, u.slot)] for u in by_host[host]], t0s)
 
             list(pool.map(first, by_host))
             todo = [r for r in results.values() if not r.ok and not r.report.get("too_old")]
             todo = [r for r in todo if r.report.get("platform") and r.report.get("pip")]
+            # kept on the NumPy fallback: the old report stays unless a native install succeeds
+            kept = {id(r): r.report for r in self._upgrades(list(results.values()), todo, source)}
+            todo += [r for r in results.values() if id(r) in kept]
             builds = self._plan_builds(todo, source)
             pending = {h: sum(r.host == h for r in todo) for h in {r.host for r in todo}}
             host_locks = {h: threading.Lock() for h in pending}
             count_lock = threading.Lock()
+            for h in by_host:  # hosts held back for an upgrade that is not possible: report
+                if h not in pending and all(results[(h, u.slot)].ok for u in by_host[h]):
+                    if any(fallback(results[(h, u.slot)]) for u in by_host[h]):
+                        self._done(h, [results[(h, u.slot)] for u in by_host[h]], t0s)
 
-            def install_slot(res: SlotResult, w: wheels.Wheel) -> None:
-                with host_locks[res.host]:  # one pip at a time per host (slots may share a digest)
-                    self._say(res.host, "starting", f"installing {w.name} for {res.slot}")
-                    res.report = self._install_one(res.host, run_dirs[res.host], res, w, source)
-                res.action = "installed" if res.ok else "failed"
-                res.seconds = time.monotonic() - t0s[res.host]
+            def settle(res: SlotResult) -> None:
                 with count_lock:
                     pending[res.host] -= 1
                     last = pending[res.host] == 0
@@ -186,11 +195,29 @@ class BundleInstaller:
                         res.host, [results[(res.host, u.slot)] for u in by_host[res.host]], t0s
                     )
 
+            def install_slot(res: SlotResult, w: wheels.Wheel) -> None:
+                with host_locks[res.host]:  # one pip at a time per host (slots may share a digest)
+                    self._say(res.host, "starting", f"installing {w.name} for {res.slot}")
+                    res.report = self._install_one(res.host, run_dirs[res.host], res, w, source)
+                res.action = "installed" if res.ok else "failed"
+                if id(res) in kept and not res.ok:  # the verified fallback still serves
+                    self.warnings.append(
+                        f"upgrading the bundle of {res.host} ({res.slot}) to the native core "
+                        f"failed: {res.report.get('problem')}; it keeps the NumPy fallback"
+                    )
+                    res.report, res.action, res.source = kept[id(res)], "kept", ""
+                res.seconds = time.monotonic() - t0s[res.host]
+                settle(res)
+
             def platform(name: str) -> None:
                 """Obtain this platform's wheel, then install it at once on its hosts: hosts of
                 the controller's platform do not wait for another platform's build."""
                 mine = [r for r in todo if r.report["platform"] == name]
                 w, how = self._obtain(name, builds[name], mine, run_dirs, source)
+                if w is not None and not w.native:  # an upgrade needs the native core
+                    for r in [r for r in mine if id(r) in kept]:
+                        mine.remove(r)
+                        settle(r)
                 for r in mine:
                     r.source = how
                 if w is not None:
@@ -225,6 +252,32 @@ class BundleInstaller:
         else:
             bad = next(r for r in res if not r.ok)
             self._say(host, "failed", f"{bad.slot}: {bad.report.get('problem', '')}", t0s[host])
+
+    def _upgrades(
+        self, results: list[SlotResult], todo: list[SlotResult], source: str
+    ) -> list[SlotResult]:
+        """Verified slots on the NumPy fallback whose platform can now have the native core:
+        the controller's own wheel is native, a cached wheel is, or (none cached) a host of
+        that platform reports a compiler and the Python headers. A cached fallback wheel means
+        a build was tried for this kvpd source and failed: not tried on every `up` again."""
+        out = []
+        for r in results:
+            p = r.report.get("platform")
+            if not (r.ok and fallback(r) and p and r.report.get("pip")):
+                continue
+            if p == self.local_platform:
+                possible = self.build_local().native
+            elif (c := wheels.cached(p, source)) is not None:
+                possible = c.native
+            else:
+                possible = any(
+                    o.report.get("compiler")
+                    for o in (*results, *todo)
+                    if o.report.get("platform") == p
+                )
+            if possible:
+                out.append(r)
+        return out
 
     def _plan_builds(self, todo: list[SlotResult], source: str) -> dict[str, Build]:
         missing: dict[str, list[tuple[str, bool]]] = {}

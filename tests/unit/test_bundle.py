@@ -19,6 +19,7 @@ from kvpd.exec import wheel as wheels
 from kvpd.exec.bundle import Build, BundleInstaller, choose_builds
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.purge import unsafe_run_dir
+from kvpd.exec.stop import NullReporter
 from kvpd.plan.build import load_plan
 from kvpd.plan.bundle import BundleUse, native_need, sparse_planner
 from kvpd.plan.value import HostSpec, Plan
@@ -303,8 +304,8 @@ def test_plan_shows_who_gets_the_bundle_and_why() -> None:
 
 
 def test_fallback_warning_says_how_to_get_the_native_core() -> None:
-    """A kept bundle stays on the NumPy fallback until `down --purge`: the warning says so, and
-    says whether the host can build the core now."""
+    """The warning says what brings the native core: a compiler on a host of that platform (the
+    next `up` upgrades), or, when a build was tried and failed, clearing that failure."""
     from kvpd.cli.bundle_view import fallback_warning
 
     row = {
@@ -317,9 +318,63 @@ def test_fallback_warning_says_how_to_get_the_native_core() -> None:
     }
     w = fallback_warning(row, "prod.yaml")
     assert w is not None and w.startswith("d1: kvpd's native core is not available")
-    assert "install g++ and the Python headers" in w
-    assert "`kvpd down --purge prod.yaml` and `kvpd up prod.yaml`" in w
-    now = fallback_warning({**row, "compiler": True}, "prod.yaml")
-    assert now is not None and "The host can build it now" in now
+    assert "Install g++ and the Python headers" in w
+    assert "the next `kvpd up` builds the core and replaces the fallback" in w
+    failed = fallback_warning({**row, "compiler": True}, "prod.yaml")
+    assert failed is not None and "failed before and is not retried" in failed
+    assert "wheels/*/cpython-311-aarch64-linux-gnu" in failed and "`kvpd up prod.yaml`" in failed
     assert fallback_warning({**row, "implementation": "native"}, "p") is None
     assert fallback_warning({**row, "slot": "proxy"}, "p") is None
+
+
+def test_a_fallback_bundle_is_upgraded_once_the_native_core_can_be_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot that got the wheel without the native core (no build was possible then) gets the
+    native one on a later `up` once it can be had (here: the controller now builds it), and the
+    `up` after that keeps it."""
+    monkeypatch.setenv("KVPD_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    run.mkdir()
+    plan = one_host_plan(run)
+    t = LocalTransport(plan.hosts[0])
+    first = BundleInstaller(lambda h: t, build_local=pure).install(plan, {"here": str(run)})[0]
+    assert first.report["bundle_platform"] == wheels.ANY
+    assert first.report["native"]["implementation"] == "numpy"
+    again = BundleInstaller(lambda h: t, build_local=pure).install(plan, {"here": str(run)})[0]
+    assert again.action == "kept"  # still no native wheel to be had: nothing reinstalled
+    seen: list[tuple[str, str]] = []
+
+    class Phases(NullReporter):
+        def process(self, name: str, phase: str, **kw: object) -> None:
+            seen.append((phase, str(kw.get("detail", ""))))
+
+    up = BundleInstaller(lambda h: t, Phases()).install(plan, {"here": str(run)})[0]
+    assert up.action == "installed" and up.source == "local", up.report
+    # the host's row ends healthy, once, with the upgrade (not first "kept", then "installed")
+    assert [p for p, _ in seen if p == "healthy"] == ["healthy"]
+    assert seen[-1][0] == "healthy" and "proxy: installed" in seen[-1][1], seen
+    assert up.report["native"]["implementation"] == "native"
+    assert (run / "bundle" / "proxy").resolve() == Path(up.report["folder"])
+    last = BundleInstaller(lambda h: t).install(plan, {"here": str(run)})[0]
+    assert last.action == "kept" and last.report["digest"] == up.report["digest"]
+
+
+def test_a_failed_native_build_is_not_retried_on_every_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For a platform other than the controller's, a cached wheel without the native core
+    records that a build was tried for this kvpd source: the fallback slot is kept, nothing is
+    built or reinstalled."""
+    monkeypatch.setenv("KVPD_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    run.mkdir()
+    plan = one_host_plan(run)
+    t = LocalTransport(plan.hosts[0])
+    first = BundleInstaller(lambda h: t, build_local=pure).install(plan, {"here": str(run)})[0]
+    w = pure()
+    wheels.store(first.report["platform"], w.name, w.path.read_bytes(), False, "build failed")
+    inst = BundleInstaller(lambda h: t, local_platform="cpython-399-fake")
+    res = inst.install(plan, {"here": str(run)})[0]
+    assert res.action == "kept" and res.report["digest"] == first.report["digest"], res.report
+    assert not inst.warnings
