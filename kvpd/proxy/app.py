@@ -82,18 +82,22 @@ class ProxyApp:
                        self.loop.create_task(self.state.sweep())]  # fmt: skip
 
     async def stop(self) -> None:
-        """Stop listening, let in-flight requests finish for the grace period, then cut."""
+        """Stop listening; answer, within the grace period, every request in flight or still
+        arriving on a connection accepted before (each connection then closes after its
+        response); then close idle connections and cut what is left. A client sees either
+        its answer or a refused connection, not one closed under its request."""
         if self.server is not None:
             self.server.close()
+        self.state.closing = True
         for t in self._tasks:
             t.cancel()
-        tasks = list(self.state.tasks)
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.cfg.shutdown_grace)
+        deadline = self.loop.time() + self.cfg.shutdown_grace
+        while self.state.serving(self.loop.time()) and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
         for task in list(self.state.tasks):
             task.cancel()
         for conn in list(self.state.connections):
-            conn.abort()
+            conn.shut()
         self.prefillers.close()
         self.decoders.close()
         await asyncio.sleep(0)

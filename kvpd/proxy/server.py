@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvpd.proxy.http1 import (
     MAX_BODY_BYTES,
@@ -24,20 +24,17 @@ if TYPE_CHECKING:
     from kvpd.proxy.upstream import UpstreamConnection
 
 log = logging.getLogger("kvpd.proxy")
+# On shutdown, how long a connection accepted without a byte yet may take to send its request.
+FIRST_REQUEST_S = 1.0
 
 
-class Limits:
+class Limits(NamedTuple):
     """How long a client may stall (reading its request, or not reading our response), how
     long a keep-alive connection may idle, and how many connections are served at once."""
 
-    __slots__ = ("client_timeout", "idle_timeout", "max_connections")
-
-    def __init__(
-        self, client_timeout: float = 30.0, idle_timeout: float = 300.0, max_connections: int = 0
-    ) -> None:
-        self.client_timeout = client_timeout
-        self.idle_timeout = idle_timeout
-        self.max_connections = max_connections  # 0 = unbounded
+    client_timeout: float = 30.0
+    idle_timeout: float = 300.0
+    max_connections: int = 0  # 0 = unbounded
 
 
 class ServerState:
@@ -58,6 +55,12 @@ class ServerState:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.refused = 0  # connections answered 503 because of max_connections
         self.timed_out = 0  # connections closed by the sweeper
+        self.closing = False  # shutting down: each connection closes after its response
+
+    def serving(self, now: float) -> bool:
+        """While shutting down: some request is still running or arriving on a connection
+        accepted before the listener closed (the stop waits for those, within its grace)."""
+        return bool(self.tasks) or any(c.serving(now) for c in self.connections)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """A task the server waits for on shutdown (and cancels after the grace period)."""
@@ -102,6 +105,7 @@ class ClientConnection(asyncio.Protocol):
         self.on_lost: Callable[[], None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.since = state.loop.time()  # start of the current phase (idle, reading, paused)
+        self.fresh = True  # accepted, no byte received yet
         self.paused = False
         self._held = False  # reading paused: pipelined requests wait for the current one
         self._buf = b""
@@ -150,6 +154,7 @@ class ClientConnection(asyncio.Protocol):
             self.relay.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        self.fresh = False
         if self._req is not None:
             self._body_data(data)
             return
@@ -166,6 +171,19 @@ class ClientConnection(asyncio.Protocol):
             # back on the client) instead of buffering without bound.
             self._held = True
             self.transport.pause_reading()  # type: ignore[union-attr]
+
+    def serving(self, now: float) -> bool:
+        """A request runs or is partly received, or the client connected a moment ago and its
+        request is surely on the way (a shutdown must not cut it: it was accepted)."""
+        midway = self.busy or bool(self._buf) or self._req is not None
+        return not self.closed and (midway or (self.fresh and now - self.since < FIRST_REQUEST_S))
+
+    def shut(self) -> None:
+        """At the end of a shutdown: close an idle connection cleanly, cut one mid-request."""
+        if self.busy or self._buf or self._req is not None:
+            self.abort()
+        elif self.transport is not None and not self.closed:
+            self.transport.close()
 
     # --- timeouts ----------------------------------------------------------------------------
     def stalled(self, now: float, lim: Limits) -> str:
@@ -340,7 +358,7 @@ class ClientConnection(asyncio.Protocol):
         if self.closed:
             return
         self.since = self.state.loop.time()
-        if not self.keep_alive:
+        if not self.keep_alive or (self.state.closing and not self._buf):
             self.transport.close()  # type: ignore[union-attr]
             return
         if self._held:

@@ -565,3 +565,42 @@ def test_mixed_flow_cli_needs_no_prefillers() -> None:
         ]
     )
     assert cfg.prefillers == () and len(cfg.decoders) == 2
+
+
+# --- shutdown (SIGTERM: `kvpd down`, `kvpd restart proxy`) ------------------------------------
+
+
+def test_shutdown_answers_what_was_accepted_and_refuses_the_rest() -> None:
+    """Regression (CI, `restart proxy` under load): a connection the proxy had accepted but whose
+    request arrived after the stop began was closed without an answer. Now everything accepted
+    is answered (in flight, arriving, or sent a moment later), then the connection closes; a
+    new connection is refused."""
+
+    async def t(c: Cluster) -> None:
+        body = json.dumps(COMPLETION).encode()
+        req = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        port = c.port
+        in_flight = asyncio.ensure_future(c.call("POST", "/v1/completions", COMPLETION))
+        early_r, early_w = await asyncio.open_connection("127.0.0.1", port)  # sends later
+        half_r, half_w = await asyncio.open_connection("127.0.0.1", port)
+        half_w.write(req[:20])  # the head is still arriving
+        await asyncio.sleep(0.1)  # in_flight is waiting for its decode now
+        stopping = asyncio.ensure_future(c.app.stop())
+        await asyncio.sleep(0.1)
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)
+        half_w.write(req[20:])
+        early_w.write(req)  # keep-alive: the answer says so, then the proxy closes
+        for reader in (early_r, half_r):
+            raw = await asyncio.wait_for(reader.read(), 10)  # to EOF: the proxy closes
+            assert raw.startswith(b"HTTP/1.1 200"), raw[:200]
+            assert raw.endswith(b"0\r\n\r\n") or b"content-length" in raw.lower()
+        r = await in_flight
+        assert r.status == 200 and r.complete
+        await asyncio.wait_for(stopping, 10)
+        assert c.app.state.connections == set()
+
+    run_cluster(t, decode_delay=0.5)
