@@ -162,50 +162,55 @@ class BundleInstaller:
         workers = max(1, min(self.max_workers, len(by_host)))
         with Fanout(workers) as pool:
 
+            def slots(host: str) -> list[SlotResult]:
+                return [results[(host, u.slot)] for u in by_host[host]]
+
+            def ready(host: str) -> bool:
+                """Every slot verified, none a fallback an upgrade may replace: done."""
+                return all(r.ok and not fallback(r) for r in slots(host))
+
             def first(host: str) -> None:
                 self._say(host, "starting", "checking the bundle")
                 for rep in self.check(host, run_dirs[host], by_host[host], source):
-                    res = results[(host, rep["slot"])]
-                    res.report = rep
-                if all(results[(host, u.slot)].ok for u in by_host[host]):
-                    if not any(fallback(results[(host, u.slot)]) for u in by_host[host]):
-                        self._done(host, [results[(host, u.slot)] for u in by_host[host]], t0s)
+                    results[(host, rep["slot"])].report = rep
+                if ready(host):
+                    self._done(host, slots(host), t0s)
 
             list(pool.map(first, by_host))
             todo = [r for r in results.values() if not r.ok and not r.report.get("too_old")]
             todo = [r for r in todo if r.report.get("platform") and r.report.get("pip")]
             # kept on the NumPy fallback: the old report stays unless a native install succeeds
-            kept = {id(r): r.report for r in self._upgrades(list(results.values()), todo, source)}
-            todo += [r for r in results.values() if id(r) in kept]
+            kept = {
+                (r.host, r.slot): r.report
+                for r in self._upgrades(list(results.values()), todo, source)
+            }
+            todo += [results[k] for k in kept]
             builds = self._plan_builds(todo, source)
             pending = {h: sum(r.host == h for r in todo) for h in {r.host for r in todo}}
             host_locks = {h: threading.Lock() for h in pending}
             count_lock = threading.Lock()
-            for h in by_host:  # hosts held back for an upgrade that is not possible: report
-                if h not in pending and all(results[(h, u.slot)].ok for u in by_host[h]):
-                    if any(fallback(results[(h, u.slot)]) for u in by_host[h]):
-                        self._done(h, [results[(h, u.slot)] for u in by_host[h]], t0s)
+            for h in by_host:  # held back by `first` for an upgrade that is not possible
+                if h not in pending and not ready(h) and all(r.ok for r in slots(h)):
+                    self._done(h, slots(h), t0s)
 
             def settle(res: SlotResult) -> None:
                 with count_lock:
                     pending[res.host] -= 1
                     last = pending[res.host] == 0
                 if last:
-                    self._done(
-                        res.host, [results[(res.host, u.slot)] for u in by_host[res.host]], t0s
-                    )
+                    self._done(res.host, slots(res.host), t0s)
 
             def install_slot(res: SlotResult, w: wheels.Wheel) -> None:
                 with host_locks[res.host]:  # one pip at a time per host (slots may share a digest)
                     self._say(res.host, "starting", f"installing {w.name} for {res.slot}")
                     res.report = self._install_one(res.host, run_dirs[res.host], res, w, source)
                 res.action = "installed" if res.ok else "failed"
-                if id(res) in kept and not res.ok:  # the verified fallback still serves
+                if (res.host, res.slot) in kept and not res.ok:  # the fallback still serves
                     self.warnings.append(
                         f"upgrading the bundle of {res.host} ({res.slot}) to the native core "
                         f"failed: {res.report.get('problem')}; it keeps the NumPy fallback"
                     )
-                    res.report, res.action, res.source = kept[id(res)], "kept", ""
+                    res.report, res.action, res.source = kept[(res.host, res.slot)], "kept", ""
                 res.seconds = time.monotonic() - t0s[res.host]
                 settle(res)
 
@@ -215,7 +220,7 @@ class BundleInstaller:
                 mine = [r for r in todo if r.report["platform"] == name]
                 w, how = self._obtain(name, builds[name], mine, run_dirs, source)
                 if w is not None and not w.native:  # an upgrade needs the native core
-                    for r in [r for r in mine if id(r) in kept]:
+                    for r in [r for r in mine if (r.host, r.slot) in kept]:
                         mine.remove(r)
                         settle(r)
                 for r in mine:
@@ -227,7 +232,7 @@ class BundleInstaller:
                 list(platforms.map(platform, sorted(builds)))
             for h, left in pending.items():
                 if left:  # no wheel for some slot of it: show the failure
-                    self._done(h, [results[(h, u.slot)] for u in by_host[h]], t0s)
+                    self._done(h, slots(h), t0s)
         for r in results.values():
             if r.action == "kept" and not r.ok:
                 r.action = "failed"
@@ -260,24 +265,19 @@ class BundleInstaller:
         the controller's own wheel is native, a cached wheel is, or (none cached) a host of
         that platform reports a compiler and the Python headers. A cached fallback wheel means
         a build was tried for this kvpd source and failed: not tried on every `up` again."""
-        out = []
-        for r in results:
-            p = r.report.get("platform")
-            if not (r.ok and fallback(r) and p and r.report.get("pip")):
-                continue
+        cands = [r for r in results if fallback(r) and r.report.get("platform")]
+        cands = [r for r in cands if r.report.get("pip")]
+
+        def native_at_hand(p: str) -> bool:  # once per platform: a build or a cache lookup
             if p == self.local_platform:
-                possible = self.build_local().native
-            elif (c := wheels.cached(p, source)) is not None:
-                possible = c.native
-            else:
-                possible = any(
-                    o.report.get("compiler")
-                    for o in (*results, *todo)
-                    if o.report.get("platform") == p
-                )
-            if possible:
-                out.append(r)
-        return out
+                return self.build_local().native
+            if (c := wheels.cached(p, source)) is not None:
+                return c.native
+            return any(o.report.get("compiler") for o in (*results, *todo)
+                       if o.report.get("platform") == p)  # fmt: skip
+
+        able = {p: native_at_hand(p) for p in {r.report["platform"] for r in cands}}
+        return [r for r in cands if able[r.report["platform"]]]
 
     def _plan_builds(self, todo: list[SlotResult], source: str) -> dict[str, Build]:
         missing: dict[str, list[tuple[str, bool]]] = {}
