@@ -29,8 +29,7 @@ FIRST_REQUEST_S = 1.0
 
 
 class Limits(NamedTuple):
-    """How long a client may stall (reading its request, or not reading our response), how
-    long a keep-alive connection may idle, and how many connections are served at once."""
+    """Client stall and keep-alive idle timeouts (s), and the most connections served at once."""
 
     client_timeout: float = 30.0
     idle_timeout: float = 300.0
@@ -58,8 +57,7 @@ class ServerState:
         self.closing = False  # shutting down: each connection closes after its response
 
     def serving(self, now: float) -> bool:
-        """While shutting down: some request is still running or arriving on a connection
-        accepted before the listener closed (the stop waits for those, within its grace)."""
+        """Shutting down: a request still runs or arrives on a connection accepted before."""
         return bool(self.tasks) or any(c.serving(now) for c in self.connections)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -172,15 +170,18 @@ class ClientConnection(asyncio.Protocol):
             self._held = True
             self.transport.pause_reading()  # type: ignore[union-attr]
 
+    @property
+    def midway(self) -> bool:  # a request runs or is partly received
+        return self.busy or bool(self._buf) or self._req is not None
+
     def serving(self, now: float) -> bool:
-        """A request runs or is partly received, or the client connected a moment ago and its
-        request is surely on the way (a shutdown must not cut it: it was accepted)."""
-        midway = self.busy or bool(self._buf) or self._req is not None
-        return not self.closed and (midway or (self.fresh and now - self.since < FIRST_REQUEST_S))
+        """Midway, or connected a moment ago with its request surely on the way (accepted)."""
+        fresh = self.fresh and now - self.since < FIRST_REQUEST_S
+        return not self.closed and (self.midway or fresh)
 
     def shut(self) -> None:
         """At the end of a shutdown: close an idle connection cleanly, cut one mid-request."""
-        if self.busy or self._buf or self._req is not None:
+        if self.midway:
             self.abort()
         elif self.transport is not None and not self.closed:
             self.transport.close()
