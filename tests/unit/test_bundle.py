@@ -17,6 +17,7 @@ import pytest
 from kvpd.errors import DeployError
 from kvpd.exec import wheel as wheels
 from kvpd.exec.bundle import Build, BundleInstaller, choose_builds
+from kvpd.exec.bundle_result import SlotResult
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.purge import unsafe_run_dir
 from kvpd.exec.stop import NullReporter
@@ -327,18 +328,27 @@ def test_fallback_warning_says_how_to_get_the_native_core() -> None:
     assert fallback_warning({**row, "slot": "proxy"}, "p") is None
 
 
-def test_a_fallback_bundle_is_upgraded_once_the_native_core_can_be_had(
+def fallback_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A slot that got the wheel without the native core (no build was possible then) gets the
-    native one on a later `up` once it can be had (here: the controller now builds it), and the
-    `up` after that keeps it."""
+) -> tuple[Path, Plan, LocalTransport, SlotResult]:
+    """A run dir whose proxy slot holds the wheel without the native core, in a wheel cache of
+    the test's own: (run dir, plan, transport, the install's result)."""
     monkeypatch.setenv("KVPD_CACHE_DIR", str(tmp_path / "cache"))
     run = tmp_path / "run"
     run.mkdir()
     plan = one_host_plan(run)
     t = LocalTransport(plan.hosts[0])
     first = BundleInstaller(lambda h: t, build_local=pure).install(plan, {"here": str(run)})[0]
+    return run, plan, t, first
+
+
+def test_a_fallback_bundle_is_upgraded_once_the_native_core_can_be_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot that got the wheel without the native core (no build was possible then) gets the
+    native one on a later `up` once it can be had (here: the controller now builds it), and the
+    `up` after that keeps it."""
+    run, plan, t, first = fallback_installed(tmp_path, monkeypatch)
     assert first.report["bundle_platform"] == wheels.ANY
     assert first.report["native"]["implementation"] == "numpy"
     again = BundleInstaller(lambda h: t, build_local=pure).install(plan, {"here": str(run)})[0]
@@ -366,12 +376,7 @@ def test_a_failed_native_build_is_not_retried_on_every_up(
     """For a platform other than the controller's, a cached wheel without the native core
     records that a build was tried for this kvpd source: the fallback slot is kept, nothing is
     built or reinstalled."""
-    monkeypatch.setenv("KVPD_CACHE_DIR", str(tmp_path / "cache"))
-    run = tmp_path / "run"
-    run.mkdir()
-    plan = one_host_plan(run)
-    t = LocalTransport(plan.hosts[0])
-    first = BundleInstaller(lambda h: t, build_local=pure).install(plan, {"here": str(run)})[0]
+    run, plan, t, first = fallback_installed(tmp_path, monkeypatch)
     w = pure()
     wheels.store(first.report["platform"], w.name, w.path.read_bytes(), False, "build failed")
     inst = BundleInstaller(lambda h: t, local_platform="cpython-399-fake")
