@@ -12,8 +12,8 @@
 //   it into a slot per occurrence); attention reads the same K/V either way.
 //
 // Speed: one row is planned by a function chosen once at load time from the CPU's features
-// (AVX-512 with VPOPCNTD, AVX-512, AVX2, baseline), so one portable wheel runs the best path the
-// host has. Threads are min(rows, workspace_threads, requested_threads) as upstream, also capped
+// (AVX-512 with VPOPCNTD, AVX-512, AVX2; NEON on aarch64; baseline), so one portable wheel runs
+// the best path the host has. Threads are min(rows, workspace_threads, requested_threads) as upstream, also capped
 // by the processors this process may use; the rows go to the caller and to helper threads that
 // join when the OS runs them (ascend_planner_pool.hpp), not to an OpenMP team. Results do not
 // depend on threads. Unlike upstream, the GIL is released while planning (the arguments are
@@ -37,6 +37,12 @@
 #define KVPD_X86 1
 #endif
 
+#if defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#define KVPD_ARM64 1
+#endif
+
 #include "ascend_planner_pool.hpp"
 #include "ascend_planner_args.hpp"
 #include "ascend_planner_row.hpp"
@@ -57,6 +63,9 @@ __attribute__((target("avx2,bmi,bmi2,popcnt,lzcnt,fma"))) void plan_row_avx2(con
 void plan_row_avx512(const RowIO& io, Workspace& ws);          // ascend_planner_avx512.cpp
 void plan_row_avx512_vpopcnt(const RowIO& io, Workspace& ws);  // ditto, with VPOPCNTD
 #endif
+#ifdef KVPD_ARM64
+void plan_row_neon(const RowIO& io, Workspace& ws);  // ascend_planner_neon.cpp
+#endif
 
 using RowFn = void (*)(const RowIO&, Workspace&);
 
@@ -66,7 +75,7 @@ struct Isa {
 };
 
 // Row planners, best first.
-constexpr const char* kIsas[] = {"avx512_vpopcnt", "avx512", "avx2", "baseline"};
+constexpr const char* kIsas[] = {"avx512_vpopcnt", "avx512", "avx2", "neon", "baseline"};
 
 bool cpu_has(const std::string& isa) {
 #ifdef KVPD_X86
@@ -82,6 +91,9 @@ bool cpu_has(const std::string& isa) {
            __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("fma");
   }
 #endif
+#ifdef KVPD_ARM64
+  if (isa == "neon") return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+#endif
   return isa == "baseline";
 }
 
@@ -90,6 +102,9 @@ Isa isa_named(const std::string& name) {
   if (name == "avx512_vpopcnt") return {"avx512_vpopcnt", plan_row_avx512_vpopcnt};
   if (name == "avx512") return {"avx512", plan_row_avx512};
   if (name == "avx2") return {"avx2", plan_row_avx2};
+#endif
+#ifdef KVPD_ARM64
+  if (name == "neon") return {"neon", plan_row_neon};
 #endif
   (void)name;
   return {"baseline", plan_row_baseline};
@@ -311,6 +326,6 @@ PYBIND11_MODULE(_ascend_planner, m) {
   bind_compute_lru_resident_addrs(m);
   m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
   m.def("set_isa", &set_isa, py::arg("name"),
-        "Use the named row planner (baseline|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "
+        "Use the named row planner (baseline|neon|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "
         "tests and benchmarks. Returns whether it switched.");
 }

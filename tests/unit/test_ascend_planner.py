@@ -193,10 +193,12 @@ def test_isa_cap_from_the_environment() -> None:
     from pathlib import Path
 
     root = str(Path(ap.__file__).resolve().parents[2])  # the kvpd under test, in the child too
-    order = ["avx512_vpopcnt", "avx512", "avx2", "baseline"]
+    order = ["avx512_vpopcnt", "avx512", "avx2", "neon", "baseline"]
     code = "from kvpd.native import ascend_planner as a; print(a.isa_info()['isa'])"
-    for cap in ("avx512", "avx2", "nonsense"):
-        env = {**os.environ, "KVPD_NATIVE_ISA": cap, "PYTHONPATH": root}
+    # The child keeps the rest of the path: under emulation NumPy comes from PYTHONPATH.
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    for cap in ("avx512", "avx2", "neon", "nonsense"):
+        env = {**os.environ, "KVPD_NATIVE_ISA": cap, "PYTHONPATH": path}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, check=True).stdout.strip()  # fmt: skip
         below = order[order.index(cap) :] if cap in order else ["baseline"]

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// NEON row planner for kvpd.native._ascend_planner (aarch64: Kunpeng and every ARMv8-A host).
+//
+// Advanced SIMD is part of ARMv8-A, so every aarch64 host runs this path; it is still chosen at
+// load time from the auxiliary vector (HWCAP_ASIMD), like the x86 paths from CPUID, so a kernel
+// that hides it gets the baseline. What it replaces: the rank prefix over the row's token bitmap
+// (rank_base[w] = marked tokens in words before w), four words per step with the byte population
+// count (CNT) and a lane scan, instead of one word and one popcount per step. The walk and the
+// resolve phases are the shared scalar code, which GCC compiles with NEON's CNT for the single-word
+// popcounts of rank_of; so results are those of the baseline path bit for bit.
+//
+// SVE is not built: Kunpeng 920 has none, and a vector-length-agnostic variant could only be
+// checked for correctness here (under qemu), never timed.
+
+#if defined(__aarch64__)
+#include <arm_neon.h>
+
+#include "ascend_planner_row.hpp"
+
+namespace kvpd_ascend {
+namespace {
+
+// rank_base[w] for w <= last_word, four bitmap words at a time; returns the marked total.
+KVPD_INLINE uint32_t rank_prefix_neon(Workspace& ws, uint32_t last_word) {
+  const uint32_t* __restrict__ mark = ws.mark.data();
+  uint32_t* __restrict__ rank_base = ws.rank_base.data();
+  const uint32x4_t zero = vdupq_n_u32(0);
+  uint32_t distinct = 0;
+  uint32_t w = 0;
+  for (; w + 4 <= last_word + 1; w += 4) {
+    const uint8x16_t bytes = vcntq_u8(vreinterpretq_u8_u32(vld1q_u32(mark + w)));
+    const uint32x4_t counts = vpaddlq_u16(vpaddlq_u8(bytes));  // popcount of each word
+    // Inclusive scan across the four lanes, then exclusive = inclusive - own count.
+    uint32x4_t scan = vaddq_u32(counts, vextq_u32(zero, counts, 3));
+    scan = vaddq_u32(scan, vextq_u32(zero, scan, 2));
+    const uint32x4_t base = vaddq_u32(vsubq_u32(scan, counts), vdupq_n_u32(distinct));
+    vst1q_u32(rank_base + w, base);
+    distinct += vgetq_lane_u32(scan, 3);
+  }
+  for (; w <= last_word; ++w) {
+    rank_base[w] = distinct;
+    distinct += static_cast<uint32_t>(__builtin_popcount(mark[w]));
+  }
+  return distinct;
+}
+
+}  // namespace
+
+void plan_row_neon(const RowIO& io, Workspace& ws) {
+  uint32_t n_valid = 0;
+  RowMarks marks = mark_row(io, ws, &n_valid);
+  begin_ranks(ws, &marks, n_valid, rank_prefix_neon(ws, marks.last_word));
+  int32_t ne = 0, nh = 0, m = 0;
+  walk_checked(io, ws, marks.stable, &ne, &nh);
+  resolve_scalar(io, ws, 0, io.k, ne, &m);
+  finish_row(io, ws, m, ne, nh, marks.last_word);
+}
+
+}  // namespace kvpd_ascend
+
+#endif  // __aarch64__
