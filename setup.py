@@ -12,18 +12,30 @@ Environment:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-_SOURCE = "kvpd/native/sparse_lru.cpp"
-_PORTABLE_MARCH = {"x86_64": "x86-64-v2", "amd64": "x86-64-v2", "aarch64": "armv8-a"}
+
+def _load_sources() -> ModuleType:
+    # By path: importing the package would import NumPy, which the build may not have.
+    spec = importlib.util.spec_from_file_location("_kvpd_native_sources", "kvpd/native/sources.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_SRC = _load_sources()
+_PORTABLE_MARCH = _SRC.PORTABLE_MARCH
 _OPENMP_PROBE = """
 #include <omp.h>
 int main() {
@@ -70,22 +82,21 @@ class OptionalBuildExt(build_ext):
         flags = self._probe_flags()
         if flags is None:
             return
-        isa = " ".join(f for f in flags if f.startswith("-march")) or "compiler default"
-        # -g0 overrides the interpreter's default -g: debug info would make the module 5 MB.
-        ext.extra_compile_args = [*flags, "-g0", f'-DKVPD_ISA_FLAGS="{isa}"']
-        ext.extra_link_args = ["-fopenmp", "-s"] if sys.platform == "linux" else ["-fopenmp"]
+        isa = " ".join(f for f in flags if f.startswith("-march"))
+        ext.extra_compile_args = [*flags, *_SRC.EXTRA_FLAGS, _SRC.isa_define(isa)]
+        link = list(_SRC.LINK_FLAGS)
+        ext.extra_link_args = link if sys.platform == "linux" else [f for f in link if f != "-s"]
         try:
             super().build_extension(ext)
         except Exception as e:  # noqa: BLE001
-            self._give_up(f"compiling {_SOURCE} failed ({e})")
+            self._give_up(f"compiling {' '.join(ext.sources)} failed ({e})")
             return
         _say(f"built {ext.name} with {' '.join(flags)}")
 
     def _probe_flags(self) -> list[str] | None:
         """Compile and link a tiny OpenMP program; returns the flags to use or None."""
-        base = ["-std=c++17", "-O3", "-fopenmp", "-fvisibility=hidden"]
         for march in (_march_flags(), []):
-            flags = base[:3] + march + base[3:]
+            flags = [*_SRC.BASE_FLAGS, *march, *_SRC.TAIL_FLAGS]
             if self._try_compile(flags):
                 if not march and _march_flags():
                     _say(f"the compiler rejects {_march_flags()[0]}; building without it")
@@ -122,31 +133,8 @@ class OptionalBuildExt(build_ext):
 
 setup(
     ext_modules=[
-        Extension(
-            "kvpd.native._sparse_lru",
-            [_SOURCE],
-            depends=["kvpd/native/py_int_args.hpp"],
-            language="c++",
-        ),
-        # vLLM-Ascend's sparse-offload planner interface; its AVX2/AVX-512 row planners are
-        # compiled with target attributes and chosen at load time, so the baseline -march stays.
-        # Its threads are its own (ascend_planner_pool.hpp); -fopenmp only serves the CPU count.
-        Extension(
-            "kvpd.native._ascend_planner",
-            [
-                "kvpd/native/ascend_planner.cpp",
-                "kvpd/native/ascend_planner_args.cpp",
-                "kvpd/native/ascend_planner_avx512.cpp",
-            ],
-            depends=[
-                "kvpd/native/ascend_planner_args.hpp",
-                "kvpd/native/ascend_planner_row.hpp",
-                "kvpd/native/py_int_args.hpp",
-                "kvpd/native/ascend_planner_pool.hpp",
-                "kvpd/native/ascend_planner_avx512.inc",
-            ],
-            language="c++",
-        ),
+        Extension(name, list(sources), depends=list(_SRC.DEPENDS[name]), language="c++")
+        for name, sources in _SRC.EXTENSIONS.items()
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )
