@@ -10,7 +10,7 @@ export KVPD_ENGINE_VENV := $(ENGINE_VENV)
 # the engine's `vllm` must be on PATH for locally launched processes and for `kvpd bench`
 export PATH := $(ENGINE_VENV)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test test-unit test-e2e lint venv engine model services system-deps clean
+.PHONY: demo test test-unit test-e2e lint venv engine model services system-deps aarch64 clean
 
 $(VENV)/.stamp: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ engine: venv
 # memcache MetaService + mooncake_master on CPU, for rehearsals (`kvpd up --rehearse`) and tests
 services:
 	bash scripts/install-services.sh
+
+# The aarch64 cross compiler, qemu and an emulated arm64 Python with NumPy: the native core is
+# cross-built for aarch64 hosts and its tests run under emulation (scripts/install-aarch64.sh).
+aarch64: venv
+	bash scripts/install-aarch64.sh
 
 model: engine
 	@test -f $(MODEL_DIR)/config.json || $(KVPD) model tiny $(MODEL_DIR) --seed 0
@@ -50,7 +55,7 @@ demo: model
 test-unit: venv
 	$(VENV)/bin/pytest -q -m "not e2e and not ssh"
 
-test: venv system-deps model services
+test: venv system-deps model services aarch64
 	$(VENV)/bin/ruff check kvpd tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q
