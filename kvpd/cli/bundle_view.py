@@ -63,7 +63,10 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
         t.add_column(col)
     for r in rows:
         impl = r.get("implementation") or "-"
-        isa = (r.get("native") or {}).get("isa_flags")
+        native = r.get("native") or {}
+        isa = native.get("isa_flags")
+        if native.get("ascend_planner"):  # the row planner's path: avx512..., neon, baseline
+            isa = f"{isa}; planner {native['ascend_planner']}" if isa else None
         t.add_row(
             r["host"],
             r["slot"],

@@ -161,6 +161,17 @@ def native_info(folder):
         info["reason"] = "extension not loadable (%r)" % (e,)
         return info
     info.update(implementation="native", module=path)
+    # vLLM-Ascend's planner interface: its row-planner path (avx512..., neon, baseline).
+    planner = os.path.join(folder, "kvpd", "native", "_ascend_planner" + suffix)
+    info["ascend_planner"] = None
+    if os.path.exists(planner):
+        try:
+            spec = importlib.util.spec_from_file_location("kvpd.native._ascend_planner", planner)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            info["ascend_planner"] = mod.isa_info()["isa"]
+        except Exception as e:
+            info["ascend_planner_reason"] = "extension not loadable (%r)" % (e,)
     return info
 
 

@@ -159,3 +159,41 @@ def build_native(
             )
         built.append(out)
     return built
+
+
+def platform_target(platform: str) -> tuple[CrossMachine, str] | None:
+    """(machine, Python "X.Y") of a bundle platform key (a CPython SOABI such as
+    `cpython-311-aarch64-linux-gnu`) that the controller knows how to cross-build for."""
+    parts = platform.split("-", 2)
+    if len(parts) != 3 or parts[0] != "cpython" or not parts[1].isdigit() or len(parts[1]) < 2:
+        return None
+    for machine, target in TARGETS.items():
+        if parts[2] == target.triple:
+            return machine, f"{parts[1][0]}.{parts[1][1:]}"
+    return None
+
+
+def wheel_tag(chain: CrossToolchain) -> str:
+    """The wheel tag of a cross-built bundle: cp311-cp311-linux_aarch64."""
+    py = "cp" + chain.python.replace(".", "")
+    return f"{py}-{py}-linux_{chain.target.machine}"
+
+
+def build_wheel(chain: CrossToolchain, src: Path, out: Path) -> dict[str, object]:
+    """Cross-compile the native core and pack the node wheel of the prepared source tree `src`
+    (kvpd.exec.wheel.write_source) into `out`: wheel_build.py's result line, as a dict."""
+    import json
+    import sys
+
+    modules = out / "modules"
+    built = build_native(chain, modules, source_root=src)
+    argv = [sys.executable, "-I", str(src / "wheel_build.py"), str(src), str(out / "wheel")]
+    argv += ["--prebuilt", str(built[0].parent), "--tag", wheel_tag(chain)]
+    argv += ["--why", f"cross-built on the controller with {chain.compiler.name} "
+             f"-march={chain.target.march}"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise CrossBuildError(f"packing the {chain.target.machine} wheel failed: "
+                              f"{done.stderr.strip()[-500:]}")  # fmt: skip
+    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result

@@ -27,7 +27,7 @@ from kvpd.errors import KvpdError
 
 BUILDER = Path(__file__).with_name("wheel_build.py")
 # Package files that go into the wheel (as pyproject's package-data, plus the modules).
-_SHIPPED = (".py", ".pyi", ".yaml", ".j2", ".cpp", ".hpp", "py.typed")
+_SHIPPED = (".py", ".pyi", ".yaml", ".j2", ".cpp", ".hpp", ".inc", "py.typed")
 ANY = "any"  # platform key of a wheel without the native core
 
 

@@ -1,11 +1,15 @@
 """Builds kvpd's node wheel with the Python that will run it (stdlib only: it also runs on hosts).
 
     python -I wheel_build.py SRC OUT [--no-native]
+    python -I wheel_build.py SRC OUT --prebuilt DIR --tag TAG --why TEXT
 
 SRC is a prepared source tree (kvpd.exec.wheel.prepare_source): `kvpd/` (the package files),
-`dist-info/` (METADATA, entry_points.txt) and `pybind11/` (headers). The native core is compiled
-straight with the host's C++ compiler, with the portable flags of setup.py; when that fails the
-wheel is built without it (kvpd.native then uses the NumPy fallback) and the reason is printed.
+`dist-info/` (METADATA, entry_points.txt) and `pybind11/` (headers). The native core (every
+extension of kvpd/native/sources.py, the sparse-LRU core and vLLM-Ascend's planner interface) is
+compiled straight with the host's C++ compiler, with the portable flags of setup.py; when that
+fails the wheel is built without it (kvpd.native then uses the NumPy fallback) and the reason is
+printed. With --prebuilt, the extension modules in DIR (cross-built on the controller for another
+machine type) go into a wheel tagged TAG instead.
 The zip is deterministic (sorted entries, fixed timestamps), so one source and one toolchain
 give one digest. Prints one JSON line: {"wheel", "digest", "native", "why"}.
 
@@ -25,11 +29,21 @@ import sys
 import sysconfig
 import tempfile
 import zipfile
+from typing import Any
 
 NAME, VERSION = "kvpd", "0.1.0"
-SOURCE = "kvpd/native/sparse_lru.cpp"
-PORTABLE_MARCH = {"x86_64": "x86-64-v2", "amd64": "x86-64-v2", "aarch64": "armv8-a"}
 EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def native_sources(src: str) -> dict[str, Any]:
+    """kvpd/native/sources.py of the source tree (the extensions and flags), loaded by path: this
+    script imports nothing of kvpd."""
+    path = os.path.join(src, NAME, "native", "sources.py")
+    with open(path) as f:
+        code = compile(f.read(), path, "exec")
+    ns: dict[str, Any] = {"__name__": "kvpd_native_sources"}
+    exec(code, ns)
+    return ns
 
 
 def compiler() -> str | None:
@@ -39,30 +53,38 @@ def compiler() -> str | None:
     return None
 
 
-def compile_native(src: str, out_dir: str) -> tuple[str | None, str]:
-    """(path of the built extension or None, what happened)."""
+def compile_native(src: str, out_dir: str) -> tuple[list[str] | None, str]:
+    """(paths of the built extension modules, or None; what happened)."""
     cxx = compiler()
     if cxx is None:
         return None, "no C++ compiler (c++, g++, clang++) on this host"
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
         return None, f"no Python headers ({include}/Python.h; e.g. apt-get install python3-dev)"
+    srcs = native_sources(src)
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    target = os.path.join(out_dir, "_sparse_lru" + suffix)
-    march = os.environ.get("KVPD_NATIVE_MARCH", "").strip() or PORTABLE_MARCH.get(
+    march = os.environ.get("KVPD_NATIVE_MARCH", "").strip() or srcs["PORTABLE_MARCH"].get(
         platform.machine().lower(), ""
     )
     errors = []
     for flags in ([f"-march={march}"] if march else [], []):
-        isa = " ".join(flags) or "compiler default"
-        argv = [cxx, "-std=c++17", "-O3", "-fopenmp", *flags, "-fvisibility=hidden", "-g0"]
-        argv += ["-shared", "-fPIC", f'-DKVPD_ISA_FLAGS="{isa}"', "-I", include]
-        argv += ["-I", os.path.join(src, "pybind11"), os.path.join(src, SOURCE), "-o", target]
-        argv += ["-fopenmp"] + (["-s"] if sys.platform == "linux" else [])
-        r = subprocess.run(argv, capture_output=True, text=True)
-        if r.returncode == 0:
-            return target, f"built with {cxx} {isa}"
-        errors.append(r.stderr.strip().splitlines()[-1:] or [f"exit {r.returncode}"])
+        isa = " ".join(flags)
+        built = []
+        for module, files in srcs["EXTENSIONS"].items():
+            target = os.path.join(out_dir, module.rsplit(".", 1)[1] + suffix)
+            argv = [cxx, *srcs["BASE_FLAGS"], *flags, *srcs["TAIL_FLAGS"], *srcs["EXTRA_FLAGS"]]
+            argv += ["-shared", "-fPIC", srcs["isa_define"](isa), "-I", include]
+            argv += ["-I", os.path.join(src, "pybind11")]
+            argv += [os.path.join(src, f) for f in files] + ["-o", target]
+            link = list(srcs["LINK_FLAGS"])
+            argv += link if sys.platform == "linux" else [f for f in link if f != "-s"]
+            r = subprocess.run(argv, capture_output=True, text=True)
+            if r.returncode != 0:
+                errors.append(r.stderr.strip().splitlines()[-1:] or [f"exit {r.returncode}"])
+                break
+            built.append(target)
+        else:
+            return built, f"built with {cxx} {isa or 'compiler default'}"
     return None, f"{cxx} failed: {errors[-1][0][:300]}"
 
 
@@ -80,13 +102,28 @@ def record_line(arc: str, data: bytes) -> str:
     return f"{arc},sha256={digest},{len(data)}"
 
 
-def build(src: str, out: str, want_native: bool) -> dict[str, object]:
+def prebuilt_modules(folder: str) -> list[str]:
+    """The extension modules in `folder` (kvpd/native's `_name.<suffix>.so` files)."""
+    names = sorted(n for n in os.listdir(folder) if n.startswith("_") and n.endswith(".so"))
+    return [os.path.join(folder, n) for n in names]
+
+
+def build(
+    src: str,
+    out: str,
+    want_native: bool,
+    prebuilt: str | None = None,
+    tag: str | None = None,
+    why: str | None = None,
+) -> dict[str, object]:
     work = tempfile.mkdtemp(prefix="kvpd-wheel-")
     try:
-        ext, why = (None, "native core not wanted (--no-native)")
-        if want_native:
-            ext, why = compile_native(src, work)
-        tag = tags(ext is not None)
+        exts, what = (None, "native core not wanted (--no-native)")
+        if prebuilt is not None:
+            exts, what = prebuilt_modules(prebuilt) or None, why or "prebuilt"
+        elif want_native:
+            exts, what = compile_native(src, work)
+        tag = tag if prebuilt is not None and tag else tags(exts is not None)
         files: dict[str, bytes] = {}
         for root, dirs, names in os.walk(os.path.join(src, NAME)):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -94,14 +131,14 @@ def build(src: str, out: str, want_native: bool) -> dict[str, object]:
                 path = os.path.join(root, n)
                 with open(path, "rb") as f:
                     files[os.path.relpath(path, src).replace(os.sep, "/")] = f.read()
-        if ext is not None:
+        for ext in exts or ():
             with open(ext, "rb") as f:
                 files[f"{NAME}/native/{os.path.basename(ext)}"] = f.read()
         info = f"{NAME}-{VERSION}.dist-info"
         for n in sorted(os.listdir(os.path.join(src, "dist-info"))):
             with open(os.path.join(src, "dist-info", n), "rb") as f:
                 files[f"{info}/{n}"] = f.read()
-        purelib = str(ext is None).lower()
+        purelib = str(exts is None).lower()
         wheel_meta = (
             f"Wheel-Version: 1.0\nGenerator: kvpd\nRoot-Is-Purelib: {purelib}\nTag: {tag}\n"
         )
@@ -120,17 +157,32 @@ def build(src: str, out: str, want_native: bool) -> dict[str, object]:
         os.replace(tmp, wheel)
         with open(wheel, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
-        return {"wheel": wheel, "digest": digest, "native": ext is not None, "why": why}
+        return {"wheel": wheel, "digest": digest, "native": exts is not None, "why": what}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str]) -> int:
-    args = [a for a in argv if not a.startswith("--")]
-    if len(args) != 2:
-        print("usage: wheel_build.py SRC OUT [--no-native]", file=sys.stderr)
+    args, opts = [], {}
+    words = iter(argv)
+    for a in words:
+        if a in ("--prebuilt", "--tag", "--why"):
+            opts[a] = next(words, "")
+        elif a.startswith("--"):
+            opts[a] = ""
+        else:
+            args.append(a)
+    if len(args) != 2 or ("--prebuilt" in opts and not opts.get("--tag")):
+        print(
+            "usage: wheel_build.py SRC OUT [--no-native | --prebuilt DIR --tag TAG --why TEXT]",
+            file=sys.stderr,
+        )
         return 2
-    print(json.dumps(build(args[0], args[1], "--no-native" not in argv)))
+    res = build(
+        args[0], args[1], "--no-native" not in opts, opts.get("--prebuilt"), opts.get("--tag"),
+        opts.get("--why"),
+    )  # fmt: skip
+    print(json.dumps(res))
     return 0
 
 

@@ -119,3 +119,36 @@ def test_missing_toolchain_says_how_to_install(
     why = cross_build.find_toolchain("aarch64", sysroot=tmp_path)
     assert isinstance(why, str)
     assert "aarch64-linux-gnu-g++" in why and "install-aarch64.sh" in why
+
+
+def test_cross_built_wheel_runs_on_aarch64(tmp_path: Path) -> None:
+    # The node wheel an aarch64 host gets from this controller: both extensions, tagged for
+    # linux_aarch64, importable by an arm64 CPython with the NEON planner.
+    import zipfile
+
+    from kvpd.exec import wheel
+
+    chain = _need_toolchain()
+    wheel.write_source(tmp_path / "src")
+    res = cross_build.build_wheel(chain, tmp_path / "src", tmp_path / "out")
+    path = Path(str(res["wheel"]))
+    assert path.name == "kvpd-0.1.0-cp311-cp311-linux_aarch64.whl"
+    assert res["native"] is True and "cross-built on the controller" in str(res["why"])
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        z.extractall(tmp_path / "site")
+    assert "kvpd/native/_ascend_planner.cpython-311-aarch64-linux-gnu.so" in names
+    assert "kvpd/native/_sparse_lru.cpython-311-aarch64-linux-gnu.so" in names
+    assert not any("x86_64" in n for n in names)
+    code = "import json, kvpd.native as n; print(json.dumps(n.implementation_info()))"
+    done = _emulated(tmp_path / "site", "-c", code)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert (info["implementation"], info["ascend_planner"]) == ("native", "neon"), info
+
+
+def test_platform_keys_the_controller_can_cross_build() -> None:
+    assert cross_build.platform_target("cpython-311-aarch64-linux-gnu") == ("aarch64", "3.11")
+    assert cross_build.platform_target("cpython-312-aarch64-linux-gnu") == ("aarch64", "3.12")
+    for other in ("cpython-311-x86_64-linux-gnu", "any", "pypy39-pp73-aarch64-linux-gnu", ""):
+        assert cross_build.platform_target(other) is None
