@@ -5,9 +5,13 @@
 # replaced). Idempotent: skips when the stamp matches this script.
 #
 # Layout of $KVPD_AARCH64_DIR (default: <repo>/.kvpd/aarch64):
-#   root/          Debian's arm64 packages, unpacked (libc, CPython 3.11 and its headers)
-#   site/          arm64 wheels, unpacked (NumPy, pytest, hypothesis, pytest-timeout)
+#   root/          Debian's arm64 packages, unpacked (libc, CPython 3.11 and its headers), and
+#                  arm64 wheels unpacked into its usr/lib/python3/dist-packages (NumPy, pip,
+#                  pytest, hypothesis, pytest-timeout): where Debian's site finds them, so they
+#                  are there with `python -I` too
 #   bin/python3.11 runs root/usr/bin/python3.11 under qemu-aarch64-static (children too)
+# qemu's -L prefix (QEMU_LD_PREFIX) makes every absolute path the emulated program opens resolve
+# below root/ first, so the interpreter finds its own stdlib at /usr/lib/python3.11.
 #
 # Needs root and apt for the packages; elsewhere it says what is missing and exits 0, and the
 # tests that need it skip saying why (CI fails them instead).
@@ -48,7 +52,11 @@ PKGS=(libc6 libgcc-s1 libstdc++6 libgomp1 libcrypt1 zlib1g libexpat1 libffi8 lib
   liblzma5 libuuid1 libpython3.11-minimal libpython3.11-stdlib python3.11-minimal
   libpython3.11-dev)
 rm -rf "$DIR.tmp"
-mkdir -p "$DIR.tmp/debs" "$DIR.tmp/root" "$DIR.tmp/wheels" "$DIR.tmp/site" "$DIR.tmp/bin"
+SITE=$DIR.tmp/root/usr/lib/python3/dist-packages
+mkdir -p "$DIR.tmp/debs" "$DIR.tmp/root" "$DIR.tmp/wheels" "$DIR.tmp/bin" "$SITE"
+# An empty folder in front of the system's /usr/local one: nothing of the controller's own
+# Python packages (x86 modules) is seen by the emulated interpreter.
+mkdir -p "$DIR.tmp/root/usr/local/lib/python3.11/dist-packages"
 (cd "$DIR.tmp/debs" && apt-get download -qq "${PKGS[@]/%/:arm64}" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
 for deb in "$DIR.tmp"/debs/*.deb; do dpkg -x "$deb" "$DIR.tmp/root"; done
 
@@ -56,23 +64,22 @@ for deb in "$DIR.tmp"/debs/*.deb; do dpkg -x "$deb" "$DIR.tmp/root"; done
 ver() { "$PY" -c "import importlib.metadata as m; print(m.version('$1'))"; }
 "$PY" -m pip download -q --only-binary=:all: --platform manylinux_2_28_aarch64 \
   --platform manylinux2014_aarch64 --python-version 3.11 --implementation cp --abi cp311 \
-  -d "$DIR.tmp/wheels" "numpy==$(ver numpy)" "pytest==$(ver pytest)" \
+  -d "$DIR.tmp/wheels" "numpy==$(ver numpy)" "pytest==$(ver pytest)" "pip==$(ver pip)" \
   "hypothesis==$(ver hypothesis)" "pytest-timeout==$(ver pytest-timeout)" 2>&1 |
   grep -v '^WARNING: Location' || true
-for whl in "$DIR.tmp"/wheels/*.whl; do "$PY" -m zipfile -e "$whl" "$DIR.tmp/site"; done
+for whl in "$DIR.tmp"/wheels/*.whl; do "$PY" -m zipfile -e "$whl" "$SITE"; done
 
 # The wrapper: qemu's -0 sets argv[0], so sys.executable is this wrapper and a test's
 # subprocess of sys.executable runs emulated too (no binfmt_misc needed).
 cat >"$DIR.tmp/bin/python3.11" <<EOF
 #!/bin/sh
 # arm64 CPython 3.11 under qemu user-mode emulation (made by scripts/install-aarch64.sh).
-export QEMU_LD_PREFIX="$DIR/root" PYTHONHOME="$DIR/root/usr" PYTHONNOUSERSITE=1
-export PYTHONPATH="\${PYTHONPATH:+\$PYTHONPATH:}$DIR/site"
+export QEMU_LD_PREFIX="$DIR/root"
 exec qemu-aarch64-static -0 "$DIR/bin/python3.11" "$DIR/root/usr/bin/python3.11" "\$@"
 EOF
 chmod 0755 "$DIR.tmp/bin/python3.11"
 rm -rf "$DIR.tmp/debs" "$DIR.tmp/wheels" "$DIR"
 mv "$DIR.tmp" "$DIR"
-"$DIR/bin/python3.11" -c 'import platform, numpy; assert platform.machine() == "aarch64"'
+"$DIR/bin/python3.11" -I -c 'import platform, numpy, pip; assert platform.machine() == "aarch64"'
 echo "$want" >"$STAMP"
 echo "aarch64 toolchain and emulated Python ready: $DIR ($(du -sh "$DIR" | cut -f1), $(($(date +%s) - t0)) s)"

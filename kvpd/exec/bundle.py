@@ -3,10 +3,11 @@
 One round trip per host checks every slot (`bundle_node.py check` in the slot's Python): a slot
 that already holds this kvpd for its platform is verified and kept, so a second `up` costs one
 check per host. For the others, one wheel per platform: the controller's own build where the
-platform is the controller's, else a cached one, else built once on the first host of that
-platform that has a compiler, else the wheel without the native core (NumPy fallback; an error
-when a process requires the native core). Each is then installed with the slot's own pip into
-`<run dir>/bundle/<digest>/` and verified the same way. Hosts run in parallel.
+platform is the controller's, else a cached one, else one the controller cross-builds (aarch64
+hosts, when it has the cross toolchain: kvpd.exec.cross_build), else built once on the first
+host of that platform that has a compiler, else the wheel without the native core (NumPy
+fallback; an error when a process requires the native core). Each is then installed with the
+slot's own pip into `<run dir>/bundle/<digest>/` and verified the same way. Hosts run in parallel.
 
 Nothing here writes outside `<run dir>/bundle` on a host, and nothing touches the user's Python
 environments: pip runs with `--target`.
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvpd.exec import cross_build
 from kvpd.exec import wheel as wheels
 from kvpd.exec.bundle_result import SlotResult, judge
 from kvpd.exec.fanout import Fanout
@@ -73,23 +75,30 @@ cd -- "$1" && rm -rf src out && mkdir src && tar -xzf src.tar.gz -C src &&
 
 @dataclass(frozen=True)
 class Build:
-    """How the wheel of one platform is obtained: "local", "cache", "hosts" (try `hosts` in
-    order), or "any" (no compiler anywhere: the wheel without the native core)."""
+    """How the wheel of one platform is obtained: "local", "cache", "cross" (cross-built on
+    the controller), "hosts" (try `hosts` in order), or "any" (no compiler anywhere: the wheel
+    without the native core)."""
 
     how: str
     hosts: tuple[str, ...] = ()
 
 
 def choose_builds(
-    missing: dict[str, list[tuple[str, bool]]], local_platform: str, cached: set[str]
+    missing: dict[str, list[tuple[str, bool]]],
+    local_platform: str,
+    cached: set[str],
+    cross: frozenset[str] = frozenset(),
 ) -> dict[str, Build]:
-    """Per platform that some slot lacks (-> [(host, host has a compiler)] in plan order)."""
+    """Per platform that some slot lacks (-> [(host, host has a compiler)] in plan order);
+    `cross`: the platforms the controller can cross-build for."""
     out: dict[str, Build] = {}
     for platform, hosts in missing.items():
         if platform == local_platform:
             out[platform] = Build("local")
         elif platform in cached:
             out[platform] = Build("cache")
+        elif platform in cross:
+            out[platform] = Build("cross")
         else:
             able = tuple(dict.fromkeys(h for h, cxx in hosts if cxx))
             out[platform] = Build("hosts", able) if able else Build("any")
@@ -123,11 +132,13 @@ class BundleInstaller:
         max_workers: int = 16,
         build_local: Callable[..., wheels.Wheel] = wheels.build_local,
         local_platform: str | None = None,
+        build_cross: Callable[[str], wheels.Wheel | str] = wheels.build_cross,
     ) -> None:
         self.transports = transports
         self.reporter = reporter or NullReporter()
         self.max_workers = max_workers
         self.build_local = build_local
+        self.build_cross = build_cross
         self.local_platform = local_platform or wheels.local_platform()
         self.warnings: list[str] = []
 
@@ -273,6 +284,8 @@ class BundleInstaller:
                 return self.build_local().native
             if (c := wheels.cached(p, source)) is not None:
                 return c.native
+            if p != self.local_platform and cross_build.buildable([p]):
+                return True
             return any(o.report.get("compiler") for o in (*results, *todo)
                        if o.report.get("platform") == p)  # fmt: skip
 
@@ -286,7 +299,9 @@ class BundleInstaller:
                 (r.host, bool(r.report.get("compiler")))
             )
         cached = {p for p in missing if wheels.cached(p, source) is not None}
-        return choose_builds(missing, self.local_platform, cached)
+        mine = self.local_platform
+        cross = cross_build.buildable([p for p in missing if p not in cached and p != mine])
+        return choose_builds(missing, self.local_platform, cached, cross)
 
     def _obtain(
         self,
@@ -296,11 +311,17 @@ class BundleInstaller:
         run_dirs: dict[str, str],
         source: str,
     ) -> tuple[wheels.Wheel | None, str]:
-        """The wheel for `platform` and where it came from (local | cache | host:NAME | any)."""
+        """The wheel for `platform` and where it came from (local|cache|cross|host:NAME|any)."""
         if b.how == "local":
             return self.build_local(), "local"
         if b.how == "cache":
             return wheels.cached(platform, source), "cache"
+        if b.how == "cross":
+            self._say(slots[0].host, "starting", f"cross-building the wheel for {platform}")
+            built = self.build_cross(platform)
+            if not isinstance(built, str):
+                return built, "cross"
+            self.warnings.append(f"cross-building the bundle for {platform} failed: {built}")
         for host in b.hosts:
             py = next(r.report["executable"] for r in slots if r.host == host)
             try:

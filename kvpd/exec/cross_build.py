@@ -197,3 +197,13 @@ def build_wheel(chain: CrossToolchain, src: Path, out: Path) -> dict[str, object
                               f"{done.stderr.strip()[-500:]}")  # fmt: skip
     result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+def buildable(platforms: list[str]) -> frozenset[str]:
+    """The bundle platforms among `platforms` this controller has a cross toolchain for."""
+    able = set()
+    for p in platforms:
+        target = platform_target(p)
+        if target is not None and not isinstance(find_toolchain(*target), str):
+            able.add(p)
+    return frozenset(able)

@@ -206,3 +206,28 @@ def build_local(*, native: bool = True) -> Wheel:
         # Cached under the asked platform even when the compiler failed (res["native"] False):
         # the next `up` does not retry a build that cannot work.
         return store(platform, Path(res["wheel"]).name, data, res["native"], res["why"])
+
+
+def build_cross(platform: str) -> Wheel | str:
+    """The wheel for `platform` cross-built on this controller (kvpd.exec.cross_build), cached;
+    or why it could not be built."""
+    from kvpd.exec import cross_build  # late: only `up`s with foreign platforms need it
+
+    hit = cached(platform)
+    if hit is not None:
+        return hit
+    target = cross_build.platform_target(platform)
+    if target is None:
+        return f"the controller cannot cross-build for {platform}"
+    chain = cross_build.find_toolchain(*target)
+    if isinstance(chain, str):
+        return chain
+    with tempfile.TemporaryDirectory(prefix="kvpd-cross-") as tmp:
+        src = Path(tmp) / "src"
+        write_source(src)
+        try:
+            res = cross_build.build_wheel(chain, src, Path(tmp) / "out")
+        except cross_build.CrossBuildError as e:
+            return str(e)
+        path = Path(str(res["wheel"]))
+        return store(platform, path.name, path.read_bytes(), True, str(res["why"]))

@@ -102,6 +102,15 @@ def test_choose_builds_per_platform() -> None:
     }
 
 
+def test_choose_builds_prefers_the_controllers_cross_build_to_a_host_build() -> None:
+    # A wheel the controller builds itself needs no compiler on the hosts, and no wheel built
+    # on one host is installed on another; a cached wheel still comes first.
+    arm, arm312 = "cpython-311-aarch64-linux-gnu", "cpython-312-aarch64-linux-gnu"
+    missing = {arm: [("a1", True)], arm312: [("a2", True)], LOCAL: [("h1", False)]}
+    got = choose_builds(missing, LOCAL, cached={arm312}, cross=frozenset({arm, arm312}))
+    assert got == {arm: Build("cross"), arm312: Build("cache"), LOCAL: Build("local")}
+
+
 # -- install, verify, reuse on this machine ------------------------------------------------------
 
 

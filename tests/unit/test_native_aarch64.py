@@ -152,3 +152,31 @@ def test_platform_keys_the_controller_can_cross_build() -> None:
     assert cross_build.platform_target("cpython-312-aarch64-linux-gnu") == ("aarch64", "3.12")
     for other in ("cpython-311-x86_64-linux-gnu", "any", "pypy39-pp73-aarch64-linux-gnu", ""):
         assert cross_build.platform_target(other) is None
+
+
+def test_an_aarch64_slot_gets_the_controllers_cross_built_wheel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A host slot whose Python is the emulated arm64 interpreter reports aarch64; the bundle
+    # step cross-builds its wheel here (no host build), installs it with that Python's pip and
+    # verifies it there: native, with the NEON planner.
+    from kvpd.exec.bundle import BundleInstaller
+    from kvpd.exec.local import LocalTransport
+    from kvpd.plan.bundle import BundleUse
+    from kvpd.plan.value import HostSpec, Plan
+
+    _need_toolchain()
+    monkeypatch.setenv("KVPD_CACHE_DIR", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    run.mkdir()
+    host = HostSpec(name="arm", address="127.0.0.1", transport="local", run_dir=str(run))
+    use = BundleUse("arm", "engine", str(EMULATED), ("decode-0",), ("decode-0: planner",))
+    plan = Plan("t", "0", (host,), (), (), bundle=(use,))
+    t = LocalTransport(host)
+    res = BundleInstaller(lambda h: t).install(plan, {"arm": str(run)})[0]
+    assert res.ok, res.report
+    assert (res.action, res.source) == ("installed", "cross")
+    assert res.report["platform"] == "cpython-311-aarch64-linux-gnu"
+    native = res.report["native"]
+    assert (native["implementation"], native["ascend_planner"]) == ("native", "neon"), native
+    assert native["isa_flags"] == "-march=armv8-a"
