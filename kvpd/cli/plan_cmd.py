@@ -153,6 +153,9 @@ def register(app: typer.Typer) -> None:
         ),
         accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys"),
         sets: list[str] = typer.Option([], "--set", help="override a field: path.to.field=value"),
+        strict: bool = typer.Option(
+            False, "--strict", help="exit 1 when the plan has warnings (for CI)"
+        ),
     ) -> None:
         """Validate PROFILE, derive every value, render every file, and show the plan."""
         from kvpd.plan.build import load_plan
@@ -178,6 +181,13 @@ def register(app: typer.Typer) -> None:
                 ) from None
             if not as_json:
                 print(f"wrote {len(paths)} files under {out}")
+        if strict and plan.warnings:
+            typer.echo(
+                f"--strict: the plan has {len(plan.warnings)} warning(s) (shown above); fix "
+                "them or drop --strict.",
+                err=True,
+            )
+            raise typer.Exit(1)
         if check:
             from kvpd.cli.output import show_preflight
             from kvpd.exec.service import Deployments

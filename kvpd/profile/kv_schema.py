@@ -9,6 +9,17 @@ from pydantic import Field
 from kvpd.profile.base import _Model
 from kvpd.profile.types import Command, HostName, JsonData, Line, RelativeFile, Storage
 
+KvComponent = Literal[
+    "example",  # vLLM ExampleConnector over a shared folder (CPU tests)
+    "nixl",  # vLLM NixlConnector (kv_buffer_device cpu on CPU hosts)
+    "kvpd_store",  # kvpd's own tiered prefix-cache store connector
+    "ucm",  # UCMConnector with a UCM yaml (UcmPipelineStore)
+    "mooncake",  # vLLM-Ascend MooncakeConnectorV1 (P2P KV transfer, kv_port ranges)
+    "mooncake_layerwise",  # vLLM-Ascend MooncakeLayerwiseConnector
+    "sfa_d2h",  # vLLM-Ascend SfaRemoteD2HConnector (MemFabric; layerwise/sparse offload)
+    "ascend_store",  # vLLM-Ascend AscendStoreConnector (memcache/mooncake KV pool)
+]
+
 
 class Memcache(_Model):
     """memcache_hybrid: one MetaService process and the LocalService config of every P rank."""

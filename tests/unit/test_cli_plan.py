@@ -127,3 +127,10 @@ def test_plan_table_port_column_keeps_unrelated_ports_apart() -> None:
     assert _ports_short(()) == []
     out = kvpd("plan", "large-ep").stdout
     assert "20001-13395" not in out and "20001-20008" in out
+
+
+def test_strict_fails_on_warnings_for_ci() -> None:
+    r = kvpd("plan", "large-ep", "--strict")
+    assert r.returncode == 1
+    assert "warning" in r.stdout and "--strict: the plan has 3 warning(s)" in r.stderr
+    assert kvpd("plan", "ucm-centralized-2p2d", "--strict").returncode == 0
