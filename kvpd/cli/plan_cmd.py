@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kvpd.cli import bundle_view, container_view
+from kvpd.cli import bundle_view, container_view, route_view
 from kvpd.errors import PlanError
 from kvpd.plan.value import Plan, ProcessSpec
 
@@ -90,7 +90,9 @@ def show_plan(plan: Plan) -> None:
     for f in plan.files:
         files.setdefault(f.host, []).append(f.path)
     for host, paths in files.items():
-        con.print(f"[bold]{escape(host)}[/bold] files: {escape(', '.join(paths))}")
+        con.print(route_view.files_line(plan, host, paths), highlight=False)
+    for line in route_view.route_lines(plan):
+        con.print(line, highlight=False)
     for line in bundle_view.plan_lines(plan):
         con.print(line, highlight=False)
     for line in container_view.plan_lines(plan):  # containers on the nodes (issue 16)

@@ -68,6 +68,7 @@ def host_specs(profile: Profile, base_dir: str | None) -> list[HostSpec]:
                 key=ssh["key"],
                 known_hosts=ssh["known_hosts"],
                 jump=ssh["jump"],
+                jump_key=ssh["jump_key"],
                 hardware=h.hardware or profile.hardware,
                 devices=host_devices(profile, h),
                 nic=h.nic,

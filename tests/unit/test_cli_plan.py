@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -134,3 +135,19 @@ def test_strict_fails_on_warnings_for_ci() -> None:
     assert r.returncode == 1
     assert "warning" in r.stdout and "--strict: the plan has 3 warning(s)" in r.stderr
     assert kvpd("plan", "ucm-centralized-2p2d", "--strict").returncode == 0
+
+
+def test_plan_shows_each_hosts_ssh_route_and_run_dir(tmp_path: Path) -> None:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host 192.168.10.2\n  ProxyJump ops@bastion:2222\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "kvpd.cli.main", "plan", "ucm-centralized-2p2d",
+         "--set", "hosts.p1.ssh={jump: me@gw, jump_key: /keys/me}", "--set", "ssh.user=sre"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "KVPD_SSH_CONFIG": str(cfg)},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "p1: through jump host me@gw:22 (key /keys/me) to sre@192.168.10.1:22" in out
+    assert "d1: through jump host ops@bastion:2222 to sre@192.168.10.2:22" in out
+    assert "relative paths are in its run dir .kvpd/ucm-centralized-2p2d/run under the login" in out

@@ -22,6 +22,7 @@ from kvpd.plan.rules import (
     placement,
     planner,
     ports,
+    settings,
     topology,
 )
 from kvpd.plan.rules.base import Checker, Finding
@@ -60,6 +61,8 @@ RULES: tuple[Rule, ...] = (
     ports.rule_proxy,
     ports.rule_ports,
     topology.rule_model,
+    settings.rule_kv_port_used,
+    settings.rule_attention_name,
     logs.rule_log_names,
     containers.rule_containers,
 )
