@@ -111,6 +111,10 @@ def show_plan(plan: Plan) -> None:
 
         for line in sparse_sizing_lines(plan.sizing.sparse):
             con.print(line, highlight=False)
+    if plan.derived:
+        con.print("[bold]derived[/bold] (formula and inputs):")
+        for line in plan.derived:
+            con.print(f"  {escape(line)}", highlight=False)
     for w in plan.warnings:
         con.print(f"[yellow]warning[/yellow]: {escape(w)}")
     con.print(f"plan digest {plan.profile_digest}; `kvpd plan ... --out DIR` writes every file.")

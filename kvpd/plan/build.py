@@ -10,7 +10,9 @@ from kvpd.errors import ProfileError
 from kvpd.plan import configfiles, kvconfig, supervision
 from kvpd.plan.bench import bench_spec
 from kvpd.plan.bundle import bundle_uses, with_bundle_paths
+from kvpd.plan.capacity import memcache_dram_need
 from kvpd.plan.container_hosts import with_containers
+from kvpd.plan.derived import derived_lines
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
@@ -27,7 +29,6 @@ from kvpd.plan.sizing import (
     GiB,
     MiB,
     kv_bytes_per_token,
-    memcache_dram_need,
     parse_size,
     round_up,
 )
@@ -269,6 +270,7 @@ def build_plan(
         requirements=requirements,
         bundle=bundle,
         log_checks=log_checks(facts, procs, bool(rehearse)),
+        derived=derived_lines(profile, layout, facts.memcache_ranks, dram),
     )
 
 

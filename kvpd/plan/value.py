@@ -235,6 +235,8 @@ class Plan:
     # them, and they are never compared or shown.
     secret_values: tuple[str, ...] = field(default=(), repr=False, compare=False)
     log_checks: tuple[LogCheck, ...] = ()
+    # Every size the plan derived, with its formula's inputs (kvpd.plan.derived)
+    derived: tuple[str, ...] = ()
 
     @property
     def stages(self) -> list[list[ProcessSpec]]:
@@ -304,4 +306,5 @@ class Plan:
             sizing=Sizing.from_dict(d.get("sizing", {})),
             bundle=tuple(BundleUse.from_dict(u) for u in d.get("bundle", ())),
             log_checks=tuple(LogCheck(**c) for c in d.get("log_checks", ())),
+            derived=tuple(d.get("derived", ())),
         )

@@ -45,7 +45,12 @@ class Memcache(_Model):
         "auto", description="per-rank DRAM pool, e.g. 10GB; auto = sized from the model facts"
     )
     sizing_seq_len: int | None = Field(None, ge=1, description="default: model.max_model_len")
-    sizing_concurrency: int | None = Field(None, ge=1, description="default: bench concurrency")
+    sizing_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="sequences the pool holds at once (default: what the memcache users hold: "
+        "instances x dp x max_num_seqs)",
+    )
     set_env: list[Line] = Field(
         default_factory=lambda: [
             "/usr/local/memcache_hybrid/set_env.sh",

@@ -151,3 +151,16 @@ def test_plan_shows_each_hosts_ssh_route_and_run_dir(tmp_path: Path) -> None:
     assert "p1: through jump host me@gw:22 (key /keys/me) to sre@192.168.10.1:22" in out
     assert "d1: through jump host ops@bastion:2222 to sre@192.168.10.2:22" in out
     assert "relative paths are in its run dir .kvpd/ucm-centralized-2p2d/run under the login" in out
+
+
+def test_plan_prints_every_derived_size_with_its_inputs() -> None:
+    r = kvpd("plan", "layerwise-sparse-1p1d", "--set", "kv.memcache.dram_size=auto")
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert (
+        "kv.memcache.dram_size auto: 89856 B a token x 32768 tokens (model.max_model_len) x 16"
+        in out
+    )
+    assert "(prefill 1 instance(s) x dp 1 x max_num_seqs 16) / 16 LocalService ranks" in out
+    assert "prefill-0 on p1: 16 dies 0-15 = 8 chips 0-7" in out
+    assert "decode host pool: 128 GB a DP rank holds 46 sequences" in out

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from kvpd.plan.facts import Facts
 from kvpd.plan.rules import (
     bench,
+    capacity,
     connectors,
     containers,
     env,
@@ -41,6 +42,11 @@ RULES: tuple[Rule, ...] = (
     placement.rule_idle_hosts,
     placement.rule_idle_devices,
     topology.rule_tp_heads,
+    capacity.rule_attention_heads,
+    capacity.rule_device_count,
+    capacity.rule_device_memory,
+    capacity.rule_sparse_pool_one_sequence,
+    capacity.rule_bench_fits_prefill,
     connectors.rule_mixed,
     connectors.rule_roles,
     connectors.rule_pairs,

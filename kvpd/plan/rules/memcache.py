@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import difflib
 
+from kvpd.plan.capacity import memcache_dram_need
 from kvpd.plan.layout import hardware_of
 from kvpd.plan.rules.base import Checker
-from kvpd.plan.sizing import GiB, memcache_dram_need, parse_size
+from kvpd.plan.sizing import GiB, parse_size
 from kvpd.profile.types import is_loopback
 
 MEMCACHE_PROTOCOLS = {
