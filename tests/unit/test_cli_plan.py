@@ -164,3 +164,8 @@ def test_plan_prints_every_derived_size_with_its_inputs() -> None:
     assert "(prefill 1 instance(s) x dp 1 x max_num_seqs 16) / 16 LocalService ranks" in out
     assert "prefill-0 on p1: 16 dies 0-15 = 8 chips 0-7" in out
     assert "decode host pool: 128 GB a DP rank holds 46 sequences" in out
+
+
+def test_schema_carries_the_field_descriptions_for_editors() -> None:
+    group = json.loads(kvpd("schema").stdout)["$defs"]["Group"]["properties"]
+    assert all(group[f].get("description") for f in ("tp", "dp", "instances", "kv_port"))
