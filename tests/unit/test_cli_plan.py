@@ -169,3 +169,12 @@ def test_plan_prints_every_derived_size_with_its_inputs() -> None:
 def test_schema_carries_the_field_descriptions_for_editors() -> None:
     group = json.loads(kvpd("schema").stdout)["$defs"]["Group"]["properties"]
     assert all(group[f].get("description") for f in ("tp", "dp", "instances", "kv_port"))
+
+
+def test_readme_annotated_example_plans(tmp_path: Path) -> None:
+    text = (REPO / "README.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "example.yaml").write_text(block)
+    r = kvpd("plan", str(tmp_path / "example.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert "derived" in r.stdout
