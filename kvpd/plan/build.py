@@ -10,7 +10,7 @@ from kvpd.errors import ProfileError
 from kvpd.plan import configfiles, kvconfig, supervision
 from kvpd.plan.bench import bench_spec
 from kvpd.plan.bundle import bundle_uses, with_bundle_paths
-from kvpd.plan.capacity import memcache_dram_need
+from kvpd.plan.capacity import POOL_INIT_S_PER_GB, memcache_dram_need
 from kvpd.plan.container_hosts import with_containers
 from kvpd.plan.derived import derived_lines
 from kvpd.plan.facts import derive_facts
@@ -323,12 +323,6 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
     if kv.ucm is not None:
         upd["ucm"] = kv.ucm.model_copy(update={"storage": absolute(kv.ucm.storage)})
     return profile.model_copy(update={"model": model, "kv": kv.model_copy(update=upd)})
-
-
-# Seconds per GiB of a sparse-offload host pool that `up` allows on top of the engine's own
-# start: decode allocates and registers `dram_size_per_dp_gb` per DP rank before it answers
-# /health, which on a large pool takes tens of minutes. A generous bound, not a measurement.
-POOL_INIT_S_PER_GB = 20.0
 
 
 def _health_timeout(profile: Profile, p: ProcessDraft) -> float:

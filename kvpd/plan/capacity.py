@@ -20,6 +20,10 @@ from kvpd.profile.schema import Group, Profile
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 VLLM_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs of the OpenAI server
+# Seconds per GiB of a sparse-offload host pool that `up` allows on top of the engine's own
+# start: decode allocates and registers `dram_size_per_dp_gb` per DP rank before it answers
+# /health, which on a large pool takes tens of minutes. A generous bound, not a measurement.
+POOL_INIT_S_PER_GB = 20.0
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,12 @@ newcomer sees the figure before `up` uses it.
 
 from __future__ import annotations
 
-from kvpd.plan.capacity import GroupCapacity, group_capacity, memcache_sizing
+from kvpd.plan.capacity import (
+    POOL_INIT_S_PER_GB,
+    GroupCapacity,
+    group_capacity,
+    memcache_sizing,
+)
 from kvpd.plan.hardware import describe
 from kvpd.plan.layout import Layout, merged
 from kvpd.plan.sizing import GiB, kv_bytes, kv_bytes_per_token
@@ -31,7 +36,27 @@ def derived_lines(
     out += _bench(profile)
     out += _memcache(profile, memcache_ranks, dram)
     out += _sparse_pool(profile)
+    out += _pool_health_timeouts(profile, layout)
     return tuple(out)
+
+
+def _pool_health_timeouts(profile: Profile, layout: Layout) -> list[str]:
+    """`up` waits longer for engines that fill a sparse-offload host pool before /health."""
+    out = []
+    for ep in layout.procs:
+        g = getattr(profile, ep.role)
+        so = g.sparse_offload
+        if so is None or not so.enabled or g.health_timeout_s is not None:
+            continue
+        base = profile.runtime.health_timeout_s
+        ranks = max(1, len(ep.devices) // max(1, g.tp * g.pp))
+        total = base + POOL_INIT_S_PER_GB * so.dram_size_per_dp_gb * ranks
+        out.append(
+            f"{ep.name} health timeout: runtime.health_timeout_s {base:g} + "
+            f"{POOL_INIT_S_PER_GB:g} s a GiB x {so.dram_size_per_dp_gb} GB x {ranks} DP rank(s) "
+            f"= {total:g} s"
+        )
+    return out
 
 
 def _kv_token(profile: Profile) -> list[str]:

@@ -41,3 +41,9 @@ def test_idle_devices_on_a_listed_host_warn(tmp_path: Path) -> None:
     p = plan(tmp_path, "mixed.instances=3", "mixed.placement=spread")
     w = "\n".join(p.warnings)
     assert "hosts.npu-b.devices: 8 of the 16 devices of 'npu-b' run no engine (8-15)" in w
+
+
+def test_dp_packed_onto_one_host_is_refused_with_both_fixes(tmp_path: Path) -> None:
+    e = error(tmp_path, "mixed.instances=1", "mixed.dp=2")
+    assert "mixed.hosts: mixed lists npu-b but its 1 instance(s) of dp 2 x tp 8" in e
+    assert "`placement: spread`" in e and "`dp_size_local: 1`" in e

@@ -42,6 +42,7 @@ def rule_device_memory(c: Checker) -> None:
                 f"a device) do not fit {cap.device_gb:g} GB x gpu_memory_utilization "
                 f"{cap.util:g} = {cap.usable_gb:.1f} GB. Raise tp (or pp), or check "
                 "model.weights_gb and hosts.<h>.device_memory_gb.",
+                on_hardware=True,
             )
             continue
         tokens, max_len = cap.tokens, cap.max_model_len
@@ -55,6 +56,7 @@ def rule_device_memory(c: Checker) -> None:
             f"{tokens} tokens at {cap.token_bytes} B a token, less than one max_model_len "
             f"{max_len} sequence; vLLM refuses to start. Raise tp or gpu_memory_utilization, "
             "or lower max_model_len.",
+            on_hardware=True,
         )
 
 
@@ -99,6 +101,7 @@ def rule_device_count(c: Checker) -> None:
             ("hosts", name, "devices"),
             f"{hw} counts {k.unit}s ({k.server}); a server has {usual}, not {h.devices}."
             f"{hint} Keep it if only {h.devices} are yours.",
+            on_hardware=True,
         )
 
 
@@ -121,4 +124,5 @@ def rule_bench_fits_prefill(c: Checker) -> None:
             f"{fit} of the bench's {b.num_prompts} prompts of {b.input_len} tokens fit the "
             f"{role} instances' HBM KV cache ({g.instances * g.dp} DP ranks x {tokens} tokens); "
             f"the rest evicts prefixes. Bench at most {fit} prompts, or add {role} capacity.",
+            on_hardware=True,
         )

@@ -20,11 +20,12 @@ def rule_idle_hosts(c: Checker) -> None:
         if not idle:
             continue
         them = "it" if len(idle) == 1 else "them"
-        hint = (
-            " set `placement: spread` to put instances on every listed host,"
-            if g.placement == "pack" and g.instances > 1
-            else ""
-        )
+        hint = ""
+        if g.placement == "pack" and (g.instances > 1 or g.dp > 1):
+            hint = " set `placement: spread` to use every listed host,"
+        if g.dp > 1 and g.dp_size_local is None:
+            share = -(-g.dp // len(g.hosts))
+            hint += f" set `dp_size_local: {share}` to spread an instance's DP ranks,"
         c.err(
             (role, "hosts"),
             f"{role} lists {', '.join(idle)} but its {g.instances} instance(s) of dp {g.dp} x "
@@ -59,6 +60,7 @@ def rule_idle_devices(c: Checker) -> None:
                 f"{len(idle)} of the {total} devices of '{name}' run no engine "
                 f"({_ranges(idle)}). Raise dp/tp/instances of a group on it, or set "
                 f"`hosts.{name}.devices: {total - len(idle)}` if the rest are not yours.",
+                on_hardware=True,
             )
 
 
