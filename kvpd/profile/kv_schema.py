@@ -42,7 +42,9 @@ class Memcache(_Model):
         "host_shm",
     ] = "device_sdma"
     dram_size: str = Field(
-        "auto", description="per-rank DRAM pool, e.g. 10GB; auto = sized from the model facts"
+        "auto",
+        description="per-rank DRAM pool, e.g. 10GB; auto = KV bytes a token x max_model_len x "
+        "the sequences the memcache users hold (instances x dp x max_num_seqs) / ranks",
     )
     sizing_seq_len: int | None = Field(None, ge=1, description="default: model.max_model_len")
     sizing_concurrency: int | None = Field(

@@ -272,7 +272,7 @@ def rule_memcache(c: Checker) -> None:
                 c.warn(
                     (*path, "dram_size"),
                     f"{mc.dram_size} per rank is below the guide's sizing ({need // GiB}GB: "
-                    "the KV cache of max_model_len x concurrency over the "
+                    "the KV cache of max_model_len x the sequences the engines hold over the "
                     f"{max(1, ranks)} memcache ranks); prefixes will be evicted early. Use "
                     f"{need // GiB}GB or `auto`.",
                 )
