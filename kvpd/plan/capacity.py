@@ -37,7 +37,7 @@ class GroupCapacity:
     shards: int  # devices the weights are split over
     token_bytes: int | None  # KV bytes of one token on one device
     max_model_len: int | None
-    kv_memory_set: bool  # kv_cache_memory_bytes fixes the KV size: not derived here
+    kv_memory_gb: float | None = None  # kv_cache_memory_bytes: the KV size vLLM is told
 
     @property
     def usable_gb(self) -> float:
@@ -48,7 +48,13 @@ class GroupCapacity:
         return None if self.weights_gb is None else self.weights_gb / self.shards
 
     @property
+    def kv_memory_set(self) -> bool:
+        return self.kv_memory_gb is not None
+
+    @property
     def kv_gb(self) -> float | None:
+        if self.kv_memory_gb is not None:
+            return self.kv_memory_gb
         w = self.weights_per_device_gb
         return None if w is None else self.usable_gb - w
 
@@ -79,6 +85,7 @@ def group_capacity(profile: Profile, role: str, group: Group) -> GroupCapacity |
             1 if m.attention in ("mla", "sfa", "dsa") else min(group.tp, m.kv_heads or 1)
         )
         token_bytes = -(-per_token // split)
+    kv_set = opts.kv_cache_memory_bytes
     return GroupCapacity(
         role=role,
         device_gb=mem,
@@ -87,8 +94,19 @@ def group_capacity(profile: Profile, role: str, group: Group) -> GroupCapacity |
         shards=shards,
         token_bytes=token_bytes,
         max_model_len=opts.max_model_len or m.max_model_len,
-        kv_memory_set=opts.kv_cache_memory_bytes is not None,
+        kv_memory_gb=None if kv_set is None else human_bytes(kv_set) / GiB,
     )
+
+
+def human_bytes(text: str) -> int:
+    """vLLM's human-readable byte count (already checked by the schema): 1k/1m/1g/1t powers of
+    10 (decimals allowed), 1K/1M/1G/1T powers of 2, or a plain number."""
+    unit = text[-1:]
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+    scale |= {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    if unit in scale:
+        return int(float(text[:-1]) * scale[unit])
+    return int(text)
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,11 @@ def _capacity(role: str, cap: GroupCapacity) -> str:
         f"{role} device: {cap.device_gb:g} GB x gpu_memory_utilization {cap.util:g} = "
         f"{cap.usable_gb:.1f} GB"
     )
+    if cap.kv_memory_gb is not None and cap.tokens is not None:
+        head += (
+            f"; KV kv_cache_memory_bytes {cap.kv_memory_gb:.1f} GB / {cap.token_bytes} B a "
+            f"token = {cap.tokens} tokens a DP rank"
+        )
     if cap.weights_gb is None:
         return (
             f"{head}; weights unknown, so weights + KV are not checked (state model.weights_gb, "
@@ -87,7 +92,7 @@ def _capacity(role: str, cap: GroupCapacity) -> str:
         f"{cap.weights_per_device_gb:.1f} GB"
     )
     if cap.kv_memory_set:
-        return f"{text}; KV as kv_cache_memory_bytes says"
+        return text
     if cap.kv_gb is not None and cap.tokens is not None:
         text += (
             f"; KV {cap.kv_gb:.1f} GB / {cap.token_bytes} B a token = {cap.tokens} tokens a DP rank"

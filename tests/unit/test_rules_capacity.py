@@ -29,7 +29,15 @@ def test_weights_that_do_not_fit_a_device_are_refused(tmp_path: Path) -> None:
 def test_weights_plus_one_sequence_must_fit(tmp_path: Path) -> None:
     # 57.6 - 57 GB leaves 0.6 GB; a token is 64 x 2 x 1 x 128 x 2 B = 32 KiB a die: 19660 < 32768
     e = error(tmp_path, SPREAD, "model.weights_gb=456", "model.max_model_len=32768")
+    assert "57.6 GB usable - 57.0 GB of weights), 19660 tokens" in e
     assert "less than one max_model_len 32768 sequence" in e
+
+
+def test_kv_cache_memory_bytes_counts_as_the_kv_size(tmp_path: Path) -> None:
+    e = error(tmp_path, SPREAD, "model.weights_gb=400", "mixed.kv_cache_memory_bytes=16G")
+    assert "mixed.kv_cache_memory_bytes: the weights (400 GB / 8 devices = 50.0 GB a device)" in e
+    e = error(tmp_path, SPREAD, "mixed.kv_cache_memory_bytes=256M", "model.max_model_len=32768")
+    assert "a device keeps 0.2 GB for KV (kv_cache_memory_bytes), 8192 tokens" in e
 
 
 def test_weights_read_from_the_model_dir(tmp_path: Path) -> None:

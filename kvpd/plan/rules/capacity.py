@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvpd.plan.capacity import group_capacity
+from kvpd.plan.capacity import GroupCapacity, group_capacity
 from kvpd.plan.hardware import KINDS
 from kvpd.plan.layout import merged
 from kvpd.plan.rules.base import Checker
@@ -32,32 +32,54 @@ def rule_device_memory(c: Checker) -> None:
         if any(h not in c.p.hosts for h in g.hosts):
             continue
         cap = group_capacity(c.p, role, g)
-        if cap is None or cap.weights_per_device_gb is None:
+        if cap is None:
             continue
-        per_dev = cap.weights_per_device_gb
-        if per_dev >= cap.usable_gb:
-            c.err(
-                (role, "tp"),
-                f"the weights ({cap.weights_gb:g} GB / {cap.shards} devices = {per_dev:.1f} GB "
-                f"a device) do not fit {cap.device_gb:g} GB x gpu_memory_utilization "
-                f"{cap.util:g} = {cap.usable_gb:.1f} GB. Raise tp (or pp), or check "
-                "model.weights_gb and hosts.<h>.device_memory_gb.",
-                on_hardware=True,
-            )
+        if cap.weights_per_device_gb is not None and not _weights_fit(c, role, cap):
             continue
         tokens, max_len = cap.tokens, cap.max_model_len
-        if cap.kv_memory_set or tokens is None or max_len is None or tokens >= max_len:
+        if tokens is None or max_len is None or tokens >= max_len:
             continue
         if g.sparse_offload is not None and g.sparse_offload.enabled:
             continue  # the full KV lives in the host pool; the device keeps a top-k buffer
         c.err(
-            (role, "tp"),
-            f"after {per_dev:.1f} GB of weights a device keeps {cap.kv_gb:.1f} GB for KV, "
-            f"{tokens} tokens at {cap.token_bytes} B a token, less than one max_model_len "
-            f"{max_len} sequence; vLLM refuses to start. Raise tp or gpu_memory_utilization, "
+            (role, "kv_cache_memory_bytes" if cap.kv_memory_set else "tp"),
+            f"a device keeps {cap.kv_gb:.1f} GB for KV ({_kv_from(cap)}), {tokens} tokens "
+            f"at {cap.token_bytes} B a token, less than one max_model_len {max_len} sequence; "
+            "vLLM refuses to start. Raise tp, gpu_memory_utilization or kv_cache_memory_bytes, "
             "or lower max_model_len.",
             on_hardware=True,
         )
+
+
+def _kv_from(cap: GroupCapacity) -> str:
+    if cap.kv_memory_set:
+        return "kv_cache_memory_bytes"
+    return f"{cap.usable_gb:.1f} GB usable - {cap.weights_per_device_gb:.1f} GB of weights"
+
+
+def _weights_fit(c: Checker, role: str, cap: GroupCapacity) -> bool:
+    per_dev = cap.weights_per_device_gb or 0.0
+    share = f"{cap.weights_gb:g} GB / {cap.shards} devices = {per_dev:.1f} GB a device"
+    if cap.kv_memory_gb is not None:
+        if per_dev + cap.kv_memory_gb <= cap.device_gb:
+            return True
+        c.err(
+            (role, "kv_cache_memory_bytes"),
+            f"the weights ({share}) + kv_cache_memory_bytes {cap.kv_memory_gb:.1f} GB exceed "
+            f"the device's {cap.device_gb:g} GB. Lower kv_cache_memory_bytes or raise tp.",
+            on_hardware=True,
+        )
+        return False
+    if per_dev < cap.usable_gb:
+        return True
+    c.err(
+        (role, "tp"),
+        f"the weights ({share}) do not fit {cap.device_gb:g} GB x gpu_memory_utilization "
+        f"{cap.util:g} = {cap.usable_gb:.1f} GB. Raise tp (or pp), or check model.weights_gb "
+        "and hosts.<h>.device_memory_gb.",
+        on_hardware=True,
+    )
+    return False
 
 
 def rule_sparse_pool_one_sequence(c: Checker) -> None:
