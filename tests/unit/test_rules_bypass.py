@@ -482,9 +482,9 @@ def test_free_text_fields_are_typed(set_: str, says: str) -> None:
 @pytest.mark.parametrize(
     "set_",
     [
-        "engine.kv_cache_memory_bytes=16M",
+        "engine.kv_cache_memory_bytes=16G",
         "engine.kv_cache_memory_bytes=2.5g",
-        "engine.kv_cache_memory_bytes=1073741824",
+        "engine.kv_cache_memory_bytes=2147483648",
         "runtime.run_dir=/opt/kvpd/mc",
         "runtime.run_dir=/home/bob/kvpd",
         "runtime.run_dir=work/kvpd",
