@@ -112,10 +112,10 @@ def _bench(profile: Profile) -> list[str]:
         return []
     ranks = g.instances * g.dp
     fit = ranks * (tokens // b.input_len)
-    held = f"all of them (room for {fit})" if fit >= b.num_prompts else f"{fit} of them"
+    held = "all of them" if fit >= b.num_prompts else f"only {fit} of them"
     return [
         f"bench: {b.num_prompts} prompts of {b.input_len} tokens; the {role} HBM KV cache holds "
-        f"{held} ({ranks} DP rank(s) x {tokens} tokens // {b.input_len})"
+        f"{held} (room for {ranks} DP rank(s) x {tokens} tokens // {b.input_len} = {fit})"
     ]
 
 
