@@ -38,6 +38,7 @@ class GroupCapacity:
     token_bytes: int | None  # KV bytes of one token on one device
     max_model_len: int | None
     kv_memory_gb: float | None = None  # kv_cache_memory_bytes: the KV size vLLM is told
+    weights_from: str = "model.weights_gb"  # where the weights' size came from
 
     @property
     def usable_gb(self) -> float:
@@ -91,6 +92,9 @@ def group_capacity(profile: Profile, role: str, group: Group) -> GroupCapacity |
         device_gb=mem,
         util=opts.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION,
         weights_gb=m.weights_gb,
+        weights_from="model.weights_gb, stated or read from the safetensors next to model.config"
+        if m.config
+        else "model.weights_gb",
         shards=shards,
         token_bytes=token_bytes,
         max_model_len=opts.max_model_len or m.max_model_len,

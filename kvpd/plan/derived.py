@@ -88,7 +88,7 @@ def _capacity(role: str, cap: GroupCapacity) -> str:
             "or point model.config at the model dir with its safetensors)"
         )
     text = (
-        f"{head}; weights {cap.weights_gb:g} GB (model.weights_gb) / {cap.shards} devices = "
+        f"{head}; weights {cap.weights_gb:g} GB ({cap.weights_from}) / {cap.shards} devices = "
         f"{cap.weights_per_device_gb:.1f} GB"
     )
     if cap.kv_memory_set:
