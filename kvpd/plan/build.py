@@ -98,9 +98,10 @@ def memcache_dram(
             return None, [
                 (
                     path,
-                    "auto sizing needs model.layers and the KV shape (kv_heads + "
-                    "head_dim, or kv_lora_rank + qk_rope_head_dim) and model.max_model_len;"
-                    " set them or give dram_size explicitly (e.g. 10GB).",
+                    "auto sizing needs model.layers, the KV shape (kv_heads + "
+                    "head_dim, or kv_lora_rank + qk_rope_head_dim), model.max_model_len and "
+                    "a group with ascend_store (or kv.memcache.sizing_concurrency); set them "
+                    "or give dram_size explicitly (e.g. 10GB).",
                     True,
                 )
             ]
