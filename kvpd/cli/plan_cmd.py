@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kvpd.cli import bundle_view, container_view
+from kvpd.cli import bundle_view, container_view, route_view
 from kvpd.errors import PlanError
 from kvpd.plan.value import Plan, ProcessSpec
 
@@ -90,7 +90,9 @@ def show_plan(plan: Plan) -> None:
     for f in plan.files:
         files.setdefault(f.host, []).append(f.path)
     for host, paths in files.items():
-        con.print(f"[bold]{escape(host)}[/bold] files: {escape(', '.join(paths))}")
+        con.print(route_view.files_line(plan, host, paths), highlight=False)
+    for line in route_view.route_lines(plan):
+        con.print(line, highlight=False)
     for line in bundle_view.plan_lines(plan):
         con.print(line, highlight=False)
     for line in container_view.plan_lines(plan):  # containers on the nodes (issue 16)
@@ -109,6 +111,10 @@ def show_plan(plan: Plan) -> None:
 
         for line in sparse_sizing_lines(plan.sizing.sparse):
             con.print(line, highlight=False)
+    if plan.derived:
+        con.print("[bold]derived[/bold] (formula and inputs):")
+        for line in plan.derived:
+            con.print(f"  {escape(line)}", highlight=False)
     for w in plan.warnings:
         con.print(f"[yellow]warning[/yellow]: {escape(w)}")
     con.print(f"plan digest {plan.profile_digest}; `kvpd plan ... --out DIR` writes every file.")
@@ -153,6 +159,9 @@ def register(app: typer.Typer) -> None:
         ),
         accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys"),
         sets: list[str] = typer.Option([], "--set", help="override a field: path.to.field=value"),
+        strict: bool = typer.Option(
+            False, "--strict", help="exit 1 when the plan has warnings (for CI)"
+        ),
     ) -> None:
         """Validate PROFILE, derive every value, render every file, and show the plan."""
         from kvpd.plan.build import load_plan
@@ -178,6 +187,13 @@ def register(app: typer.Typer) -> None:
                 ) from None
             if not as_json:
                 print(f"wrote {len(paths)} files under {out}")
+        if strict and plan.warnings:
+            typer.echo(
+                f"--strict: the plan has {len(plan.warnings)} warning(s) (shown above); fix "
+                "them or drop --strict.",
+                err=True,
+            )
+            raise typer.Exit(1)
         if check:
             from kvpd.cli.output import show_preflight
             from kvpd.exec.service import Deployments

@@ -10,7 +10,9 @@ from kvpd.errors import ProfileError
 from kvpd.plan import configfiles, kvconfig, supervision
 from kvpd.plan.bench import bench_spec
 from kvpd.plan.bundle import bundle_uses, with_bundle_paths
+from kvpd.plan.capacity import POOL_INIT_S_PER_GB, memcache_dram_need
 from kvpd.plan.container_hosts import with_containers
+from kvpd.plan.derived import derived_lines
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
@@ -27,7 +29,6 @@ from kvpd.plan.sizing import (
     GiB,
     MiB,
     kv_bytes_per_token,
-    memcache_dram_need,
     parse_size,
     round_up,
 )
@@ -68,6 +69,7 @@ def host_specs(profile: Profile, base_dir: str | None) -> list[HostSpec]:
                 key=ssh["key"],
                 known_hosts=ssh["known_hosts"],
                 jump=ssh["jump"],
+                jump_key=ssh["jump_key"],
                 hardware=h.hardware or profile.hardware,
                 devices=host_devices(profile, h),
                 nic=h.nic,
@@ -96,9 +98,10 @@ def memcache_dram(
             return None, [
                 (
                     path,
-                    "auto sizing needs model.layers and the KV shape (kv_heads + "
-                    "head_dim, or kv_lora_rank + qk_rope_head_dim) and model.max_model_len;"
-                    " set them or give dram_size explicitly (e.g. 10GB).",
+                    "auto sizing needs model.layers, the KV shape (kv_heads + "
+                    "head_dim, or kv_lora_rank + qk_rope_head_dim), model.max_model_len and "
+                    "a group with ascend_store (or kv.memcache.sizing_concurrency); set them "
+                    "or give dram_size explicitly (e.g. 10GB).",
                     True,
                 )
             ]
@@ -268,6 +271,7 @@ def build_plan(
         requirements=requirements,
         bundle=bundle,
         log_checks=log_checks(facts, procs, bool(rehearse)),
+        derived=derived_lines(profile, layout, facts.memcache_ranks, dram),
     )
 
 
@@ -320,12 +324,6 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
     if kv.ucm is not None:
         upd["ucm"] = kv.ucm.model_copy(update={"storage": absolute(kv.ucm.storage)})
     return profile.model_copy(update={"model": model, "kv": kv.model_copy(update=upd)})
-
-
-# Seconds per GiB of a sparse-offload host pool that `up` allows on top of the engine's own
-# start: decode allocates and registers `dram_size_per_dp_gb` per DP rank before it answers
-# /health, which on a large pool takes tens of minutes. A generous bound, not a measurement.
-POOL_INIT_S_PER_GB = 20.0
 
 
 def _health_timeout(profile: Profile, p: ProcessDraft) -> float:

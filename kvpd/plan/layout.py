@@ -1,8 +1,9 @@
 """Where every engine process runs: hosts, devices, DP ranks, HTTP and KV ports (pure).
 
 This is what the guides' `run_multi_dp.sh` computes by hand: for each group, `instances`
-independent engines of DP x TP are placed first-fit on the group's hosts, `dp_size_local` DP
-ranks per host, contiguous devices per rank, and one `vllm serve` either per instance
+independent engines of DP x TP are placed on the group's hosts, first-fit (`placement: pack`)
+or on the least-used host (`spread`), at most `dp_size_local` DP ranks of an instance per host,
+contiguous devices per rank, and one `vllm serve` either per instance
 (`single`) or per DP rank (`per_rank`, the external load-balancing layout of large-scale EP).
 """
 
@@ -68,12 +69,17 @@ def merged(profile: Profile, group: Group) -> ServeOptions:
 
 
 def dp_size_local(profile: Profile, group: Group) -> int:
+    """DP ranks of one instance per host: the profile's, else as many as fit the first host
+    (`spread`: no more than an even share of the listed hosts)."""
     if group.dp_size_local is not None:
         return group.dp_size_local
     first = profile.hosts.get(group.hosts[0])
     devices = host_devices(profile, first) if first else 0
     per_host = max(1, devices // (group.tp * group.pp)) if devices else 1
-    return max(1, min(group.dp, per_host))
+    local = max(1, min(group.dp, per_host))
+    if group.placement == "spread":
+        local = min(local, -(-group.dp // len(group.hosts)))
+    return local
 
 
 def launch_per_rank(profile: Profile, group: Group) -> bool:
@@ -126,10 +132,14 @@ def _place_group(
     nixl = "nixl" in group.kv_connectors
     for inst in range(group.instances):
         rank = 0
+        mine: set[str] = set()  # hosts holding a chunk of this instance: one chunk per host
         while rank < group.dp:
             chunk = min(per_host, group.dp - rank)
             need = chunk * width
-            host = _first_fit(profile, group, used, need, cursor)
+            if group.placement == "spread":
+                host = _least_used(profile, group, used, need, mine)
+            else:
+                host = _first_fit(profile, group, used, need, cursor, mine)
             if host is None:
                 total = sum(host_devices(profile, profile.hosts[h]) for h in group.hosts)
                 want = group.instances * group.dp * width
@@ -138,11 +148,14 @@ def _place_group(
                         (role, "hosts"),
                         f"{role} needs {want} devices ({group.instances} instance(s) x dp "
                         f"{group.dp} x tp {group.tp} x pp {group.pp}) in chunks of {need} per "
-                        f"host, but hosts {group.hosts} provide {total} in total (after other "
-                        "groups). Add hosts, lower dp/tp, or set `devices:` on the hosts.",
+                        f"host (dp_size_local {per_host} ranks of an instance per host), but "
+                        f"hosts {group.hosts} provide {total} in total (after other groups). "
+                        "Add hosts, lower dp/tp, raise dp_size_local, or set `devices:` on the "
+                        "hosts.",
                     )
                 )
                 return
+            mine.add(host)
             start = used.get(host, 0)
             used[host] = start + need
             ranks = tuple(range(rank, rank + chunk))
@@ -179,16 +192,38 @@ def _place_group(
             rank += chunk
 
 
+def _free(profile: Profile, used: dict[str, int], host: str) -> int:
+    return host_devices(profile, profile.hosts[host]) - used.get(host, 0)
+
+
 def _first_fit(
-    profile: Profile, group: Group, used: dict[str, int], need: int, cursor: list[int]
+    profile: Profile,
+    group: Group,
+    used: dict[str, int],
+    need: int,
+    cursor: list[int],
+    skip: set[str],
 ) -> str | None:
+    """The first listed host with room that holds no chunk of this instance yet. Hosts from
+    `cursor` on that cannot fit a chunk are passed for good (chunks never grow), which keeps
+    placement linear."""
     hosts = group.hosts
     for i in range(cursor[0], len(hosts)):
         h = hosts[i]
-        if host_devices(profile, profile.hosts[h]) - used.get(h, 0) >= need:
-            cursor[0] = i  # chunks are equal-sized, so an earlier host cannot fit later ones
+        fits = _free(profile, used, h) >= need
+        if not fits and i == cursor[0]:
+            cursor[0] = i + 1
+        if fits and h not in skip:
             return h
     return None
+
+
+def _least_used(
+    profile: Profile, group: Group, used: dict[str, int], need: int, skip: set[str]
+) -> str | None:
+    """`spread`: the listed host with the most free devices (first listed on a tie)."""
+    fits = [h for h in group.hosts if h not in skip and _free(profile, used, h) >= need]
+    return max(fits, key=lambda h: _free(profile, used, h), default=None)
 
 
 def _name(role: str, group: Group, inst: int, ranks: tuple[int, ...], per_rank: bool) -> str:

@@ -6,7 +6,7 @@ import re
 from typing import TYPE_CHECKING
 
 from kvpd.plan.value import SparseSizing
-from kvpd.profile.schema import ModelSpec, Profile
+from kvpd.profile.schema import ModelSpec
 
 if TYPE_CHECKING:
     from kvpd.native.tune import SparseTuneReport
@@ -55,20 +55,6 @@ def kv_bytes_per_token(model: ModelSpec) -> int | None:
 def kv_bytes(model: ModelSpec, tokens: int) -> int | None:
     per = kv_bytes_per_token(model)
     return None if per is None else per * tokens
-
-
-def memcache_dram_need(profile: Profile, ranks: int) -> int | None:
-    """The guide's memcache dram.size: the KV cache of the target sequence length x concurrency,
-    divided over the LocalService ranks, rounded up to whole GiB (None without model facts)."""
-    mc = profile.kv.memcache
-    if mc is None:
-        return None
-    seq = mc.sizing_seq_len or profile.model.max_model_len
-    conc = mc.sizing_concurrency or profile.bench.max_concurrency or profile.bench.num_prompts
-    total = kv_bytes(profile.model, seq) if seq else None
-    if total is None:
-        return None
-    return round_up(-(-(total * conc) // max(1, ranks)), GiB)
 
 
 # Assumptions of the quick hot-buffer estimate shown with every plan; `kvpd tune sparse` takes

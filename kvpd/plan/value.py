@@ -29,6 +29,7 @@ class HostSpec:
     key: str | None = None
     known_hosts: str | None = None
     jump: str | None = None  # ProxyJump spec "user@host:port"
+    jump_key: str | None = None  # key for the jump host(s); unset: ssh_config's, else `key`
     hardware: str = "cpu"  # a2 | a3 | 950 | cuda | cpu
     devices: int = 0
     nic: str | None = None
@@ -234,6 +235,8 @@ class Plan:
     # them, and they are never compared or shown.
     secret_values: tuple[str, ...] = field(default=(), repr=False, compare=False)
     log_checks: tuple[LogCheck, ...] = ()
+    # Every size the plan derived, with its formula's inputs (kvpd.plan.derived)
+    derived: tuple[str, ...] = ()
 
     @property
     def stages(self) -> list[list[ProcessSpec]]:
@@ -258,9 +261,10 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["requirements"] = {h: r.to_dict() for h, r in self.requirements.items()}
-        for h in d["hosts"]:  # hosts without a container keep plan.json's old form
-            if h.get("container") is None:
-                h.pop("container", None)
+        for h in d["hosts"]:  # hosts without a container or jump key keep plan.json's old form
+            for key in ("container", "jump_key"):
+                if h.get(key) is None:
+                    h.pop(key, None)
         d["sizing"] = self.sizing.to_dict()
         secrets = d.pop("secret_values")
         for f in d["files"]:
@@ -302,4 +306,5 @@ class Plan:
             sizing=Sizing.from_dict(d.get("sizing", {})),
             bundle=tuple(BundleUse.from_dict(u) for u in d.get("bundle", ())),
             log_checks=tuple(LogCheck(**c) for c in d.get("log_checks", ())),
+            derived=tuple(d.get("derived", ())),
         )

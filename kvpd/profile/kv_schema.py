@@ -9,6 +9,17 @@ from pydantic import Field
 from kvpd.profile.base import _Model
 from kvpd.profile.types import Command, HostName, JsonData, Line, RelativeFile, Storage
 
+KvComponent = Literal[
+    "example",  # vLLM ExampleConnector over a shared folder (CPU tests)
+    "nixl",  # vLLM NixlConnector (kv_buffer_device cpu on CPU hosts)
+    "kvpd_store",  # kvpd's own tiered prefix-cache store connector
+    "ucm",  # UCMConnector with a UCM yaml (UcmPipelineStore)
+    "mooncake",  # vLLM-Ascend MooncakeConnectorV1 (P2P KV transfer, kv_port ranges)
+    "mooncake_layerwise",  # vLLM-Ascend MooncakeLayerwiseConnector
+    "sfa_d2h",  # vLLM-Ascend SfaRemoteD2HConnector (MemFabric; layerwise/sparse offload)
+    "ascend_store",  # vLLM-Ascend AscendStoreConnector (memcache/mooncake KV pool)
+]
+
 
 class Memcache(_Model):
     """memcache_hybrid: one MetaService process and the LocalService config of every P rank."""
@@ -31,10 +42,17 @@ class Memcache(_Model):
         "host_shm",
     ] = "device_sdma"
     dram_size: str = Field(
-        "auto", description="per-rank DRAM pool, e.g. 10GB; auto = sized from the model facts"
+        "auto",
+        description="per-rank DRAM pool, e.g. 10GB; auto = KV bytes a token x max_model_len x "
+        "the sequences the memcache users hold (instances x dp x max_num_seqs) / ranks",
     )
     sizing_seq_len: int | None = Field(None, ge=1, description="default: model.max_model_len")
-    sizing_concurrency: int | None = Field(None, ge=1, description="default: bench concurrency")
+    sizing_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="sequences the pool holds at once (default: what the memcache users hold: "
+        "instances x dp x max_num_seqs)",
+    )
     set_env: list[Line] = Field(
         default_factory=lambda: [
             "/usr/local/memcache_hybrid/set_env.sh",

@@ -44,6 +44,12 @@ def _facts(cfg: dict[str, Any]) -> dict[str, Any]:
         )
         if head_dim:
             out["head_dim"] = int(head_dim)
+    heads = text.get("num_attention_heads")
+    if heads:
+        out["heads"] = int(heads)
+    weights = cfg.get(WEIGHTS_KEY)
+    if isinstance(weights, int) and weights > 0:
+        out["weights_gb"] = round(weights / 2**30, 2)
     if text.get("index_topk"):
         out["index_topk"] = int(text["index_topk"])
     if text.get("compress_ratios"):
@@ -79,4 +85,27 @@ def read_config(path: str, base: Path | None = None) -> dict[str, Any]:
         raise ProfileError(
             f"model.config: {p} is not a config.json mapping. Point it at the model's config.json."
         )
-    return data
+    weights = weights_bytes(p.parent)
+    return {**data, WEIGHTS_KEY: weights} if weights else data
+
+
+# read_config adds the weights' size found next to config.json under this key
+WEIGHTS_KEY = "_kvpd_weights_bytes"
+
+
+def weights_bytes(model_dir: Path) -> int | None:
+    """The weights' size in the model dir: model.safetensors.index.json's metadata.total_size,
+    else the sum of the *.safetensors files (None when there are none)."""
+    index = model_dir / "model.safetensors.index.json"
+    try:
+        meta = json.loads(index.read_text(encoding="utf-8")).get("metadata") or {}
+        total = meta.get("total_size")
+        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+            return total
+    except (OSError, ValueError, AttributeError, RecursionError):
+        pass
+    try:
+        sizes = [f.stat().st_size for f in model_dir.glob("*.safetensors") if f.is_file()]
+    except OSError:
+        return None
+    return sum(sizes) or None

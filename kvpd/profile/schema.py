@@ -7,15 +7,20 @@ problems at once, each with its field path and YAML line.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from kvpd.profile.base import _Model
+from kvpd.profile.bench_schema import MAX_PROMPTS as MAX_PROMPTS
+from kvpd.profile.bench_schema import Bench as Bench
+from kvpd.profile.bench_schema import BenchScenario as BenchScenario
+from kvpd.profile.bench_schema import BenchSweep as BenchSweep
 from kvpd.profile.container_schema import Container
 
 # The KV-service models live in kv_schema; re-exported so `kvpd.profile.schema` keeps every model.
 from kvpd.profile.kv_schema import UCM as UCM
+from kvpd.profile.kv_schema import KvComponent as KvComponent
 from kvpd.profile.kv_schema import KvpdStore as KvpdStore
 from kvpd.profile.kv_schema import KvServices
 from kvpd.profile.kv_schema import Memcache as Memcache
@@ -36,23 +41,10 @@ from kvpd.profile.types import (
     Text,
 )
 
-Positive = Annotated[int, Field(ge=1)]
-MAX_PROMPTS = 1_000_000  # per bench run: the client builds every prompt before it sends one
 Hardware = Literal["a2", "a3", "950", "cuda", "cpu"]
 ASCEND = ("a2", "a3", "950")
 # Devices per host when a host does not say: Atlas 800 A2 has 8 NPUs, A3 16 dies, 950 8.
 DEFAULT_DEVICES = {"a2": 8, "a3": 16, "950": 8, "cuda": 8, "cpu": 2}
-
-KvComponent = Literal[
-    "example",  # vLLM ExampleConnector over a shared folder (CPU tests)
-    "nixl",  # vLLM NixlConnector (kv_buffer_device cpu on CPU hosts)
-    "kvpd_store",  # kvpd's own tiered prefix-cache store connector
-    "ucm",  # UCMConnector with a UCM yaml (UcmPipelineStore)
-    "mooncake",  # vLLM-Ascend MooncakeConnectorV1 (P2P KV transfer, kv_port ranges)
-    "mooncake_layerwise",  # vLLM-Ascend MooncakeLayerwiseConnector
-    "sfa_d2h",  # vLLM-Ascend SfaRemoteD2HConnector (MemFabric; layerwise/sparse offload)
-    "ascend_store",  # vLLM-Ascend AscendStoreConnector (memcache/mooncake KV pool)
-]
 
 
 class SSH(_Model):
@@ -66,7 +58,16 @@ class SSH(_Model):
     known_hosts: Line | None = Field(
         None, description="known_hosts file used to verify host keys (default ~/.ssh/known_hosts)"
     )
-    jump: Jump | None = Field(None, description="bastion as user@host:port (like ProxyJump)")
+    jump: Jump | None = Field(
+        None,
+        description="bastion(s) as user@host:port[,...] (like ProxyJump); its own user and port "
+        "are written here, else ~/.ssh/config's for that host, else this section's user",
+    )
+    jump_key: Line | None = Field(
+        None,
+        description="private key for the jump host(s) (default: ~/.ssh/config's IdentityFile "
+        "for the bastion, else `key`, else agent and ~/.ssh keys)",
+    )
 
 
 class Host(_Model):
@@ -87,7 +88,19 @@ class Host(_Model):
     )
     hardware: Hardware | None = Field(None, description="default: the profile's `hardware`")
     devices: int | None = Field(
-        None, ge=0, le=1024, description="NPUs/GPUs (cpu: cores) on this host"
+        None,
+        ge=0,
+        le=1024,
+        description="devices on this host as the hardware counts them: a2 and 950 NPU chips "
+        "(8 a server), a3 dies (2 per chip, 16 a server, as npu-smi lists them), cuda GPUs, "
+        "cpu cores",
+    )
+    device_memory_gb: float | None = Field(
+        None,
+        gt=0,
+        le=4096,
+        description="HBM of one device as counted by `devices` (default: the hardware's, "
+        "e.g. 64 GB per A3 die)",
     )
     memory_gb: float | None = Field(None, gt=0, description="host DRAM, for pool sizing checks")
     run_dir: RunDir | None = Field(None, description="where kvpd writes files and logs on the host")
@@ -107,7 +120,21 @@ class ModelSpec(_Model):
     )
     served_name: Text | None = None
     tokenizer: Text | None = Field(None, description="tokenizer path for bench (default: path)")
-    attention: Literal["mha", "gqa", "mla", "sfa", "dsa"] = "gqa"
+    attention: Literal["mha", "gqa", "mla", "sfa", "dsa"] = Field(
+        "gqa",
+        description="mha/gqa: K and V per KV head; mla: dense latent attention (DeepSeek-V3, "
+        "Kimi-K2); sfa: latent attention with a sparse indexer (DeepSeek-V3.2, GLM-5; "
+        "vLLM-Ascend's SFA backend); dsa: the model-side name of sfa, planned the same",
+    )
+    heads: int | None = Field(
+        None, ge=1, description="attention (query) heads, num_attention_heads of config.json"
+    )
+    weights_gb: float | None = Field(
+        None,
+        gt=0,
+        description="size of the weights in GB as loaded (default: the *.safetensors files "
+        "next to `config` when that is a local model dir; else unchecked)",
+    )
     layers: int | None = Field(None, ge=1)
     kv_heads: int | None = Field(None, ge=1)
     head_dim: int | None = Field(None, ge=1)
@@ -195,7 +222,21 @@ class Group(ServeOptions):
     tp: int = Field(1, ge=1, le=1024)
     pp: int = Field(1, ge=1, le=1024)
     cp: int = Field(1, ge=1, le=64, description="context parallel size (prefill x decode CP)")
-    dp_size_local: int | None = Field(None, ge=1, le=1024, description="DP ranks per host")
+    dp_size_local: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="DP ranks of one instance per host (default: as many as fit the first "
+        "host; `placement: spread` spreads them over the hosts)",
+    )
+    placement: Literal["pack", "spread"] = Field(
+        "pack",
+        description="pack: fill each listed host before the next (the guides' layouts); "
+        "spread: put each instance (and DP chunk) on the least-used listed host",
+    )
+    allow_idle_hosts: bool = Field(
+        False, description="accept listed hosts the layout leaves without an engine"
+    )
     dp_launch: Literal["auto", "single", "per_rank"] = Field(
         "auto", description="one `vllm serve` per instance or one per DP rank (external LB)"
     )
@@ -263,77 +304,6 @@ class Proxy(_Model):
     restart: RestartPolicy | None = Field(
         None, description="supervise and restart the proxy (default: never)"
     )
-
-
-class BenchSweep(_Model):
-    """Lists `kvpd bench` sweeps over (cross product); empty: the single value of `bench`."""
-
-    input_len: list[Positive] = Field(default_factory=list)
-    output_len: list[Positive] = Field(default_factory=list)
-    max_concurrency: list[Positive] = Field(default_factory=list)
-
-
-class BenchScenario(_Model):
-    """One `kvpd bench` scenario: what it changes, and which cache the proof expects."""
-
-    sets: list[str] = Field(default_factory=list, description="`--set` overrides")
-    without: list[KvComponent] = Field(
-        default_factory=list,
-        description="KV connectors to detach from every group (e.g. the external store: [ucm])",
-    )
-    cache: Literal["none", "hbm", "external"] | None = Field(
-        None,
-        description="what the bench proof checks from /metrics: none = zero HBM and zero "
-        "external prefix-cache hits, hbm = zero external hits, external = external hits > 0 "
-        "(unset: no cache check)",
-    )
-
-
-class Bench(_Model):
-    """Defaults of `kvpd bench` (the guides' `vllm bench serve` protocol)."""
-
-    input_len: int = Field(1024, ge=1)
-    output_len: int = Field(128, ge=1)
-    num_prompts: int = Field(10, ge=1, le=MAX_PROMPTS)
-    request_rate: Annotated[float, Field(gt=0)] | Literal["inf"] = "inf"
-    max_concurrency: int | None = Field(None, ge=1)
-    seed: int = 123456
-    ignore_eos: bool = True
-    prefix_ratio: float = Field(0.8, gt=0, lt=1)
-    protocol: Literal["plain", "prefix", "twice"] = "plain"
-    sweep: BenchSweep | None = None
-    host: HostName | None = Field(
-        None,
-        description="where `vllm bench serve` runs: a host of the profile (over SSH, with the "
-        "model's path as tokenizer; results are copied back) or `local` (this machine). "
-        "Default: this machine when it has vllm and the tokenizer, else the proxy's host",
-    )
-    scenarios: dict[str, BenchScenario] = Field(
-        default_factory=dict,
-        description="name -> {sets, without, cache} (a plain list is `sets`); `kvpd bench "
-        "--scenario NAME` restarts the deployment with them. Presets: recompute, hbm, external.",
-    )
-
-    @field_validator("scenarios", mode="before")
-    @classmethod
-    def _list_is_sets(cls, v: Any) -> Any:
-        """`name: [a=b, ...]` is short for `name: {sets: [a=b, ...]}` (no cache check)."""
-        if isinstance(v, dict):
-            return {k: {"sets": s} if isinstance(s, list) else s for k, s in v.items()}
-        return v
-
-    @field_validator("scenarios")
-    @classmethod
-    def _overrides(cls, v: dict[str, BenchScenario]) -> dict[str, BenchScenario]:
-        for name, scn in v.items():
-            for item in scn.sets:
-                key, eq, _ = item.partition("=")
-                if not eq or not key.strip():
-                    raise ValueError(
-                        f"scenario {name!r}: {item!r} is not FIELD.PATH=VALUE; write e.g. "
-                        "kv.ucm.use_layerwise=false"
-                    )
-        return v
 
 
 class Rehearsal(_Model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,53 @@ def test_plan_table_port_column_keeps_unrelated_ports_apart() -> None:
     assert _ports_short(()) == []
     out = kvpd("plan", "large-ep").stdout
     assert "20001-13395" not in out and "20001-20008" in out
+
+
+def test_strict_fails_on_warnings_for_ci() -> None:
+    r = kvpd("plan", "large-ep", "--strict")
+    assert r.returncode == 1
+    assert "warning" in r.stdout and "--strict: the plan has 3 warning(s)" in r.stderr
+    assert kvpd("plan", "ucm-centralized-2p2d", "--strict").returncode == 0
+
+
+def test_plan_shows_each_hosts_ssh_route_and_run_dir(tmp_path: Path) -> None:
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host 192.168.10.2\n  ProxyJump ops@bastion:2222\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "kvpd.cli.main", "plan", "ucm-centralized-2p2d",
+         "--set", "hosts.p1.ssh={jump: me@gw, jump_key: /keys/me}", "--set", "ssh.user=sre"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "KVPD_SSH_CONFIG": str(cfg)},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert "p1: through jump host me@gw:22 (key /keys/me) to sre@192.168.10.1:22" in out
+    assert "d1: through jump host ops@bastion:2222 to sre@192.168.10.2:22" in out
+    assert "relative paths are in its run dir .kvpd/ucm-centralized-2p2d/run under the login" in out
+
+
+def test_plan_prints_every_derived_size_with_its_inputs() -> None:
+    r = kvpd("plan", "layerwise-sparse-1p1d", "--set", "kv.memcache.dram_size=auto")
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    assert (
+        "kv.memcache.dram_size auto: 89856 B a token x 32768 tokens (model.max_model_len) x 16"
+        in out
+    )
+    assert "(prefill 1 instance(s) x dp 1 x max_num_seqs 16) / 16 LocalService ranks" in out
+    assert "prefill-0 on p1: 16 dies 0-15 = 8 chips 0-7" in out
+    assert "decode host pool: 128 GB a DP rank holds 46 sequences" in out
+
+
+def test_schema_carries_the_field_descriptions_for_editors() -> None:
+    group = json.loads(kvpd("schema").stdout)["$defs"]["Group"]["properties"]
+    assert all(group[f].get("description") for f in ("tp", "dp", "instances", "kv_port"))
+
+
+def test_readme_annotated_example_plans(tmp_path: Path) -> None:
+    text = (REPO / "README.md").read_text()
+    block = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "example.yaml").write_text(block)
+    r = kvpd("plan", str(tmp_path / "example.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert "derived" in r.stdout

@@ -29,6 +29,7 @@ def test_gqa_facts() -> None:
     assert facts_from_config(QWQ) == {
         "layers": 64,
         "kv_heads": 8,
+        "heads": 40,
         "attention": "gqa",
         "head_dim": 128,
         "dtype": "bfloat16",

@@ -334,7 +334,8 @@ def test_mooncake_sizes_equal_real_groups() -> None:
     p = plan("large-ep")
     cfg = kv_config(p, "decode-dp5")["kv_connector_extra_config"]
     assert cfg == {"prefill": {"dp_size": 4, "tp_size": 8}, "decode": {"dp_size": 8, "tp_size": 4}}
-    cfg = kv_config(plan("large-ep", "decode.dp=4"), "decode-dp3")["kv_connector_extra_config"]
+    four = plan("large-ep", "decode.dp=4", "decode.hosts=[d1, d2]")
+    cfg = kv_config(four, "decode-dp3")["kv_connector_extra_config"]
     assert cfg["decode"] == {"dp_size": 4, "tp_size": 4}
 
 

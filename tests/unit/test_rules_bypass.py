@@ -334,9 +334,12 @@ def test_duplicate_hosts_in_a_group() -> None:
     )
 
 
-def test_idle_host_warns() -> None:
-    w = warnings(LW, "hosts.d2={address: 192.168.20.3}", "decode.hosts=[d1, d2]")
-    assert "decode.hosts: decode lists d2 but its 1 instance(s) of dp 1 x tp 16 fit on d1" in w
+def test_idle_host_is_refused_unless_intended() -> None:
+    more = ("hosts.d2={address: 192.168.20.3}", "decode.hosts=[d1, d2]")
+    e = error(LW, *more)
+    assert "decode.hosts: decode lists d2 but its 1 instance(s) of dp 1 x tp 16" in e
+    assert "allow_idle_hosts: true" in e
+    plan(LW, *more, "decode.allow_idle_hosts=true")
 
 
 def test_debug_only_keep_device_kv_cache_warns() -> None:
@@ -479,9 +482,9 @@ def test_free_text_fields_are_typed(set_: str, says: str) -> None:
 @pytest.mark.parametrize(
     "set_",
     [
-        "engine.kv_cache_memory_bytes=16M",
+        "engine.kv_cache_memory_bytes=16G",
         "engine.kv_cache_memory_bytes=2.5g",
-        "engine.kv_cache_memory_bytes=1073741824",
+        "engine.kv_cache_memory_bytes=2147483648",
         "runtime.run_dir=/opt/kvpd/mc",
         "runtime.run_dir=/home/bob/kvpd",
         "runtime.run_dir=work/kvpd",

@@ -87,3 +87,25 @@ def test_invalid_port_names_the_host(tmp_path: Path) -> None:
     path.write_text("Host bad\n  Port http\n")
     with pytest.raises(TransportError, match="host bad: invalid Port 'http'"):
         route(HostSpec(name="h", address="bad", user="u"), load_ssh_config(str(path)))
+
+
+def test_jump_host_takes_its_own_key(config: paramiko.SSHConfig, tmp_path: Path) -> None:
+    host = HostSpec(
+        name="p0", address="10.1.2.3", key="/keys/team", jump="me@bastion", jump_key="/keys/me"
+    )
+    r = route(host, config)
+    assert r.target.keys == ("/keys/team",)
+    assert [(j.user, j.address, j.port, j.keys) for j in r.jumps] == [
+        ("me", "10.9.0.1", 2200, ("/keys/me",))
+    ]
+
+
+def test_jump_host_uses_ssh_config_key_before_the_targets(tmp_path: Path) -> None:
+    personal = tmp_path / "id_bastion"
+    personal.write_text("not read here")
+    path = tmp_path / "ssh_config"
+    path.write_text(f"Host bastion\n  HostName 10.9.0.1\n  IdentityFile {personal}\n")
+    host = HostSpec(name="p0", address="10.1.2.3", key="/keys/team", jump="bastion")
+    r = route(host, load_ssh_config(str(path)))
+    assert r.jumps[0].keys == (str(personal),)
+    assert r.target.keys == ("/keys/team",)

@@ -2,7 +2,8 @@
 
 The host's `address` is looked up in ssh_config the way `ssh ADDRESS` would (Host patterns);
 HostName, User, Port, IdentityFile, UserKnownHostsFile and ProxyJump fill what the profile or
-inventory leaves unset. A profile `port` of 22 (the schema default) counts as unset. Each jump
+inventory leaves unset; a jump host's key is its `jump_key`, else its IdentityFile, else the
+target's key. A profile `port` of 22 (the schema default) counts as unset. Each jump
 host is looked up the same way. Nothing here connects.
 """
 
@@ -120,6 +121,9 @@ def route(host: HostSpec, config: paramiko.SSHConfig) -> Route:
     known = host.known_hosts or str(opts.get("userknownhostsfile") or "").split(" ")[0]
     jump = host.jump or str(opts.get("proxyjump") or "")
     jumps = []
+    # A bastion often takes a personal key: its own jump_key, else ssh_config's IdentityFile
+    # for it, and only then the target's key.
+    jump_key = (os.path.expanduser(host.jump_key),) if host.jump_key else ()
     for j in parse_jump(None if jump.lower() == "none" else jump):
         jo = _lookup(config, j.address)
         jumps.append(
@@ -127,7 +131,7 @@ def route(host: HostSpec, config: paramiko.SSHConfig) -> Route:
                 user=j.user or str(jo.get("user") or user),
                 address=str(jo.get("hostname") or j.address),
                 port=_port(j.port, jo, j.address),
-                keys=key or _identity_files(jo),
+                keys=jump_key or _identity_files(jo) or key,
             )
         )
     return Route(target, tuple(jumps), os.path.expanduser(known or "~/.ssh/known_hosts"))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from kvpd.plan.facts import Facts
 from kvpd.plan.rules import (
     bench,
+    capacity,
     connectors,
     containers,
     env,
@@ -19,8 +20,10 @@ from kvpd.plan.rules import (
     logs,
     memcache,
     offload,
+    placement,
     planner,
     ports,
+    settings,
     topology,
 )
 from kvpd.plan.rules.base import Checker, Finding
@@ -36,7 +39,14 @@ RULES: tuple[Rule, ...] = (
     topology.rule_groups_present,
     topology.rule_parallelism,
     topology.rule_dp_layout,
+    placement.rule_idle_hosts,
+    placement.rule_idle_devices,
     topology.rule_tp_heads,
+    capacity.rule_attention_heads,
+    capacity.rule_device_count,
+    capacity.rule_device_memory,
+    capacity.rule_sparse_pool_one_sequence,
+    capacity.rule_bench_fits_prefill,
     connectors.rule_mixed,
     connectors.rule_roles,
     connectors.rule_pairs,
@@ -57,6 +67,8 @@ RULES: tuple[Rule, ...] = (
     ports.rule_proxy,
     ports.rule_ports,
     topology.rule_model,
+    settings.rule_kv_port_used,
+    settings.rule_attention_name,
     logs.rule_log_names,
     containers.rule_containers,
 )

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import difflib
 
+from kvpd.plan.capacity import memcache_dram_need
 from kvpd.plan.layout import hardware_of
 from kvpd.plan.rules.base import Checker
-from kvpd.plan.sizing import GiB, memcache_dram_need, parse_size
+from kvpd.plan.sizing import GiB, parse_size
 from kvpd.profile.types import is_loopback
 
 MEMCACHE_PROTOCOLS = {
@@ -271,7 +272,7 @@ def rule_memcache(c: Checker) -> None:
                 c.warn(
                     (*path, "dram_size"),
                     f"{mc.dram_size} per rank is below the guide's sizing ({need // GiB}GB: "
-                    "the KV cache of max_model_len x concurrency over the "
+                    "the KV cache of max_model_len x the sequences the engines hold over the "
                     f"{max(1, ranks)} memcache ranks); prefixes will be evicted early. Use "
                     f"{need // GiB}GB or `auto`.",
                 )

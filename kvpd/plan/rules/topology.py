@@ -184,22 +184,12 @@ def rule_model(c: Checker) -> None:
 
 
 def rule_dp_layout(c: Checker) -> None:
-    """Where DP ranks land: every listed host used, the DP master on the group's rank 0."""
+    """The DP master on the group's rank 0 (idle hosts: `kvpd.plan.rules.placement`)."""
     if c.layout.problems:
         return
     for role, g in c.groups():
         if any(h not in c.p.hosts for h in g.hosts):
             continue
-        used = {ep.host for ep in c.layout.procs if ep.role == role}
-        idle = [h for h in g.hosts if h not in used]
-        if idle:
-            c.warn(
-                (role, "hosts"),
-                f"{role} lists {', '.join(idle)} but its {g.instances} instance(s) of dp {g.dp} "
-                f"x tp {g.tp} fit on {', '.join(h for h in g.hosts if h in used)}, so "
-                f"{'it stays' if len(idle) == 1 else 'they stay'} idle. Remove "
-                f"{'it' if len(idle) == 1 else 'them'} or raise dp/instances.",
-            )
         if g.dp_address and g.dp_address in c.p.hosts and g.dp > 1:
             first = next(
                 (ep.host for ep in c.layout.procs if ep.role == role and 0 in ep.dp_ranks), None
