@@ -1,9 +1,9 @@
 """Preflight for the node bundle (read-only): what `kvpd up` will need on each host to install it.
 
 Per slot of `Plan.bundle`: its Python found and >= 3.10, pip, free disk in the run dir; per
-platform: whether the native core can be had (the controller's own platform, or a host of that
-platform with a compiler), else the NumPy fallback, which fails the check when a process requires
-the native core (the kvpd sparse planner).
+platform: where the native core comes from (the controller's own build, a cached wheel, a
+cross-build on the controller, a host of that platform with a compiler), else the NumPy fallback,
+which fails the check when a process requires the native core (the kvpd sparse planner).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvpd.exec import cross_build
 from kvpd.exec import wheel as wheels
 from kvpd.exec.bundle import CHECK_SH, NODE_SCRIPT, json_lines
 from kvpd.exec.bundle_result import fix_hint
@@ -19,6 +20,20 @@ from kvpd.exec.fanout import Fanout
 from kvpd.exec.transport import Transport
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.value import Plan
+
+
+def native_source(platform: str, local: str, cross: frozenset[str], compiler: bool) -> str | None:
+    """Where `up` will take the native core of `platform` from, in its order of preference
+    (kvpd.exec.bundle.choose_builds), or None: the NumPy fallback."""
+    if platform == local:
+        return "the controller's own build"
+    if wheels.cached(platform) is not None:
+        return "a wheel cached on the controller"
+    if platform in cross:
+        return "cross-built on the controller"
+    if compiler:
+        return "built on the first host of that platform with a compiler"
+    return None
 
 
 def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check]:
@@ -89,11 +104,11 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
             p["compiler"] |= bool(rep.get("compiler"))
             if u.native == "required" or (u.native == "preferred" and p["need"] != "required"):
                 p["need"] = u.native
+    cross = cross_build.buildable([p for p in platforms if p != local])
     for platform, p in sorted(platforms.items()):
-        able = platform == local or p["compiler"]
         hosts = ", ".join(dict.fromkeys(p["hosts"]))
-        if able:
-            how = "built here" if platform == local else "built on the first host with a compiler"
+        how = native_source(platform, local, cross, bool(p["compiler"]))
+        if how is not None:
             checks.append(Check("*", f"native core {platform}", True, f"{how} ({hosts})"))
             continue
         required = p["need"] == "required"

@@ -392,3 +392,18 @@ def test_a_failed_native_build_is_not_retried_on_every_up(
     res = inst.install(plan, {"here": str(run)})[0]
     assert res.action == "kept" and res.report["digest"] == first.report["digest"], res.report
     assert not inst.warnings
+
+
+def test_preflight_says_where_each_platforms_native_core_comes_from(
+    cache: Path, tmp_path: Path
+) -> None:
+    from kvpd.exec.bundle_preflight import native_source
+
+    arm, other = "cpython-311-aarch64-linux-gnu", "cpython-312-x86_64-linux-gnu"
+    cross = frozenset({arm})
+    assert native_source(LOCAL, LOCAL, cross, False) == "the controller's own build"
+    assert native_source(arm, LOCAL, cross, True) == "cross-built on the controller"
+    assert native_source(other, LOCAL, cross, True) == (
+        "built on the first host of that platform with a compiler"
+    )
+    assert native_source(other, LOCAL, cross, False) is None  # the NumPy fallback
