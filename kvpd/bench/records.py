@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvpd import __version__
 from kvpd.bench.serve_output import METRICS
 from kvpd.errors import BenchError
 
@@ -67,6 +68,7 @@ class BenchRun:
     failures: list[str] = field(default_factory=list)  # problems outside any record
     out_dir: str = ""
     notes: list[str] = field(default_factory=list)  # what the logs confirmed
+    kvpd_version: str = __version__  # the kvpd that ran the bench
 
     @property
     def measured(self) -> list[Record]:
@@ -107,6 +109,7 @@ class BenchRun:
             failures=list(d.get("failures", [])),
             out_dir=d.get("out_dir", ""),
             notes=list(d.get("notes", [])),
+            kvpd_version=str(d.get("kvpd_version", "")),
         )
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from kvpd import __version__
 from kvpd.errors import KvpdError
 
 # Order is the order of `kvpd --help`. Every module must exist: a missing one is a packaging
@@ -30,6 +31,12 @@ _COMMAND_MODULES = (
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"kvpd {__version__}")
+        raise typer.Exit()
+
+
 def build_app() -> typer.Typer:
     app = typer.Typer(
         name="kvpd",
@@ -40,7 +47,15 @@ def build_app() -> typer.Typer:
     )
 
     @app.callback()
-    def _root() -> None:
+    def _root(
+        version: bool = typer.Option(
+            False,
+            "--version",
+            is_eager=True,
+            help="Print kvpd's version and exit.",
+            callback=_print_version,
+        ),
+    ) -> None:
         """Plan, start, benchmark and stop P/D-disaggregated vLLM deployments."""
 
     for name in _COMMAND_MODULES:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvpd import __version__
 from kvpd.errors import StateError
 from kvpd.plan.value import Plan
 
@@ -63,6 +64,7 @@ class DeploymentState:
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT_VERSION,
+            "kvpd_version": __version__,  # the kvpd that wrote it (diagnose archives carry it)
             "deployment": self.deployment,
             "profile_digest": self.profile_digest,
             "profile": self.profile,

@@ -79,7 +79,7 @@ def _package_files() -> dict[str, bytes]:
 def _dist_info() -> dict[str, bytes]:
     """METADATA (no Requires-Dist: the bundle is installed without dependencies) and the entry
     points of pyproject.toml (the vLLM plugin group among them)."""
-    meta = "Metadata-Version: 2.1\nName: kvpd\nVersion: 0.1.0\n"
+    meta = f"Metadata-Version: 2.1\nName: kvpd\nVersion: {kvpd.__version__}\n"
     meta += "Summary: kvpd node bundle (connectors, native core, proxy)\n"
     groups: dict[str, dict[str, str]] = {}
     py = _pyproject()

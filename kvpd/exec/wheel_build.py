@@ -31,8 +31,17 @@ import tempfile
 import zipfile
 from typing import Any
 
-NAME, VERSION = "kvpd", "0.1.0"
+NAME = "kvpd"
 EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def version(src: str) -> str:
+    """kvpd's version: the `__version__ = "..."` line of the source tree's kvpd/__init__.py."""
+    with open(os.path.join(src, NAME, "__init__.py")) as f:
+        for line in f:
+            if line.startswith("__version__"):
+                return line.split("=", 1)[1].strip().strip("\"'")
+    raise SystemExit("wheel_build: no __version__ in kvpd/__init__.py")
 
 
 def native_sources(src: str) -> dict[str, Any]:
@@ -134,7 +143,8 @@ def build(
         for ext in exts or ():
             with open(ext, "rb") as f:
                 files[f"{NAME}/native/{os.path.basename(ext)}"] = f.read()
-        info = f"{NAME}-{VERSION}.dist-info"
+        ver = version(src)
+        info = f"{NAME}-{ver}.dist-info"
         for n in sorted(os.listdir(os.path.join(src, "dist-info"))):
             with open(os.path.join(src, "dist-info", n), "rb") as f:
                 files[f"{info}/{n}"] = f.read()
@@ -146,7 +156,7 @@ def build(
         record = [record_line(a, d) for a, d in sorted(files.items())] + [f"{info}/RECORD,,"]
         files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
         os.makedirs(out, exist_ok=True)
-        wheel = os.path.abspath(os.path.join(out, f"{NAME}-{VERSION}-{tag}.whl"))
+        wheel = os.path.abspath(os.path.join(out, f"{NAME}-{ver}-{tag}.whl"))
         tmp = wheel + ".part"
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
             for arc in sorted(files):
