@@ -57,6 +57,7 @@ test-unit: venv
 
 test: venv system-deps model services aarch64
 	$(VENV)/bin/ruff check kvpd tests benchmarks
+	$(VENV)/bin/ruff format --check kvpd tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q
 

@@ -37,10 +37,10 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # OpenBLAS spinners steal the second core
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from kvpd.native import ascend_planner as kvpd_mod  # noqa: E402
-from kvpd.native.trace import synthetic_topk_trace  # noqa: E402
+from kvpd.native import ascend_planner as kvpd_mod
+from kvpd.native.trace import synthetic_topk_trace
 
 ROWS, TOPK, CAP, MML, BLOCK = 64, 2048, 4096, 131_072, 128
 TOK_K, TOK_V, WORKERS = 512 * 2, 64 * 2, 8

@@ -19,10 +19,10 @@ import time
 # NumPy's OpenBLAS threads spin after start-up and steal the second core from OpenMP.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from kvpd.native import fallback  # noqa: E402
-from kvpd.native.trace import synthetic_topk_trace  # noqa: E402
+from kvpd.native import fallback
+from kvpd.native.trace import synthetic_topk_trace
 
 try:
     from kvpd.native import _sparse_lru as native

@@ -108,7 +108,7 @@ class Supervisor:
     # -- the loop ------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.child = subprocess.Popen(self.args.command, preexec_fn=_die_with_parent)  # noqa: S603
+        self.child = subprocess.Popen(self.args.command, preexec_fn=_die_with_parent)
         now = time.time()
         self.status.update(state="running", child_pid=self.child.pid, child_pgid=self.child.pid)
         self.status["starts"] = (self.status["starts"] + [{"at": now, "pid": self.child.pid}])[

@@ -208,7 +208,7 @@ class BlockStore:
     def get_many_into(self, keys: Sequence[bytes], outs: Sequence[memoryview]) -> list[bool]:
         """`get_into` for several blocks, each worker thread reading a contiguous share."""
         n = len(keys)
-        workers = min(n, self._pool._max_workers)  # noqa: SLF001 - our own pool
+        workers = min(n, self._pool._max_workers)  # our own pool
         if workers <= 1:
             return [self.get_into(k, o) for k, o in zip(keys, outs, strict=True)]
         step = -(-n // workers)

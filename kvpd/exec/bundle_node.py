@@ -157,7 +157,7 @@ def native_info(folder):
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         info.update(mod.build_info())
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any load failure: the fallback, and why
         info["reason"] = "extension not loadable (%r)" % (e,)
         return info
     info.update(implementation="native", module=path)
@@ -170,7 +170,7 @@ def native_info(folder):
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
             info["ascend_planner"] = mod.isa_info()["isa"]
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any load failure: vLLM-Ascend's planner, and why
             info["ascend_planner_reason"] = "extension not loadable (%r)" % (e,)
     return info
 
@@ -206,7 +206,7 @@ def check(run_dir, slot, source, prefer=None, full=False):
         # RECORD check above already proved every file unchanged, so kvpd itself suffices.
         for module in SLOT_IMPORTS.get(slot, ()) if full else ():
             importlib.import_module(module)
-    except Exception as e:  # any import failure means: not usable
+    except Exception as e:  # noqa: BLE001 - any import failure means: not usable
         out["problem"] = "importing kvpd from %s failed: %r" % (folder, e)
         return out
     if not os.path.abspath(kvpd.__file__).startswith(folder + os.sep):

@@ -116,7 +116,7 @@ class Executor:
                         records = self._start_stage(state, batch, pool)
                         self._wait_stage(batch, records, pool)
                     self._save(state)
-            except BaseException as e:
+            except BaseException as e:  # noqa: BLE001 - Ctrl-C too rolls back, then re-raises
                 raise self._roll_back(state, e, pool) from None
         state.status = "up"
         self._save(state)

@@ -66,7 +66,7 @@ class Fanout:
             t0 = time.monotonic()
             try:
                 value = fn(item)
-            except Exception as e:  # recorded per host; the caller decides what a failure means
+            except Exception as e:  # noqa: BLE001 - recorded per host; the caller decides what a failure means
                 return HostOutcome(key(item), error=e, elapsed_s=time.monotonic() - t0)
             return HostOutcome(key(item), value=value, elapsed_s=time.monotonic() - t0)
 

@@ -124,15 +124,15 @@ class Roller:
         old = state.record(spec.name)
         with Fanout(1) as pool:
             if old is not None:
-                result = ex._stopper(pool).stop([old])  # noqa: SLF001 - the executor's one way
+                result = ex._stopper(pool).stop([old])  # the executor's one way
                 if result.leftover or result.busy_ports:
                     raise DeployError(f"{spec.name} did not stop: {result.leftover or ''} "
                                       f"ports {result.busy_ports}")  # fmt: skip
                 state.processes.remove(old)
-            started = ex._start_one(state, spec)  # noqa: SLF001 - records it, as `up` does
+            started = ex._start_one(state, spec)  # records it, as `up` does
             try:
-                ex._wait_stage([spec], [started], pool)  # noqa: SLF001 - the health gate
-            except Exception as e:
+                ex._wait_stage([spec], [started], pool)  # the health gate
+            except Exception as e:  # noqa: BLE001 - any failure of the gate: not back
                 reason = getattr(e, "reason", str(e))
                 raise DeployError(f"{spec.name} did not come back: {reason}") from None
         rec = state.record(spec.name)

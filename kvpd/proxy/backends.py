@@ -231,6 +231,6 @@ class HealthChecker:
         while True:
             try:
                 await self.run_once()
-            except Exception:  # noqa: BLE001 - a bug here must not stop future checks
+            except Exception:  # a bug here must not stop future checks
                 log.exception("health check round failed")
             await asyncio.sleep(self.interval)

@@ -82,7 +82,7 @@ class ServerState:
                     if verdict:
                         self.timed_out += 1
                         conn.time_out(verdict)
-                except Exception:  # noqa: BLE001 - one bad connection must not stop the sweeps
+                except Exception:  # one bad connection must not stop the sweeps
                     log.exception("sweeping a client connection failed")
                     conn.abort()
 
@@ -291,7 +291,7 @@ class ClientConnection(asyncio.Protocol):
         if handler is not None:
             try:
                 handler(self, req)
-            except Exception:  # noqa: BLE001 - one bad request must not kill the server
+            except Exception:  # one bad request must not kill the server
                 log.exception("handler for %s failed", req.path.decode(errors="replace"))
                 if not self.response_started:
                     self.send_json(500, b'{"error":{"message":"internal proxy error"}}')
@@ -311,7 +311,7 @@ class ClientConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             self.abort()
             raise
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("handler for %s failed", req.path.decode(errors="replace"))
             if not self.response_started and not self.closed:
                 self.send_json(500, b'{"error":{"message":"internal proxy error"}}')

@@ -39,7 +39,7 @@ NAME = "kvpd-ucm-centralized-2p2d"  # the default name of a container kvpd start
 
 
 @pytest.fixture(scope="module")
-def rh(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:  # noqa: F811
+def rh(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
     if not can_unshare():
         pytest.skip("the namespace stand-in needs root and unshare/nsenter")
     container = f'{{runtime: standin, image: standin, command: "{STANDIN}"}}'
@@ -90,7 +90,7 @@ def test_everything_runs_inside_and_down_leaves_nothing(rh: Rehearsal) -> None:
 
 
 def test_a_failed_up_rolls_back_inside_and_removes_the_containers(
-    bed: Testbed,  # noqa: F811
+    bed: Testbed,
     tmp_path: Path,
 ) -> None:
     if not can_unshare():
@@ -119,7 +119,7 @@ def test_a_failed_up_rolls_back_inside_and_removes_the_containers(
 
 
 def test_exec_into_containers_the_user_runs_and_down_keeps_them(
-    bed: Testbed,  # noqa: F811
+    bed: Testbed,
     tmp_path: Path,
 ) -> None:
     """`container: {name: ...}`: kvpd only execs into the user's containers; `down` stops

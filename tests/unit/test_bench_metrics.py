@@ -94,7 +94,7 @@ def test_targets_from_a_plan_and_a_real_scrape() -> None:
     body = (FIX / "metrics_single_after.txt").read_bytes()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             self.send_response(200 if self.path == "/metrics" else 404)
             self.end_headers()
             self.wfile.write(body)

@@ -112,7 +112,7 @@ class _MetricsServer:
         texts = list(texts)
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 body = b""
                 if self.path == "/metrics":
                     body = (texts.pop(0) if len(texts) > 1 else texts[0]).encode()

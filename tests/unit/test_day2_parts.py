@@ -16,11 +16,11 @@ from kvpd.plan.build import load_plan
 
 
 @pytest.fixture(scope="module")
-def plan():  # noqa: ANN201
+def plan():
     return load_plan("local", sets=["decode.instances=2", "hosts.localhost.devices=3"])
 
 
-def test_select_names_groups_and_proxy_last(plan) -> None:  # noqa: ANN001
+def test_select_names_groups_and_proxy_last(plan) -> None:
     assert [p.name for p in rolling.select(plan, ["proxy", "decode"])] == [
         "decode-0", "decode-1", "proxy"]  # fmt: skip
     assert [p.name for p in rolling.select(plan, [])][-1] == "proxy"
@@ -28,12 +28,12 @@ def test_select_names_groups_and_proxy_last(plan) -> None:  # noqa: ANN001
         rolling.select(plan, ["decode-7"])
 
 
-def test_backend_names_follow_the_proxy_flags(plan) -> None:  # noqa: ANN001
+def test_backend_names_follow_the_proxy_flags(plan) -> None:
     assert rolling.proxy_backend_names(plan) == {
         "prefill-0": "prefill-0", "decode-0": "decode-0", "decode-1": "decode-1"}  # fmt: skip
 
 
-def test_admin_token_private_and_masked(plan, tmp_path: Path) -> None:  # noqa: ANN001
+def test_admin_token_private_and_masked(plan, tmp_path: Path) -> None:
     issued = admin_token.issue(plan, tmp_path)
     token = admin_token.read(tmp_path, plan.deployment)
     assert len(token) >= 32
@@ -55,7 +55,7 @@ def test_split_targets() -> None:
 
 def test_completion_of_deployments_and_processes(
     plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # noqa: ANN001
+) -> None:
     from types import SimpleNamespace
 
     from kvpd.cli import complete

@@ -25,7 +25,7 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     runner = CliRunner()
     app = build_app()
 
-    def run(*args: str):  # noqa: ANN202
+    def run(*args: str):
         return runner.invoke(app, list(args))
 
     yield run
@@ -38,7 +38,7 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                 t.signal_group(r.pgid, 9, start_ticks=r.start_ticks)
 
 
-def test_up_status_logs_down_json(cli) -> None:  # noqa: ANN001
+def test_up_status_logs_down_json(cli) -> None:
     r = cli("up", "demo.yaml", "--yes", "--json")
     assert r.exit_code == 0, r.output
     up = json.loads(r.stdout)
@@ -71,17 +71,17 @@ def test_up_status_logs_down_json(cli) -> None:  # noqa: ANN001
     assert not any(p["alive"] for p in json.loads(r.stdout)["processes"])
 
 
-def test_up_needs_yes_when_not_interactive(cli) -> None:  # noqa: ANN001
+def test_up_needs_yes_when_not_interactive(cli) -> None:
     r = cli("up", "demo.yaml")
     assert r.exit_code == 2 and "--yes" in r.output
 
 
-def test_down_without_state(cli) -> None:  # noqa: ANN001
+def test_down_without_state(cli) -> None:
     r = cli("down", "--deployment", "nope")
     assert r.exit_code == 0 and "Nothing to stop" in r.stdout
 
 
-def test_one_grammar_logs_and_events(cli) -> None:  # noqa: ANN001
+def test_one_grammar_logs_and_events(cli) -> None:
     """`kvpd logs DEPLOYMENT PROCESS` and `kvpd status DEPLOYMENT --events`."""
     assert cli("up", "demo.yaml", "--yes", "--json").exit_code == 0
     r = cli("logs", "demo", "proxy", "-n", "5")
@@ -94,7 +94,7 @@ def test_one_grammar_logs_and_events(cli) -> None:  # noqa: ANN001
     assert [e["what"] for e in json.loads(r.stdout)["events"]] == ["up", "down"]
 
 
-def test_diagnose_a_deployment_with_a_dead_process(cli, tmp_path: Path) -> None:  # noqa: ANN001
+def test_diagnose_a_deployment_with_a_dead_process(cli, tmp_path: Path) -> None:
     import tarfile
 
     assert cli("up", "demo.yaml", "--yes", "--json").exit_code == 0
@@ -113,7 +113,7 @@ def test_diagnose_a_deployment_with_a_dead_process(cli, tmp_path: Path) -> None:
     assert cli("down", "demo").exit_code == 0
 
 
-def test_failed_canary_stops_the_deployment_unless_kept(cli, monkeypatch) -> None:  # noqa: ANN001
+def test_failed_canary_stops_the_deployment_unless_kept(cli, monkeypatch) -> None:
     """The verdict is stubbed (engines cannot run here); what `up` does with it is real."""
     from kvpd.bench import canary
 

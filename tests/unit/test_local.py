@@ -16,7 +16,7 @@ from kvpd.exec.local import LocalTransport, listening_ports, read_stat
 from kvpd.exec.procfs import parse_stat
 
 
-def wait_for(pred, timeout: float = 10.0) -> bool:  # noqa: ANN001
+def wait_for(pred, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():

@@ -35,12 +35,12 @@ class Backends:
         self.prefill = self._run(StandInBackend("prefill", record=False).start())
         self.decode = self._run(StandInBackend("decode", delay_s=0.2, record=False).start())
 
-    def _run(self, coro):  # noqa: ANN001, ANN202
+    def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
 
     def busy(self) -> int:
         """Requests the backends are still working on."""
-        return len(self.prefill._state.tasks) + len(self.decode._state.tasks)  # noqa: SLF001
+        return len(self.prefill._state.tasks) + len(self.decode._state.tasks)
 
     def close(self) -> None:
         self._run(self.prefill.stop())

@@ -98,7 +98,7 @@ def test_concurrent_saves_never_show_a_torn_file(tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "dep").iterdir()] == ["state.json"]
 
 
-def test_crash_during_write_keeps_old_state(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+def test_crash_during_write_keeps_old_state(tmp_path: Path, monkeypatch) -> None:
     store = StateStore(tmp_path)
     store.save(a_state(1))
 

@@ -319,7 +319,7 @@ def test_settings_defaults_and_unknown_keys() -> None:
         parse_settings({"store_path": "/kv", "dram_cache_gb": "1"})
 
 
-def test_get_into_reads_verified_blocks_into_caller_rows(tmp_path) -> None:  # noqa: ANN001
+def test_get_into_reads_verified_blocks_into_caller_rows(tmp_path) -> None:
     import os as _os
 
     from kvpd.connectors.blockstore import BlockStore

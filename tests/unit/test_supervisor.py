@@ -22,11 +22,11 @@ def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     status = tmp_path / "supervise" / "p.json"
     cmd = [sys.executable, "-m", "kvpd.supervisor", "--status", str(status), "--name", "p", *args]
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    log = open(tmp_path / "p.log", "ab")  # noqa: SIM115 - the child's log, closed by the OS
+    log = open(tmp_path / "p.log", "ab")  # the child's log, closed by the OS
     return subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True), status
 
 
-def _wait(pred, timeout: float = 20.0):  # noqa: ANN001, ANN202
+def _wait(pred, timeout: float = 20.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         v = pred()

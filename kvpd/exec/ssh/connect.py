@@ -58,7 +58,7 @@ class Connection:
         for c in [self.client, *reversed(self.jumps)]:
             try:
                 c.close()
-            except Exception:  # closing a dead connection may raise anything; it is gone
+            except Exception:  # noqa: BLE001 - closing a dead connection may raise anything; it is gone
                 pass
 
 

@@ -26,7 +26,7 @@ def write_temp(sftp: paramiko.SFTPClient, tmp: str, content: bytes, mode: int) -
 def discard(sftp: paramiko.SFTPClient, path: str) -> None:
     try:
         sftp.remove(path)
-    except Exception:  # best effort; the link may be gone
+    except Exception:  # noqa: BLE001 - best effort; the link may be gone
         pass
 
 
