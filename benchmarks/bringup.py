@@ -28,6 +28,7 @@ from kvpd.exec.executor import Executor
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.state import StateStore
 from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.testing.termination import stop_on_termination
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED_SH = REPO / "scripts" / "testbed.sh"
@@ -130,6 +131,7 @@ def timed_up(plan: Plan, store: StateStore, *, serial: bool) -> float:
 
 
 def main() -> None:
+    stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--stages", type=int, default=2)

@@ -34,6 +34,7 @@ from kvpd.exec.bundle import BundleInstaller
 from kvpd.exec.pool import TransportPool
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.value import HostSpec, Plan
+from kvpd.testing.termination import stop_on_termination
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED_SH = REPO / "scripts" / "testbed.sh"
@@ -97,6 +98,7 @@ def ssh_floor(plan: Plan, pool: TransportPool) -> float:
 
 
 def main() -> None:
+    stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=5)

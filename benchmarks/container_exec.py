@@ -23,6 +23,7 @@ from kvpd.exec.container import ContainerTransport
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.transport import Transport
 from kvpd.plan.container import ContainerSpec
+from kvpd.testing.termination import stop_on_termination
 
 STANDIN = str(Path(kvpd.__file__).parent / "testing" / "kvpd-standin-runtime")
 
@@ -38,6 +39,7 @@ def timed(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=50)
     args = ap.parse_args()

@@ -24,6 +24,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvpd.testing.termination import stop_on_termination
+
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12  # ~540 characters, ~135 tokens
@@ -289,6 +291,7 @@ def fmt(v: float, spec: str = ".2f") -> str:
 
 
 def main() -> None:
+    stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 16, 128])
     ap.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")

@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from proxy_overhead import free_port, parse_head, proc_cpu_seconds, request_bytes  # noqa: E402
 
+from kvpd.testing.termination import stop_on_termination  # noqa: E402
+
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
 
 
@@ -357,6 +359,7 @@ def report(r: dict, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=2000)
     ap.add_argument("--hold", type=float, default=60.0, help="seconds of streaming load")

@@ -26,6 +26,8 @@ from pathlib import Path
 import yaml
 from plan_scale import profile_text
 
+from kvpd.testing.termination import stop_on_termination
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -62,6 +64,7 @@ def kvpd(state: Path, *args: str) -> tuple[float, subprocess.CompletedProcess[st
 
 
 def main() -> None:
+    stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
     t0 = time.perf_counter()
     bed, addresses = bed_up(n)

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kvpd.connectors.blockstore import BlockStore  # noqa: E402
+from kvpd.testing.termination import stop_on_termination  # noqa: E402
 
 ENGINE = REPO / ".venv-engine"
 MODEL = REPO / ".kvpd" / "models" / "store-bench"
@@ -101,12 +102,12 @@ def scenario(name: str, input_len: int, args: argparse.Namespace, work: Path) ->
         f"kv.kvpd_store.path={kv}", f"kv.example_path={kv}",
     ]  # fmt: skip
     kvpd("down", "--deployment", dep, check=False)
-    t0 = time.monotonic()
-    kvpd("up", "local", "--yes", *[x for s in sets for x in ("--set", s)])
-    up_s = time.monotonic() - t0
     a, b = f"http://127.0.0.1:{port + 100}", f"http://127.0.0.1:{port + 101}"
     proxy = f"http://127.0.0.1:{port}"
-    try:
+    try:  # from `up` on: stopped half way, `down` still stops what it started
+        t0 = time.monotonic()
+        kvpd("up", "local", "--yes", *[x for s in sets for x in ("--set", s)])
+        up_s = time.monotonic() - t0
         seed_len = int(input_len * 0.8)
         # Both phases go through the proxy, which alternates between A and B at concurrency 1.
         # One extra request between the phases shifts that alternation, so every measured
@@ -191,6 +192,7 @@ def throughput(folder: Path, block_bytes: int, blocks: int, io_threads: int) -> 
 
 
 def main() -> None:
+    stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input-lens", default="1024", help="comma-separated input lengths")
     ap.add_argument("--output-len", type=int, default=4)

@@ -12,6 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from kvpd.testing.termination import stop_on_termination
+
+# SIGTERM (a CI runner's or `timeout`'s stop) runs the fixture teardowns, as Ctrl-C does: the
+# engines, proxies and bed hosts the suite started are stopped, not left running.
+stop_on_termination()
+
 os.environ.setdefault(
     "KVPD_CACHE_DIR", str(Path(__file__).resolve().parent.parent / ".kvpd" / "cache")
 )

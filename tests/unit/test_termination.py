@@ -1,0 +1,62 @@
+"""A benchmark stopped by SIGTERM (as `timeout` stops it) stops what it started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def children(pid: int) -> set[int]:
+    """PIDs whose parent is `pid` (from /proc/<pid>/stat: field 4 after the command)."""
+    out = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == pid:
+            out.add(int(d.name))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def test_sigterm_stops_the_benchmarks_backends_and_proxy() -> None:
+    bench = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmarks" / "proxy_overhead.py"), "--streams", "1",
+         "--reps", "50", "--duration", "2"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(started) < 2:  # stand-in backends + proxy
+            started = children(bench.pid)
+            time.sleep(0.2)
+        assert len(started) >= 2, bench.stderr.read() if bench.poll() is not None else started
+        time.sleep(1.0)  # measuring now
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) != 0
+        time.sleep(0.5)
+        assert [p for p in started if alive(p)] == []
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        for p in started:  # the benchmark's own children, seen above: never left behind
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
