@@ -1,6 +1,6 @@
 """kvpd's planner through vLLM-Ascend's interface vs vLLM-Ascend's own planner, side by side.
 
-Shape (issue 12): 64 rows, top-k 2048, hot buffer 4096 slots, max_model_len 131072, block 128,
+Shape: 64 rows, top-k 2048, hot buffer 4096 slots, max_model_len 131072, block 128,
 MLA token bytes K=512*2, V=64*2, 80% of top-k kept between steps, two new requests per step.
 One "layer" is lru_resident_compact + compute_lru_resident_addrs with the manager's buffers
 (8 workspaces; requested threads 1 or 2). Each implementation plans the same trace back to back

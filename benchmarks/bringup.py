@@ -8,7 +8,7 @@ never collides with a test session's bed, and powers it off at the end):
 
 Every host runs one lightweight service per stage: a tiny HTTP server that answers /health only
 `--delay` seconds after it started. The plan is built directly (no profile), so only the
-executor and the SSH transport are measured. Targets (issue 4): parallel >= 3x faster than
+executor and the SSH transport are measured. Targets: parallel >= 3x faster than
 serial; overhead <= 2 s for 8 hosts.
 """
 

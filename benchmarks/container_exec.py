@@ -1,4 +1,4 @@
-"""What running through a container's exec costs per kvpd operation (issue 16): the median and
+"""What running through a container's exec costs per kvpd operation: the median and
 minimum time of `run(["true"])`, `alive(pid)` and `ports_listening` on this machine directly
 and inside the namespace stand-in of a container runtime (kvpd/testing/kvpd-standin-runtime:
 nsenter, which is what `docker exec` does; Docker's own exec adds its daemon round trip).

@@ -1,6 +1,6 @@
 """Decode-scale timing of the sparse-KV planner: native (1 and 2 threads) vs vectorised NumPy.
 
-Shape (issue 7): 64 rows, top-k 2048, hot buffer 4096 slots, max_model_len 131072, block size
+Shape: 64 rows, top-k 2048, hot buffer 4096 slots, max_model_len 131072, block size
 128, sequence lengths 20k-131k, 80% of top-k tokens kept between steps, new requests on two rows
 per step; MLA token bytes K=512*2, V=64*2. Prints the median time of one layer's plan() plus
 build_copy_descriptors(), and of a full 61-layer step. The machine may be shared: every number

@@ -1,6 +1,6 @@
 """Time `kvpd plan` (parse + validate + derive + render) on generated profiles of many hosts.
 
-Target (issue 2): 1,024 hosts in under 2 s on a 2-core machine, growing linearly.
+Target: 1,024 hosts in under 2 s on a 2-core machine, growing linearly.
 Usage: python benchmarks/plan_scale.py [64 256 1024]
 """
 

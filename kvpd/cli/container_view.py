@@ -1,4 +1,4 @@
-"""How `kvpd plan` shows containers on the nodes (issue 16): per host, the runtime `exec` every
+"""How `kvpd plan` shows containers on the nodes: per host, the runtime `exec` every
 command goes through and the `run` line that starts the container (copyable)."""
 
 from __future__ import annotations

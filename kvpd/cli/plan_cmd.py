@@ -95,7 +95,7 @@ def show_plan(plan: Plan) -> None:
         con.print(line, highlight=False)
     for line in bundle_view.plan_lines(plan):
         con.print(line, highlight=False)
-    for line in container_view.plan_lines(plan):  # containers on the nodes (issue 16)
+    for line in container_view.plan_lines(plan):  # containers on the nodes
         con.print(escape(line) if line.startswith(" ") else line, highlight=False)
     subs = [p for p in plan.processes if p.substituted]
     if subs:

@@ -1,4 +1,4 @@
-"""The transport for a host whose processes run inside a container (issue 16).
+"""The transport for a host whose processes run inside a container.
 
 `ContainerTransport` wraps the host's own transport (SSH or local) and runs every command
 through the runtime's `exec` (`docker exec NAME sh -c LINE`): the same quoted command lines

@@ -1,4 +1,4 @@
-"""Preflight for containers on the nodes (issue 16): the runtime answers, the container exists
+"""Preflight for containers on the nodes: the runtime answers, the container exists
 and runs, every node runs the same image, and the run dir is the same folder inside and
 outside (a token written on the host over SFTP is read inside). What else preflight checks
 (packages and their versions, npu-smi, /dev/shm, ports) already runs inside the container,

@@ -106,7 +106,7 @@ class Executor:
         self._save(state)
         with Fanout(1 if self.serial else self.max_workers) as pool:
             try:
-                start_containers(plan, self.transports, self.reporter)  # issue 16
+                start_containers(plan, self.transports, self.reporter)
                 self._resolve_run_dirs(state, pool)
                 self._write_files(state, pool)
                 # kvpd on every host slot of the plan (node bundle), verified, before any start
@@ -385,7 +385,7 @@ class Executor:
             if rec is not None and o.gone:
                 rec.status = "stopped"
         left: list[str] = []
-        if not result.leftover:  # containers kvpd started (issue 16): once nothing runs inside
+        if not result.leftover:  # containers kvpd started: once nothing runs inside
             left = remove_containers(state.plan, self.transports, self.reporter)
         state.status = "down" if not result.leftover and not left else "stopping"
         self._save(state)

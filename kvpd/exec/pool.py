@@ -13,7 +13,7 @@ KNOWN_TRANSPORTS = ("local", "ssh")
 
 def open_transport(host: HostSpec, *, accept_unknown_host_key: bool = False) -> Transport:
     """A transport for `host` by its `transport` field ("local" or "ssh"); inside the host's
-    container when it has one (issue 16)."""
+    container when it has one."""
     t = _host_transport(host, accept_unknown_host_key=accept_unknown_host_key)
     if host.container is not None:
         from kvpd.exec.container import ContainerTransport

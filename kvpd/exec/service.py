@@ -118,7 +118,7 @@ class Deployments:
             return []
         if not any(h.container and h.container.started_by_kvpd for h in plan.hosts):
             return self.check(plan)
-        # Containers kvpd starts must run before preflight can look inside (issue 16); when
+        # Containers kvpd starts must run before preflight can look inside; when
         # a check fails they are removed again (`up` starts them anew if the user goes on).
         self._pool.add_hosts(plan.hosts)
         start_containers(plan, self._pool, NullReporter())

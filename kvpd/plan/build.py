@@ -250,7 +250,7 @@ def build_plan(
         proxy_url = f"http://{by_host[first.host].address}:{first.ports[0][0]}"
     model = profile.model
     requirements = build_requirements(profile, procs, dram, {h.name: h.run_dir for h in hosts})
-    # Containers (issue 16): hosts whose processes run inside one (kvpd.plan.container).
+    # Containers: hosts whose processes run inside one (kvpd.plan.container).
     hosts = with_containers(profile, hosts, processes, requirements, rehearse=bool(rehearse))
     return Plan(
         deployment=profile.name,

@@ -34,7 +34,7 @@ class HostSpec:
     devices: int = 0
     nic: str | None = None
     run_dir: str = ".kvpd/run"  # relative: to the login dir (ssh) or kvpd's cwd (local)
-    # Containers (issue 16): this host's processes run inside it (kvpd.plan.container).
+    # Containers: this host's processes run inside it (kvpd.plan.container).
     container: ContainerSpec | None = None
 
     @staticmethod

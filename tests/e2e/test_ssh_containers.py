@@ -1,4 +1,4 @@
-"""Containers on the nodes, end to end on the SSH test bed (issue 16): `ucm-centralized-2p2d`
+"""Containers on the nodes, end to end on the SSH test bed: `ucm-centralized-2p2d`
 rehearsed with every process of each host inside a container that kvpd starts there.
 
 Docker and Podman cannot run containers on these machines, so the runtime is kvpd's namespace

@@ -1,4 +1,4 @@
-"""Containers on the nodes (issue 16): the profile setting, the runtime command lines kvpd
+"""Containers on the nodes: the profile setting, the runtime command lines kvpd
 renders (golden files), and commands run inside a container through its runtime's exec (the
 namespace stand-in: Docker and Podman cannot run containers on these machines)."""
 

@@ -1,4 +1,4 @@
-"""Crash class of issue 10: inputs that used to end in a traceback, an internal error or a
+"""Crash class: inputs that used to end in a traceback, an internal error or a
 minute of CPU. Each must now exit 2 with a located message, fast."""
 
 from __future__ import annotations

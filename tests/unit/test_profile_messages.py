@@ -1,4 +1,4 @@
-"""Message class of issue 10: each problem is one message that names the field that caused it,
+"""Message class: each problem is one message that names the field that caused it,
 prints effective values, names the group it is about, and says how to fix it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Security class of issue 10: nothing from a profile reaches a shell, a path or a config file
+"""Security class: nothing from a profile reaches a shell, a path or a config file
 unchecked. Each test is a hostile profile and the message (or the safe output) it gets."""
 
 from __future__ import annotations

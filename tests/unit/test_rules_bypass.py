@@ -1,4 +1,4 @@
-"""Missing and bypassable rules of issue 10: each rule gets a failing profile (a bundled profile
+"""Missing and bypassable rules: each rule gets a failing profile (a bundled profile
 changed to break it) and the message it gets, which names the field and says how to fix it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Containers on the nodes (issue 16): what a host's `container` setting needs to work."""
+"""Containers on the nodes: what a host's `container` setting needs to work."""
 
 from __future__ import annotations
 
