@@ -1,11 +1,16 @@
 """The decode-first layerwise flow (vLLM-Ascend's metaserver flow): the decoder gets the request
 first and calls POST /v1/metaserver with its KV destination; that call dispatches the prefill
-and is answered only when the prefill is done."""
+and is answered only when the prefill is done.
+
+Only the decoders may call the metaserver: the URL the proxy gives them in kv_transfer_params
+carries a token made at start (`?token=...`), and a call without it is refused 403. The token
+travels only from the proxy to its decoders, inside bodies the proxy encodes."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import hmac
+import secrets
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +18,9 @@ from kvpd.proxy.relay import DecodeRelay, Failure, error_body
 from kvpd.proxy.rewrite import (
     child_request_ids,
     decode_tokens,
-    dumps,
+    encode,
     estimate_prompt_tokens,
+    parse_body,
     prefill_request_body,
 )
 
@@ -71,27 +77,35 @@ class Layerwise:
         self.spawn = spawn
         self.prefill_timeout = prefill_timeout
         self.records: dict[str, LayerwiseRecord] = {}
+        self._token = secrets.token_urlsafe(24)
         self.set_metaserver(metaserver_url)
         self.routes: tuple[tuple[str, str, AsyncHandler], ...] = (
             ("POST", "/v1/metaserver", self.metaserver),
         )
 
     def set_metaserver(self, url: str) -> None:
+        url += ("&" if "?" in url else "?") + "token=" + self._token
         self._meta_kv = {"do_remote_decode": False, "do_remote_prefill": True, "metaserver": url}
+
+    def _caller_known(self, req: Request) -> bool:
+        given = b""
+        for part in req.query.split(b"&"):
+            if part.startswith(b"token="):
+                given = part[6:]
+        return hmac.compare_digest(given, self._token.encode())
 
     async def handle(self, call: GenerationCall) -> None:
         client, req, body, request_id, extra = (
             call.client, call.req, call.body, call.request_id, call.extra
         )  # fmt: skip
         prompt_tokens = estimate_prompt_tokens(body)
+        d_data = encode(dict(body, kv_transfer_params=self._meta_kv))
         children = child_request_ids(request_id, call.route == "chat_completions", body)
         record = LayerwiseRecord(
             request_id, req.path, body, children, extra, prompt_tokens, self.loop
         )
         for child in children:
             self.records[child] = record
-        d_body = dict(body)
-        d_body["kv_transfer_params"] = self._meta_kv
 
         def on_attempt(relay: DecodeRelay, attempt: int) -> None:
             if attempt:
@@ -102,7 +116,7 @@ class Layerwise:
             await self.steps.decode(
                 client,
                 req,
-                dumps(d_body).encode(),
+                d_data,
                 decode_tokens(body, prompt_tokens),
                 extra,
                 request_id,
@@ -126,10 +140,15 @@ class Layerwise:
     async def metaserver(self, client: ClientConnection, req: Request) -> None:
         """POST /v1/metaserver from a decoder: dispatch the prefill once every child id has
         reported, and answer only when it is done."""
+        if not self._caller_known(req):
+            self.metrics.failures["metaserver_forbidden"] += 1
+            why = "the metaserver answers only the proxy's decoders (its URL's token)"
+            client.send_json(403, error_body(why, "forbidden", 403))
+            return
         try:
-            payload = json.loads(req.body)
+            payload = parse_body(req.body)
             child = str(payload["request_id"])
-        except (ValueError, KeyError, TypeError):
+        except (Failure, KeyError):
             client.send_json(400, error_body("expected JSON with request_id", "bad_request", 400))
             return
         record = self.records.get(child)
@@ -164,9 +183,7 @@ class Layerwise:
             p_body["batch_kv_transfer_params"] = dict(zip(record.children, params, strict=True))
         relay = record.relay
         try:
-            await self.steps.prefill(
-                record.path, dumps(p_body).encode(), record.tokens, record.extra
-            )
+            await self.steps.prefill(record.path, encode(p_body), record.tokens, record.extra)
         except Failure as f:
             if not done.done():
                 done.set_result(f)

@@ -31,6 +31,7 @@ FAILURE_KINDS = (
     "stream_truncated",
     "client_disconnect",
     "metaserver_unknown",
+    "metaserver_forbidden",
 )
 
 
