@@ -268,6 +268,7 @@ def build_plan(
         requirements=requirements,
         bundle=bundle,
         log_checks=log_checks(facts, procs, bool(rehearse)),
+        client_key_file=(profile.proxy.client_key_file or "") if profile.proxy else "",
     )
 
 

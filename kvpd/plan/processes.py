@@ -290,6 +290,7 @@ def service_procs(profile: Profile) -> list[ProcessDraft]:
 
 
 ADMIN_TOKEN_FILE = "proxy/admin-token"  # relative to the proxy host's run dir
+CLIENT_KEY_FILE = "proxy/client-key"  # written by `up` from proxy.client_key_file
 
 
 def proxy_proc(profile: Profile, engines: list[ProcessDraft], stage: int) -> ProcessDraft | None:
@@ -350,6 +351,8 @@ def _proxy(
         argv += ["--flow", flow, *proxy_timeout_args(px)]
         # The token itself is written by `up` (kvpd/exec/admin_token.py), never in the plan.
         argv += ["--admin-token-file", ADMIN_TOKEN_FILE]
+        if px.client_key_file:  # the key itself: kvpd/exec/client_key.py, never in the plan
+            argv += ["--client-key-file", CLIENT_KEY_FILE]
         # On SIGTERM (down, restart) in-flight requests finish; below `down`'s SIGKILL grace.
         argv += ["--shutdown-grace", "15"]
     return ProcessDraft(

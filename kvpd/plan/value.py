@@ -233,6 +233,8 @@ class Plan:
     # launch scripts `up` writes; every serialised form (plan.json, --json, state.json) masks
     # them, and they are never compared or shown.
     secret_values: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    # proxy.client_key_file: where on the controller the proxy's client key is (not the key)
+    client_key_file: str = ""
     log_checks: tuple[LogCheck, ...] = ()
 
     @property
@@ -263,6 +265,8 @@ class Plan:
                 h.pop("container", None)
         d["sizing"] = self.sizing.to_dict()
         secrets = d.pop("secret_values")
+        if not d["client_key_file"]:  # plans without a client key keep plan.json's old form
+            d.pop("client_key_file")
         for f in d["files"]:
             for s in secrets:
                 f["content"] = f["content"].replace(s, "****")
@@ -302,4 +306,5 @@ class Plan:
             sizing=Sizing.from_dict(d.get("sizing", {})),
             bundle=tuple(BundleUse.from_dict(u) for u in d.get("bundle", ())),
             log_checks=tuple(LogCheck(**c) for c in d.get("log_checks", ())),
+            client_key_file=d.get("client_key_file", ""),
         )

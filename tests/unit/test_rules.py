@@ -472,7 +472,8 @@ def test_nixl_side_channel_clash_is_reported() -> None:
 
 
 def test_secrets_are_in_the_launch_script_but_never_serialised() -> None:
-    p = plan("local", "env.OPENAI_API_KEY=sk-very-secret", "proxy.port=18001")
+    p = plan("local", "env.OPENAI_API_KEY=sk-very-secret", "proxy.port=18001",
+             "proxy.client_key_file=/srv/kvpd/client-key")  # fmt: skip
     script = file(p, "localhost", "proxy/launch.sh")
     assert "sk-very-secret" in script  # the process needs it
     assert next(f.mode for f in p.files if f.path == "proxy/launch.sh") == 0o700
