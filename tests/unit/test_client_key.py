@@ -159,3 +159,43 @@ def test_the_canary_sends_the_client_key() -> None:
         server.shutdown()
         server.server_close()
     assert seen[0]["Authorization"] == f"Bearer {KEY}"
+
+
+def test_the_bench_client_gets_the_key_in_its_environment_never_in_argv(tmp_path: Path) -> None:
+    import dataclasses
+
+    from kvpd.bench.session import Session
+    from kvpd.bench.settings import make_settings
+    from kvpd.exec.service import Deployments
+    from kvpd.exec.state import StateStore
+    from tests.unit.test_bench_proof import FIX, _fake_client, _MetricsServer, _plan
+
+    seen: list[tuple[list[str], dict[str, str]]] = []
+    fake = _fake_client("seed")
+
+    def client(argv: list[str], *, env: dict[str, str], log: Path, timeout_s: float) -> Any:
+        seen.append((list(argv), dict(env)))
+        return fake(argv, env=env, log=log, timeout_s=timeout_s)
+
+    def texts(role: str) -> list[str]:
+        return [(FIX / f"metrics_pd_{role}_{t}.txt").read_text() for t in ("before", "after")]
+
+    servers = {
+        n: _MetricsServer(texts(n.split("-")[0])) for n in ("prefill-0", "decode-0", "proxy")
+    }
+    try:
+        plan = dataclasses.replace(
+            _plan({k: s.port for k, s in servers.items()}),
+            client_key_file=str(key_file(tmp_path)),
+        )
+        Session(profile="fake-pd", settings=make_settings(plan.bench), scenarios=[],
+                out_dir=tmp_path / "out", service=Deployments(StateStore(tmp_path / "state")),
+                load=lambda sets: plan, vllm="vllm", run_client=client).run()  # fmt: skip
+    finally:
+        for s in servers.values():
+            s.close()
+    ((argv, env),) = seen
+    assert env["OPENAI_API_KEY"] == KEY  # `vllm bench serve` sends it as its bearer token
+    assert KEY not in " ".join(argv)
+    logs = " ".join(p.read_text() for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert KEY not in logs

@@ -60,6 +60,7 @@ def test_a_backend_key_is_never_lent_to_a_client_without_the_client_key() -> Non
                 assert err["code"] == 401 and "client key" in err["message"]
                 assert r.headers["www-authenticate"] == "Bearer"
         assert c.p[0].requests == [] and c.d[0].requests == []  # nothing reached an engine
+        assert c.metric("kvpd_proxy_unauthorized_total") == 12
         for path in ("/health", "/healthcheck", "/metrics"):  # open, for probes and scrapers
             assert (await c.call("GET", path)).status == 200
         r = await c.call("POST", "/v1/completions", COMPLETION, headers=CLIENT_AUTH)
