@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from kvpd.proxy.server import ClientConnection
 
 
+def _json_or_nothing(req: Request) -> bool:
+    """No body and no content type, or a JSON one (a form or text/plain is what a web page
+    can send without asking the browser)."""
+    ctype = req.headers.get(b"content-type")
+    if ctype is None:
+        return not req.body
+    return ctype.split(b";", 1)[0].strip().lower() == b"application/json"
+
+
 class Admin:
     def __init__(
         self,
@@ -61,9 +70,7 @@ class Admin:
             why = "the admin interface needs the proxy's admin token"
         elif b"origin" in req.headers:
             why = "the admin interface refuses browser requests (an Origin header)"
-        elif req.body and not req.headers.get(b"content-type", b"").lower().startswith(
-            b"application/json"
-        ):
+        elif not _json_or_nothing(req):
             why = "the admin interface takes only application/json bodies"
         if why:
             self.refused += 1

@@ -192,6 +192,12 @@ class ClientConnection(asyncio.Protocol):
             keep_alive = conn == b"keep-alive"
         path, _, query = head.target.partition(b"?")
         req = Request(head.method, path, query, headers, keep_alive, self.state.loop.time())
+        gate = self.state.gate
+        if gate is not None and not gate.allows(req):
+            # before its body: a client without the key gets no buffer, and the connection
+            # closes (its body, if any, is never read)
+            self._reject(401, "", gate.refusal, b"www-authenticate: Bearer\r\n")
+            return
         rest = buf[end + 4 :]
         self._buf = b""
         if head.length == 0:
@@ -255,10 +261,6 @@ class ClientConnection(asyncio.Protocol):
         self.busy = True
         self.response_started = False
         self.keep_alive = req.keep_alive
-        gate = self.state.gate
-        if gate is not None and not gate.allows(req):
-            self.send_json(401, gate.refusal, b"www-authenticate: Bearer\r\n")
-            return
         router = self.state.router
         key = (req.method, req.path)
         handler = router.sync.get(key)
@@ -299,15 +301,16 @@ class ClientConnection(asyncio.Protocol):
                 (self.state.loop.time() - req.started) * 1e3,
             )
 
-    def _reject(self, status: int, message: str) -> None:
+    def _reject(self, status: int, message: str, body: bytes = b"", extra: bytes = b"") -> None:
+        """Answer `status` and close, whatever else the client has sent or will send."""
         self.keep_alive = False
         self._req = None
         self._chunked = None
         self._buf = b""
         self._release_body()
-        body = _error(message, status)
+        body = body or _error(message, status)
         if self.transport is not None and not self.closed:
-            self.transport.write(build_response(status, body, close=True))
+            self.transport.write(build_response(status, body, b"application/json", extra, True))
             self.transport.close()
 
     # --- responding --------------------------------------------------------------------------

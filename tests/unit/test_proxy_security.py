@@ -70,6 +70,19 @@ def test_a_backend_key_is_never_lent_to_a_client_without_the_client_key() -> Non
     run_cluster(t, api_key="sk-backend", client_key=CLIENT_KEY)
 
 
+def test_a_client_without_the_key_is_refused_before_its_body_is_read() -> None:
+    async def t(c: Cluster) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 9000000\r\n\r\n")
+        writer.write(b"a" * 1000)  # the body it announced never comes: no matter
+        reply = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert reply.startswith(b"HTTP/1.1 401") and b"connection: close" in reply
+        assert c.app.state.buffered == 0
+
+    run_cluster(t, client_key=CLIENT_KEY)
+
+
 def test_open_paths_are_configurable() -> None:
     async def t(c: Cluster) -> None:
         assert (await c.call("GET", "/health")).status == 200
