@@ -11,9 +11,10 @@ from kvpd.proxy.relay import Failure
 
 dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
-# Fields only the proxy may set: they tell engines where KV comes from and goes to (a client's
-# own would point a decoder at any host, or mix another request's cache into its answer).
-RESERVED_FIELDS = ("kv_transfer_params", "batch_kv_transfer_params")
+# Fields only the proxy may set: they tell engines where KV (or, for encoder caches, EC) comes
+# from and goes to (a client's own would point a decoder at any host, or mix another request's
+# cache into its answer). vLLM also reads the first two from `vllm_xargs` (its extra_args).
+RESERVED_FIELDS = ("kv_transfer_params", "ec_transfer_params", "batch_kv_transfer_params")
 
 PREFILL_KV_PARAMS = {
     "do_remote_decode": True,
@@ -44,6 +45,9 @@ def client_body(raw: bytes) -> dict[str, Any]:
     body = parse_body(raw)
     for name in RESERVED_FIELDS:
         body.pop(name, None)
+    xargs = body.get("vllm_xargs")
+    if isinstance(xargs, dict) and any(name in xargs for name in RESERVED_FIELDS):
+        body["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in RESERVED_FIELDS}
     return body
 
 

@@ -166,7 +166,9 @@ def test_only_the_decoders_may_call_the_metaserver() -> None:
 def test_client_kv_transfer_fields_never_reach_an_engine(flow: str, prefill_params: bool) -> None:
     if flow != "prefill-first" and not prefill_params:
         pytest.skip("only prefill-first reads the prefill's kv_transfer_params")
-    body = dict(COMPLETION, kv_transfer_params=EVIL_KV, batch_kv_transfer_params={"a": EVIL_KV})
+    xargs = {"kv_transfer_params": "203.0.113.9", "ec_transfer_params": 1, "k": 2}
+    body = dict(COMPLETION, kv_transfer_params=EVIL_KV, batch_kv_transfer_params={"a": EVIL_KV},
+                ec_transfer_params=EVIL_KV, vllm_xargs=xargs)  # fmt: skip
     # a repeated key: a parser that keeps the first one would see the client's value
     text = json.dumps(body)[:-1] + ', "kv_transfer_params": {"remote_host": "203.0.113.9"}}'
 
@@ -179,6 +181,8 @@ def test_client_kv_transfer_fields_never_reach_an_engine(flow: str, prefill_para
         seen = [b for backend in c.p + c.d for _, _, b in backend.requests]
         assert seen and all(b.get("kv_transfer_params") != EVIL_KV for b in seen)
         assert "203.0.113.9" not in json.dumps(seen) and "batch_kv" not in json.dumps(seen)
+        assert all(b.get("vllm_xargs") == {"k": 2} for b in seen)  # the rest is kept
+        assert not any("ec_transfer_params" in b for b in seen)
 
     n_prefill = 0 if flow == "mixed" else 1
     run_cluster(t, n_prefill=n_prefill, flow=flow, client_key=CLIENT_KEY)
