@@ -2,9 +2,11 @@
 first and calls POST /v1/metaserver with its KV destination; that call dispatches the prefill
 and is answered only when the prefill is done.
 
-Only the decoders may call the metaserver: the URL the proxy gives them in kv_transfer_params
-carries a token made at start (`?token=...`), and a call without it is refused 403. The token
-travels only from the proxy to its decoders, inside bodies the proxy encodes."""
+Only the decoder of a request may report it to the metaserver: the URL the proxy gives it in
+kv_transfer_params carries a token made for that request (`?token=...`), and a report without
+the request's token is refused 403. The token travels only from the proxy to that decoder,
+inside the body the proxy encodes; even if it came back to the client, it would open no other
+request."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ class LayerwiseRecord:
     """A decode-first request waiting for its decoder to call /v1/metaserver."""
 
     __slots__ = ("request_id", "path", "body", "children", "params", "done", "dispatched",
-                 "relay", "extra", "tokens")  # fmt: skip
+                 "relay", "extra", "tokens", "token")  # fmt: skip
 
     def __init__(
         self,
@@ -57,6 +59,7 @@ class LayerwiseRecord:
         self.done: asyncio.Future[Failure | None] = loop.create_future()
         self.dispatched = False
         self.relay: DecodeRelay | None = None
+        self.token = secrets.token_urlsafe(18)  # the metaserver URL's, for this request only
 
 
 class Layerwise:
@@ -77,33 +80,28 @@ class Layerwise:
         self.spawn = spawn
         self.prefill_timeout = prefill_timeout
         self.records: dict[str, LayerwiseRecord] = {}
-        self._token = secrets.token_urlsafe(24)
         self.set_metaserver(metaserver_url)
         self.routes: tuple[tuple[str, str, AsyncHandler], ...] = (
             ("POST", "/v1/metaserver", self.metaserver),
         )
 
     def set_metaserver(self, url: str) -> None:
-        url += ("&" if "?" in url else "?") + "token=" + self._token
-        self._meta_kv = {"do_remote_decode": False, "do_remote_prefill": True, "metaserver": url}
+        self._meta_url = url + ("&" if "?" in url else "?") + "token="
 
-    def _caller_known(self, req: Request) -> bool:
-        given = b""
-        for part in req.query.split(b"&"):
-            if part.startswith(b"token="):
-                given = part[6:]
-        return hmac.compare_digest(given, self._token.encode())
+    def _meta_kv(self, record: LayerwiseRecord) -> dict[str, Any]:
+        url = self._meta_url + record.token
+        return {"do_remote_decode": False, "do_remote_prefill": True, "metaserver": url}
 
     async def handle(self, call: GenerationCall) -> None:
         client, req, body, request_id, extra = (
             call.client, call.req, call.body, call.request_id, call.extra
         )  # fmt: skip
         prompt_tokens = estimate_prompt_tokens(body)
-        d_data = encode(dict(body, kv_transfer_params=self._meta_kv))
         children = child_request_ids(request_id, call.route == "chat_completions", body)
         record = LayerwiseRecord(
             request_id, req.path, body, children, extra, prompt_tokens, self.loop
         )
+        d_data = encode(dict(body, kv_transfer_params=self._meta_kv(record)))
         for child in children:
             self.records[child] = record
 
@@ -140,10 +138,9 @@ class Layerwise:
     async def metaserver(self, client: ClientConnection, req: Request) -> None:
         """POST /v1/metaserver from a decoder: dispatch the prefill once every child id has
         reported, and answer only when it is done."""
-        if not self._caller_known(req):
-            self.metrics.failures["metaserver_forbidden"] += 1
-            why = "the metaserver answers only the proxy's decoders (its URL's token)"
-            client.send_json(403, error_body(why, "forbidden", 403))
+        given = _token_of(req.query)
+        if not given:
+            self._forbid(client)
             return
         try:
             payload = parse_body(req.body)
@@ -162,6 +159,9 @@ class Layerwise:
                 404, error_body(f"unknown request id {payload['request_id']}", "not_found", 404)
             )
             return
+        if not hmac.compare_digest(given, record.token.encode()):
+            self._forbid(client)
+            return
         record.params[child] = payload
         done = record.done
         if not record.dispatched and len(record.params) >= len(record.children):
@@ -175,6 +175,11 @@ class Layerwise:
             client.send_json(200, b'{"status":"ok"}')
         else:
             client.send_json(failure.status if failure.status >= 500 else 502, failure.body)
+
+    def _forbid(self, client: ClientConnection) -> None:
+        self.metrics.failures["metaserver_forbidden"] += 1
+        why = "the metaserver answers only a request's decoder (its URL's token)"
+        client.send_json(403, error_body(why, "forbidden", 403))
 
     async def _prefill(self, record: LayerwiseRecord, done: asyncio.Future[Failure | None]) -> None:
         params = [record.params[c] for c in record.children]
@@ -193,3 +198,10 @@ class Layerwise:
         self.metrics.disaggregated += 1
         if not done.done():
             done.set_result(None)
+
+
+def _token_of(query: bytes) -> bytes:
+    for part in query.split(b"&"):
+        if part.startswith(b"token="):
+            return part[6:]
+    return b""

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
-from kvpd.proxy.layerwise import Layerwise
 from tests.unit.proxy_cluster import (
     CHAT,
     CLIENT_AUTH,
@@ -448,7 +448,7 @@ def test_layerwise_streaming_dispatches_prefill_from_metaserver() -> None:
         assert d_body["kv_transfer_params"] == {
             "do_remote_decode": False,
             "do_remote_prefill": True,
-            "metaserver": f"http://127.0.0.1:{c.port}/v1/metaserver?token={token(c)}",
+            "metaserver": f"http://127.0.0.1:{c.port}/v1/metaserver?token={token(d_body)}",
         }
         assert d_body["stream"] is True and d_body["max_tokens"] == 8
         ((_, p_headers, p_body),) = c.p[0].requests
@@ -508,15 +508,15 @@ def test_layerwise_failed_prefill_is_502_and_decoder_released() -> None:
     run_cluster(t, flow="layerwise", max_retries=0)
 
 
-def token(c: Cluster) -> str:
-    flow = c.app.flow
-    assert isinstance(flow, Layerwise)
-    return flow._token
+def token(d_body: dict[str, Any]) -> str:
+    """The request's own token in the metaserver URL the proxy gave its decoder."""
+    url = str(d_body["kv_transfer_params"]["metaserver"])
+    return url.rpartition("?token=")[2]
 
 
 def test_metaserver_unknown_id_is_404() -> None:
     async def t(c: Cluster) -> None:
-        meta = f"/v1/metaserver?token={token(c)}"
+        meta = "/v1/metaserver?token=any"
         r = await c.call("POST", meta, {"request_id": "cmpl-nope-0"})
         assert r.status == 404
         r = await c.call("POST", meta, {"no": "id"})

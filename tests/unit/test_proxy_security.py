@@ -12,7 +12,6 @@ import logging
 import pytest
 
 from kvpd.proxy.config import CLIENT_KEY_ENV, ProxyConfig, ProxyConfigError, parse_args
-from kvpd.proxy.layerwise import Layerwise
 from tests.unit.proxy_cluster import CLIENT_AUTH, CLIENT_KEY, COMPLETION, Cluster, run_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -146,16 +145,30 @@ def test_reset_prefix_cache_is_admin_only() -> None:
     run_cluster(t, admin_token=ADMIN, client_key=CLIENT_KEY)
 
 
-def test_only_the_decoders_may_call_the_metaserver() -> None:
+def test_only_a_requests_decoder_may_report_it_to_the_metaserver() -> None:
     async def t(c: Cluster) -> None:
-        flow = c.app.flow
-        assert isinstance(flow, Layerwise)
-        for path in ("/v1/metaserver", "/v1/metaserver?token=guess"):
-            r = await c.call("POST", path, {"request_id": "cmpl-x-0"})
-            assert r.status == 403 and "decoders" in r.json()["error"]["message"]
-        assert c.metric('kvpd_proxy_failures_total{kind="metaserver_forbidden"}') == 2
+        c.d[0].hang = True  # the decoder holds the request without reporting it
+        pending = asyncio.ensure_future(
+            c.call("POST", "/v1/completions", COMPLETION, headers=CLIENT_AUTH)
+        )
+        while not c.d[0].requests:
+            await asyncio.sleep(0.01)
+        _, headers, body = c.d[0].requests[0]
+        child = f"cmpl-{headers[b'x-request-id'].decode()}-0"
+        url = body["kv_transfer_params"]["metaserver"]
+        assert url.startswith(f"http://127.0.0.1:{c.port}/v1/metaserver?token=")
+        for path in ("/v1/metaserver", "/v1/metaserver?token=guess", url.replace("=", "=x")):
+            report = {"request_id": child, "remote_host": "203.0.113.9"}
+            r = await c.call("POST", path[path.index("/v1") :], report, headers=CLIENT_AUTH)
+            assert r.status == 403 and "decoder" in r.json()["error"]["message"]
+        assert c.metric('kvpd_proxy_failures_total{kind="metaserver_forbidden"}') == 3
+        assert c.p[0].requests == []  # no prefill was dispatched for the forged reports
+        pending.cancel()
+        c.d[0].hang = False
         r = await c.call("POST", "/v1/completions", COMPLETION, headers=CLIENT_AUTH)
         assert r.status == 200 and c.d[0].metaserver_answers == [200]  # the decoder's URL works
+        tokens = {b["kv_transfer_params"]["metaserver"] for _, _, b in c.d[0].requests}
+        assert len(tokens) == 2  # one token per request
 
     run_cluster(t, flow="layerwise", client_key=CLIENT_KEY)
 
