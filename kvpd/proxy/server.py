@@ -1,6 +1,6 @@
 """The proxy's inbound HTTP/1.1 side: an asyncio Protocol per client connection that parses
 requests strictly (keep-alive, pipelining, Expect: 100-continue, chunked bodies) and hands them
-to routes, after the client gate (kvpd/proxy/serverstate.py) let them through."""
+to routes once the client gate (kvpd/proxy/serverstate.py) lets them through."""
 
 from __future__ import annotations
 
