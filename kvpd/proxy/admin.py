@@ -118,7 +118,7 @@ class Admin:
         backend, pool, payload = found
         try:
             timeout = float(payload.get("timeout", self.drain_timeout))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # e.g. a list, "x", 10**400
             timeout = -1.0
         if not 0 <= timeout <= 3600:
             client.send_json(400, error_body("timeout must be 0-3600 seconds", "bad_request", 400))

@@ -235,6 +235,40 @@ def test_bodies_that_cannot_be_handled_get_a_400_never_a_traceback(
     run_cluster(t)
 
 
+ODD_VALUES = [None, 10**400, 1e308, -1, [1], {"a": {}}, "x" * 300, "\\ud83d", True]
+
+
+@pytest.mark.parametrize("flow", ["prefill-first", "layerwise"])
+def test_no_route_answers_500_or_logs_a_traceback_for_any_body(
+    caplog: pytest.LogCaptureFixture, flow: str
+) -> None:
+    """Every route, with the credentials it needs, given bodies that are not what it expects."""
+
+    async def t(c: Cluster) -> None:
+        routes = [*c.app.state.router.sync, *c.app.state.router.async_]
+        answered: list[int] = []
+        bodies = [*BAD_BODIES[1:], b"{}", b"null"]
+        bodies += [json.dumps({k: v}).encode() for k in ("backend", "timeout", "request_id",
+                   "prompt", "messages", "max_tokens", "n") for v in ODD_VALUES]  # fmt: skip
+        with caplog.at_level(logging.DEBUG, logger="kvpd.proxy"):
+            for method, path in routes:
+                key = ADMIN if path.startswith(b"/admin/") else CLIENT_KEY
+                target = path + (b"?token=x" if path.endswith(b"metaserver") else b"")
+                for data in bodies:
+                    reply = await raw(c.port, method + b" " + target + (
+                        b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\nConnection: close\r\n"
+                        b"Authorization: Bearer %s\r\n\r\n%s" % (len(data), key.encode(), data)
+                    ))  # fmt: skip
+                    status = int(reply.split(b" ", 2)[1]) if reply else 0
+                    assert 200 <= status < 500, (method, path, data[:60], reply[:300])
+                    answered.append(status)
+        assert len(answered) == len(routes) * len(bodies) > 500
+        assert not [r for r in caplog.records if r.exc_info], caplog.text
+
+    run_cluster(t, flow=flow, admin_token=ADMIN, client_key=CLIENT_KEY)
+
+
 def test_protocol_errors_are_json_whatever_the_client_sent() -> None:
     async def t(c: Cluster) -> None:
         head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
