@@ -5,6 +5,7 @@ chunks), at 1, 16 and 128 concurrent streams. Reports medians over repetitions, 
 CPU time per 1,000 requests and, with --profile, where the proxy's CPU goes.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--reps 3] [--duration 2] [--profile]
+        [--client-key]  # the proxy checks a client key and the load sends it
 """
 
 from __future__ import annotations
@@ -50,9 +51,15 @@ def system_busy() -> tuple[float, float]:
     return sum(vals) - idle, sum(vals)
 
 
-def request_bytes(port: int, path: str, body: dict, request_id: str = "") -> bytes:
+# --client-key: the proxy checks a client key, and the load sends it (the gated path)
+CLIENT_KEY = "bench-client-key-0123456789abcdef"
+KEYED = False
+
+
+def request_bytes(port: int, path: str, body: dict, request_id: str = "", auth: str = "") -> bytes:
     data = json.dumps(body, separators=(",", ":")).encode()
     rid = f"X-Request-Id: {request_id}\r\n" if request_id else ""
+    rid += f"Authorization: Bearer {auth}\r\n" if auth else ""
     return (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(data)}\r\n{rid}\r\n"
@@ -164,7 +171,8 @@ async def run_load(
             "stream_options": {"include_usage": True}}  # fmt: skip
     if mode == "proxy":
         conns = [await connect(ports["proxy"]) for _ in range(streams)]
-        req = request_bytes(ports["proxy"], "/v1/completions", body)
+        key = CLIENT_KEY if KEYED else ""
+        req = request_bytes(ports["proxy"], "/v1/completions", body, auth=key)
     else:
         # Exactly what the proxy would send, prepared once: the floor pays no JSON work.
         p_body = dict(body, max_tokens=1, stream=False)
@@ -268,7 +276,7 @@ def start_processes(
         [py, *prof, "-m", "kvpd.proxy", "--port", str(ports["proxy"]),
          "--prefiller-ports", str(ports["prefill"]), "--decoder-ports", str(ports["decode"]),
          "--log-level", "WARNING"],
-        cwd=ROOT,
+        cwd=ROOT, env={**os.environ, **({"KVPD_PROXY_CLIENT_KEY": CLIENT_KEY} if KEYED else {})},
     )  # fmt: skip
     procs.append(proxy)
     wait_http(f"http://127.0.0.1:{ports['proxy']}/health")
@@ -298,6 +306,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=2.0, help="measured seconds per run")
     ap.add_argument("--warmup", type=float, default=0.3)
     ap.add_argument(
+        "--client-key", action="store_true", help="the proxy checks a client key; requests send it"
+    )
+    ap.add_argument(
         "--profile",
         action="store_true",
         help="run the proxy under cProfile (slower) and print its top functions",
@@ -317,6 +328,8 @@ def main() -> None:
     except ImportError:
         print("uvloop not installed: the load generator runs on plain asyncio", file=sys.stderr)
 
+    global KEYED
+    KEYED = args.client_key
     profile_path = tempfile.mktemp(suffix=".prof") if args.profile else None
     load_before = Path("/proc/loadavg").read_text().split()[:3]
     ports, procs = start_processes(profile_path, args.chunk_gap_ms)

@@ -15,11 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpd.bench import metrics, proof
+from kvpd.errors import DeployError
+from kvpd.exec import client_key, nofollow
 from kvpd.plan.value import Plan
 from kvpd.profile.roles import ENGINE_ROLES
 
-# Endpoints are cluster nodes; an http_proxy from the environment must not apply.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# No http_proxy from the environment, no redirects (they would carry the client key elsewhere).
+_OPENER = nofollow.opener()
 # Long enough to span several KV blocks of any engine (block sizes 16..128 tokens).
 _TEXT = (
     "The operators of a disaggregated serving cluster want to know right after start that "
@@ -49,14 +51,22 @@ def prompt(blocks: int = 4) -> str:
 
 
 def send(
-    base_url: str, model: str, text: str, *, max_tokens: int = 4, timeout_s: float = 120.0
+    base_url: str,
+    model: str,
+    text: str,
+    *,
+    max_tokens: int = 4,
+    timeout_s: float = 120.0,
+    key: str = "",
 ) -> int:
-    """POST one completion; the number of generated tokens (raises OSError/ValueError)."""
+    """POST one completion (with the proxy's client `key`, if any); the number of generated
+    tokens (raises OSError/ValueError)."""
     body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0}
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(
-        base_url.rstrip("/") + "/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        base_url.rstrip("/") + "/v1/completions", data=json.dumps(body).encode(), headers=headers
     )
     with _OPENER.open(req, timeout=timeout_s) as resp:
         out = json.loads(resp.read() or b"{}")
@@ -83,11 +93,17 @@ def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
     if not plan.proxy_url:
         return CanaryResult(False, "canary: the plan has no proxy/serving URL to send to.",
                             ["no proxy URL"])  # fmt: skip
+    try:
+        key = client_key.read(plan)
+    except DeployError as e:
+        return CanaryResult(False, f"canary: {e}", [str(e)])
     before = metrics.scrape(tgts, timeout_s=10)
     generated, errors = 0, []
     for _ in range(n):
         try:
-            generated += send(plan.proxy_url, plan.served_model, prompt(), timeout_s=timeout_s)
+            generated += send(
+                plan.proxy_url, plan.served_model, prompt(), timeout_s=timeout_s, key=key
+            )
         except (OSError, ValueError) as e:
             errors.append(f"POST {plan.proxy_url}/v1/completions failed: {_reason(e)}")
     after = metrics.scrape(tgts, timeout_s=10)

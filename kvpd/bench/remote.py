@@ -17,7 +17,9 @@ from kvpd.exec.transport import CommandResult
 from kvpd.plan.value import Plan
 
 # What the client needs in its environment on the host (the rest of this machine's is not sent).
-CLIENT_ENV = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "NO_PROXY", "no_proxy", "HF_TOKEN")
+# OPENAI_API_KEY: the proxy's client key, when the profile sets proxy.client_key_file.
+CLIENT_ENV = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "NO_PROXY", "no_proxy", "HF_TOKEN",
+              "OPENAI_API_KEY")  # fmt: skip
 
 
 class HostService(Protocol):

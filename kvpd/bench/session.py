@@ -15,6 +15,7 @@ from kvpd.bench import metrics as m
 from kvpd.bench.records import BenchRun, Record
 from kvpd.bench.settings import Point, Scenario, Settings
 from kvpd.errors import BenchError, KvpdError, StateError
+from kvpd.exec import client_key
 from kvpd.exec.diagnose import current_run
 from kvpd.exec.health import probe
 from kvpd.exec.service import Deployments
@@ -248,11 +249,15 @@ class Session:
                 "kvpd_protocol": run.protocol,
             },
         )
+        env = runner.client_env(target.tokenizer, target.base_url, result_dir / ".cache")
+        key = client_key.read(target.plan)
+        if key:  # `vllm bench serve` sends OPENAI_API_KEY as its bearer token (env, not argv)
+            env["OPENAI_API_KEY"] = key
         before = m.scrape(target.metrics)
         t0 = time.monotonic()
         out = self.run_client(
             argv,
-            env=runner.client_env(target.tokenizer, target.base_url, result_dir / ".cache"),
+            env=env,
             log=result_dir / f"{stem}.log",
             timeout_s=self.phase_timeout_s,
         )

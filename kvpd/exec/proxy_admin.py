@@ -9,9 +9,10 @@ import urllib.request
 from typing import Any
 
 from kvpd.errors import DeployError
+from kvpd.exec import nofollow
 
-# Endpoints are cluster nodes; an http_proxy from the environment must not apply.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# No http_proxy from the environment, no redirects (they would carry the token elsewhere).
+_OPENER = nofollow.opener()
 
 
 class ProxyAdmin:

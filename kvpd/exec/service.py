@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from kvpd.errors import DeployError, StateError
-from kvpd.exec import admin_token, gather, logs, rolling, supervised
+from kvpd.exec import admin_token, client_key, gather, logs, rolling, supervised
 from kvpd.exec.checks import Check
 from kvpd.exec.container_life import remove_containers, start_containers
 from kvpd.exec.events import Event, EventLog, note_restarts
@@ -147,7 +147,7 @@ class Deployments:
             if not all(c.ok for c in checks):
                 raise PreflightFailed(plan, checks)
         events = self.events(plan.deployment)
-        plan = admin_token.issue(plan, self.store.root)
+        plan = client_key.attach(admin_token.issue(plan, self.store.root))
         try:
             with sigterm_as_interrupt():
                 state = self._executor(reporter).up(plan, profile=profile, refuse_running=False)

@@ -83,7 +83,8 @@ def engine_proc(profile: Profile, group: Group, ep: EnginePlacement, stage: int)
     hw = hardware_of(profile, ep.host)
     host = profile.hosts[ep.host]
     argv = [profile.runtime.vllm, "serve", profile.model.path]
-    argv += ["--host", opts.host or "0.0.0.0", "--port", str(ep.port)]
+    # the host's cluster address, not the guides' 0.0.0.0: no other network reaches the API
+    argv += ["--host", opts.host or host.ip or host.address, "--port", str(ep.port)]
     argv += ["--data-parallel-size", str(group.dp)]
     if group.dp > 1:
         if ep.per_rank:
@@ -290,6 +291,7 @@ def service_procs(profile: Profile) -> list[ProcessDraft]:
 
 
 ADMIN_TOKEN_FILE = "proxy/admin-token"  # relative to the proxy host's run dir
+CLIENT_KEY_FILE = "proxy/client-key"  # `up` copies proxy.client_key_file (exec/client_key.py)
 
 
 def proxy_proc(profile: Profile, engines: list[ProcessDraft], stage: int) -> ProcessDraft | None:
@@ -350,6 +352,7 @@ def _proxy(
         argv += ["--flow", flow, *proxy_timeout_args(px)]
         # The token itself is written by `up` (kvpd/exec/admin_token.py), never in the plan.
         argv += ["--admin-token-file", ADMIN_TOKEN_FILE]
+        argv += ["--client-key-file", CLIENT_KEY_FILE] if px.client_key_file else []
         # On SIGTERM (down, restart) in-flight requests finish; below `down`'s SIGKILL grace.
         argv += ["--shutdown-grace", "15"]
     return ProcessDraft(

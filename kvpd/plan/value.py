@@ -234,6 +234,8 @@ class Plan:
     # launch scripts `up` writes; every serialised form (plan.json, --json, state.json) masks
     # them, and they are never compared or shown.
     secret_values: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    # proxy.client_key_file: where on the controller the proxy's client key is (not the key)
+    client_key_file: str = ""
     log_checks: tuple[LogCheck, ...] = ()
     # Every size the plan derived, with its formula's inputs (kvpd.plan.derived)
     derived: tuple[str, ...] = ()
@@ -267,6 +269,8 @@ class Plan:
                     h.pop(key, None)
         d["sizing"] = self.sizing.to_dict()
         secrets = d.pop("secret_values")
+        if not d["client_key_file"]:  # plans without a client key keep plan.json's old form
+            d.pop("client_key_file")
         for f in d["files"]:
             for s in secrets:
                 f["content"] = f["content"].replace(s, "****")
@@ -307,4 +311,5 @@ class Plan:
             bundle=tuple(BundleUse.from_dict(u) for u in d.get("bundle", ())),
             log_checks=tuple(LogCheck(**c) for c in d.get("log_checks", ())),
             derived=tuple(d.get("derived", ())),
+            client_key_file=d.get("client_key_file", ""),
         )

@@ -28,6 +28,7 @@ from kvpd.profile.kv_schema import Memfabric as Memfabric
 from kvpd.profile.kv_schema import Mooncake as Mooncake
 from kvpd.profile.types import (
     Address,
+    ClientKeyFile,
     Command,
     Env,
     HostList,
@@ -282,9 +283,8 @@ class Proxy(_Model):
     port: int = Field(8000, ge=1, le=65535)
     bind: Address | None = Field(None, description="listen address (default: the host's address)")
     flow: Literal["auto", "prefill-first", "layerwise"] = "auto"
-    impl: Literal["kvpd", "vllm-ascend"] = Field(
-        "kvpd", description="kvpd's proxy or vLLM-Ascend's example proxy script"
-    )
+    impl: Literal["kvpd", "vllm-ascend"] = Field("kvpd", description="kvpd's or vLLM-Ascend's")
+    client_key_file: ClientKeyFile = None
     script: Line | None = Field(None, description="path of the vLLM-Ascend example proxy")
     python: Command = "python"
     # kvpd's proxy only. Unset: its defaults, which wait for prefill and for a decoder's first

@@ -164,6 +164,15 @@ def _relative_file(v: str) -> str:
     return v
 
 
+def _controller_file(v: str | None) -> str | None:
+    if v is None:
+        return v
+    _no_control(v)
+    if not (v.startswith("/") or v.startswith("~/")) or ".." in v.split("/"):
+        raise ValueError(f"{v!r} must be an absolute path (or ~/...) without '..'")
+    return v
+
+
 def _jump(v: str) -> str:
     for hop in v.split(","):
         user, _, rest = hop.strip().rpartition("@")
@@ -218,4 +227,16 @@ NicName = Annotated[str, Field(pattern=NIC)]
 Storage = Annotated[str, AfterValidator(_no_control), AfterValidator(_storage)]
 RelativeFile = Annotated[str, AfterValidator(_no_control), AfterValidator(_relative_file)]
 Jump = Annotated[str, AfterValidator(_jump)]
+# proxy.client_key_file: a file on the controller, read by the commands that need the key
+ClientKeyFile = Annotated[
+    str | None,
+    AfterValidator(_controller_file),
+    Field(
+        description="file on the controller (mode 0600) with the key the proxy's clients must "
+        "send as `Authorization: Bearer <key>` (one line, at least 32 characters); `up` copies "
+        "it to the proxy's host, the canary and `kvpd bench` send it. OPENAI_API_KEY in env "
+        "is another credential: the proxy's key for the engines, used only for clients that "
+        "sent this one (kvpd proxy only)"
+    ),
+]
 JsonData = Annotated[dict[str, Any], AfterValidator(_json_data)]

@@ -1,19 +1,25 @@
 """The admin interface: drain a backend (no new requests; wait, bounded, for its in-flight
-ones) and re-admit it, for rolling restarts; list backends with their addresses.
+ones) and re-admit it, for rolling restarts; list backends with their addresses; reset every
+engine's prefix cache.
 
-Who may call it: with a token configured (--admin-token-file or KVPD_PROXY_ADMIN_TOKEN), only
-requests carrying `Authorization: Bearer <token>`; without one, only clients connecting from
-loopback on the proxy's host. Nothing else the proxy serves shows backend addresses."""
+Who may call it: only requests carrying `Authorization: Bearer <token>` with the token
+configured (--admin-token-file or KVPD_PROXY_ADMIN_TOKEN); without a token the interface is
+off. Being on loopback is no credential (every local user and any page a local browser opens
+is there). Requests with an Origin header (sent by browsers) or, with a body, a content type
+other than application/json are refused, so a web page cannot drive it either. Nothing else
+the proxy serves shows backend addresses."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import json
 from typing import TYPE_CHECKING, Any
 
-from kvpd.proxy.relay import error_body
+from kvpd.proxy.hostpool import fetch
+from kvpd.proxy.relay import Failure, error_body
+from kvpd.proxy.rewrite import parse_body
+from kvpd.proxy.upstream import UpstreamError
 
 if TYPE_CHECKING:
     from kvpd.proxy.backends import Backend, BackendPool
@@ -21,16 +27,13 @@ if TYPE_CHECKING:
     from kvpd.proxy.server import ClientConnection
 
 
-def is_loopback(peer: object) -> bool:
-    """`peer` is a socket's peername; IPv4-mapped IPv6 loopback counts."""
-    if not isinstance(peer, tuple) or not peer:
-        return False
-    try:
-        ip = ipaddress.ip_address(str(peer[0]).split("%", 1)[0])
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return (mapped or ip).is_loopback
+def _json_or_nothing(req: Request) -> bool:
+    """No body and no content type, or a JSON one (a form or text/plain is what a web page
+    can send without asking the browser)."""
+    ctype = req.headers.get(b"content-type")
+    if ctype is None:
+        return not req.body
+    return ctype.split(b";", 1)[0].strip().lower() == b"application/json"
 
 
 class Admin:
@@ -40,8 +43,10 @@ class Admin:
         token: str,
         drain_timeout: float,
         loop: asyncio.AbstractEventLoop,
+        backend_auth: bytes = b"",
     ) -> None:
         self.pools = pools
+        self.backend_auth = backend_auth  # the Authorization line for the engines, if any
         self._expected = f"Bearer {token}".encode() if token else b""
         self.drain_timeout = drain_timeout
         self.loop = loop
@@ -50,32 +55,35 @@ class Admin:
             ("GET", "/admin/backends", self.backends),
             ("POST", "/admin/drain", self.drain),
             ("POST", "/admin/admit", self.admit),
+            ("POST", "/admin/reset_prefix_cache", self.reset_prefix_cache),
         )
+        self.paths = frozenset(path.encode() for _, path, _ in self.routes)
 
     def _allowed(self, client: ClientConnection, req: Request) -> bool:
-        if self._expected:
-            given = req.headers.get(b"authorization", b"")
-            ok = hmac.compare_digest(given, self._expected)
-        else:
-            transport = client.transport
-            ok = transport is not None and is_loopback(transport.get_extra_info("peername"))
-        if not ok:
-            self.refused += 1
+        why = ""
+        if not self._expected:
             why = (
-                "the admin interface needs the proxy's admin token"
-                if self._expected
-                else "the admin interface answers only loopback clients on the proxy's host"
+                "the admin interface is off: start the proxy with --admin-token-file or "
+                "KVPD_PROXY_ADMIN_TOKEN"
             )
+        elif not hmac.compare_digest(req.headers.get(b"authorization", b""), self._expected):
+            why = "the admin interface needs the proxy's admin token"
+        elif b"origin" in req.headers:
+            why = "the admin interface refuses browser requests (an Origin header)"
+        elif not _json_or_nothing(req):
+            why = "the admin interface takes only application/json bodies"
+        if why:
+            self.refused += 1
             client.send_json(403, error_body(why, "forbidden", 403))
-        return ok
+        return not why
 
     def _target(
         self, client: ClientConnection, req: Request
     ) -> tuple[Backend, BackendPool, dict[str, Any]] | None:
         try:
-            payload = json.loads(req.body or b"{}")
+            payload = parse_body(req.body or b"{}")
             name = str(payload["backend"])
-        except (ValueError, KeyError, TypeError):
+        except (Failure, KeyError):
             client.send_json(400, error_body(
                 'expected a JSON body {"backend": "decode-0"}', "bad_request", 400))  # fmt: skip
             return None
@@ -110,7 +118,7 @@ class Admin:
         backend, pool, payload = found
         try:
             timeout = float(payload.get("timeout", self.drain_timeout))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # e.g. a list, "x", 10**400
             timeout = -1.0
         if not 0 <= timeout <= 3600:
             client.send_json(400, error_body("timeout must be 0-3600 seconds", "bad_request", 400))
@@ -131,3 +139,24 @@ class Admin:
         backend, pool, _ = found
         pool.set_draining(backend, False)
         client.send_json(200, json.dumps(self._state(backend, pool)).encode())
+
+    async def reset_prefix_cache(self, client: ClientConnection, req: Request) -> None:
+        """POST /reset_prefix_cache to every engine (with the backend key, if any)."""
+        if not self._allowed(client, req):
+            return
+        backends = [b for p in self.pools for b in p.backends]
+
+        async def one(b: Backend) -> str:
+            try:
+                r = await fetch(
+                    b.pool, b"POST", b"/reset_prefix_cache", b"", 10.0, self.backend_auth
+                )
+            except UpstreamError as e:
+                return str(e)
+            return "" if r.status == 200 else f"{b.name} answered HTTP {r.status}"
+
+        failed = [p for p in await asyncio.gather(*(one(b) for b in backends)) if p]
+        if failed:
+            client.send_json(500, error_body("; ".join(failed), "reset_failed", 500))
+        else:
+            client.send_json(200, b'{"status":"ok"}')

@@ -20,7 +20,7 @@ from kvpd.proxy.layerwise import Layerwise
 from kvpd.proxy.metrics import ProxyMetrics
 from kvpd.proxy.relay import error_body
 from kvpd.proxy.routing import Request, Router
-from kvpd.proxy.server import ClientConnection, Limits, ServerState
+from kvpd.proxy.server import ClientConnection, ClientGate, Limits, ServerState
 from kvpd.proxy.steps import Steps
 from kvpd.proxy.upstream import UpstreamError
 
@@ -45,21 +45,25 @@ class ProxyApp:
         pools = [self.prefillers, self.decoders]
         self.health = HealthChecker(pools, cfg.health_path, cfg.health_interval, cfg.health_timeout)
         router = Router()
-        limits = Limits(cfg.client_timeout, cfg.idle_timeout, cfg.max_connections)
+        limits = Limits(cfg.client_timeout, cfg.idle_timeout, cfg.max_connections,
+                        cfg.max_connections_per_peer, cfg.max_body_bytes,
+                        cfg.max_buffered_bytes)  # fmt: skip
         self.state = ServerState(router, loop, cfg.access_log, limits)
         steps = Steps(cfg, self.prefillers, self.decoders, metrics, loop)
         self.flow = make_flow(
             cfg.flow, steps, metrics, self.state.spawn, cfg.prefill_timeout, cfg.metaserver
         )
-        self.auth = BackendAuth(cfg.api_key)
-        self.admin = Admin(pools, cfg.admin_token, cfg.drain_timeout, loop)
+        self.auth = BackendAuth(cfg.api_key, checks_clients=bool(cfg.client_key))
+        self.admin = Admin(pools, cfg.admin_token, cfg.drain_timeout, loop, self.auth.fixed)
+        # The admin interface and the metaserver check their own credentials.
+        own = self.admin.paths | {path.encode() for _, path, _ in self.flow.routes}
+        self.state.gate = ClientGate(cfg.client_key, cfg.open_path_set, frozenset(own))
         gen = Generation(self.flow, self.auth, metrics, loop)
         router.add_async("POST", "/v1/completions", gen.completions)
         router.add_async("POST", "/v1/chat/completions", gen.chat_completions)
         for method, path, handler in (*self.flow.routes, *self.admin.routes):
             router.add_async(method, path, handler)
         router.add_async("GET", "/v1/models", self.models)
-        router.add_async("POST", "/reset_prefix_cache", self.reset_prefix_cache)
         router.add("GET", "/health", self.health_endpoint)
         router.add("GET", "/healthcheck", self.healthcheck)
         router.add("GET", "/metrics", self.metrics_endpoint)
@@ -157,23 +161,6 @@ class ProxyApp:
         msg = "no backend answered /v1/models: " + ("; ".join(problems) or "none is healthy")
         client.send_json(503, error_body(msg, "no_backend", 503))
 
-    async def reset_prefix_cache(self, client: ClientConnection, req: Request) -> None:
-        extra = self.auth.header(req)
-        backends = self.prefillers.backends + self.decoders.backends
-
-        async def one(b: Backend) -> str:
-            try:
-                r = await fetch(b.pool, b"POST", b"/reset_prefix_cache", b"", 10.0, extra)
-            except UpstreamError as e:
-                return str(e)
-            return "" if r.status == 200 else f"{b.name} answered HTTP {r.status}"
-
-        failed = [p for p in await asyncio.gather(*(one(b) for b in backends)) if p]
-        if failed:
-            client.send_json(500, error_body("; ".join(failed), "reset_failed", 500))
-        else:
-            client.send_json(200, b'{"status":"ok"}')
-
 
 def raise_open_files(max_connections: int) -> tuple[int, int]:
     """Raise the soft open-files limit to the hard one and say if that still cannot hold the
@@ -219,13 +206,14 @@ async def serve(cfg: ProxyConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, app.stopping.set)
     log.info(
-        "kvpd proxy (%s) listening on %s:%d; %s; admin: %s",
+        "kvpd proxy (%s) listening on %s:%d; %s; clients: %s; admin: %s",
         cfg.flow,
         cfg.host,
         app.port,
         " ".join(f"{b.name}={b.pool.address}"
                  for b in app.prefillers.backends + app.decoders.backends),
-        "token required" if cfg.admin_token else "loopback clients only",
+        "client key required" if cfg.client_key else "no client key (open)",
+        "token required" if cfg.admin_token else "off (no token)",
     )  # fmt: skip
     await app.stopping.wait()
     log.info("stopping")

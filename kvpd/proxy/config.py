@@ -2,8 +2,11 @@
 flow, timeouts, health checks, circuit breaker and admin access, validated into one ProxyConfig.
 
 Every default is stated once, on the dataclass field; the argparse flags are built from the
-fields. Secrets (the OpenAI API key, the admin token) are read here, from the environment or a
-file, never from the command line (where any local user could read them in `ps`)."""
+fields. Secrets (the client key, the backend key, the admin token) are read here, from the
+environment or a file, never from the command line (where any local user could read them in
+`ps`). Two keys are kept apart: the client key is what the proxy's own clients must present;
+OPENAI_API_KEY in the proxy's environment is a credential for the backends, which the proxy
+attaches only to requests it has authenticated."""
 
 from __future__ import annotations
 
@@ -12,17 +15,23 @@ import ipaddress
 import os
 import re
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from kvpd.errors import KvpdError
+from kvpd.proxy.http1 import MAX_BODY_BYTES
 
 # mixed: no prefillers; requests are balanced over engines that prefill and decode themselves
 FLOWS = ("prefill-first", "layerwise", "mixed")
 WILDCARD_HOSTS = ("0.0.0.0", "::", "0:0:0:0:0:0:0:0", "")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 ADMIN_TOKEN_ENV = "KVPD_PROXY_ADMIN_TOKEN"
+CLIENT_KEY_ENV = "KVPD_PROXY_CLIENT_KEY"
+BACKEND_KEY_ENV = "OPENAI_API_KEY"
+MIN_SECRET_CHARS = 32  # e.g. `openssl rand -hex 16` or more
+OPEN_PATHS = "/health,/healthcheck,/metrics"
 
 
 class ProxyConfigError(KvpdError):
@@ -72,6 +81,18 @@ class ProxyConfig:
     max_connections: int = _opt(
         8192, "client connections served at once; more are answered 503 and closed", "N"
     )
+    max_connections_per_peer: int = _opt(
+        1024, "client connections one IP address may hold at once; more are answered 503", "N"
+    )
+    max_body_bytes: int = _opt(
+        16 * 1024 * 1024, f"largest request body (at most {MAX_BODY_BYTES}); larger: 413", "N"
+    )
+    max_buffered_bytes: int = _opt(
+        256 * 1024 * 1024,
+        "request body bytes all clients together may have buffered in the proxy; a body "
+        "arriving beyond that is answered 503",
+        "N",
+    )
     max_retries: int = _opt(
         3, "extra attempts on another backend after a connection error or HTTP 5xx", "N"
     )
@@ -89,16 +110,26 @@ class ProxyConfig:
     shutdown_grace: float = _opt(1.0, "on SIGTERM, how long in-flight requests may finish", "S")
     admin_token_file: str = _opt(
         "",
-        f"file holding the admin token (mode 0600; or set {ADMIN_TOKEN_ENV}). With a token, "
-        "/admin/* needs `Authorization: Bearer <token>`; without one, /admin/* answers only "
-        "loopback clients",
+        f"file holding the admin token (mode 0600; or set {ADMIN_TOKEN_ENV}). /admin/* needs "
+        "`Authorization: Bearer <token>`; without a token the admin interface is off",
         "PATH",
+    )
+    client_key_file: str = _opt(
+        "",
+        f"file holding the key clients must send as `Authorization: Bearer <key>` (mode "
+        f"0600; or set {CLIENT_KEY_ENV}); without one the proxy passes each client's own "
+        "Authorization to the backends",
+        "PATH",
+    )
+    open_paths: str = _opt(
+        OPEN_PATHS, "comma-separated paths served without the client key", "PATHS"
     )
     log_level: str = _opt("INFO", "")
     access_log: bool = _opt(False, "log every request (slower)")
-    # Secrets, never flags: read from the environment or --admin-token-file by parse_args.
-    api_key: str = field(default="", repr=False)
+    # Secrets, never flags: read from the environment or the *-file flags by parse_args.
+    api_key: str = field(default="", repr=False)  # for the backends (OPENAI_API_KEY)
     admin_token: str = field(default="", repr=False)
+    client_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         problems = []
@@ -125,9 +156,20 @@ class ProxyConfig:
         for name in ("max_retries", "shutdown_grace", "prefill_timeout", "first_byte_timeout"):
             if getattr(self, name) < 0:
                 problems.append(f"--{name.replace('_', '-')} must be >= 0")
-        for name in ("max_connections", "breaker_failures"):
+        for name in ("max_connections", "breaker_failures", "max_connections_per_peer",
+                     "max_body_bytes", "max_buffered_bytes"):  # fmt: skip
             if getattr(self, name) < 1:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1")
+        if self.max_body_bytes > MAX_BODY_BYTES:
+            problems.append(f"--max-body-bytes must be <= {MAX_BODY_BYTES}")
+        problems += _path_problems(self.open_paths)
+        if self.api_key and not self.client_key:
+            problems.append(
+                f"{BACKEND_KEY_ENV} is set: it is a credential for the backends, and without a "
+                "client key the proxy would attach it to every request, from anyone. Give the "
+                f"proxy the key its clients send (--client-key-file PATH or {CLIENT_KEY_ENV}), "
+                f"or unset {BACKEND_KEY_ENV} to pass each client's own key to the backends"
+            )
         if self.log_level not in LOG_LEVELS:
             problems.append(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
         if self.flow == "layerwise" and not self.metaserver_url and self.host in WILDCARD_HOSTS:
@@ -146,6 +188,10 @@ class ProxyConfig:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1/metaserver"
 
+    @property
+    def open_path_set(self) -> frozenset[bytes]:
+        return frozenset(p.strip().encode() for p in self.open_paths.split(",") if p.strip())
+
     def with_port(self, port: int) -> ProxyConfig:
         return replace(self, port=port)
 
@@ -162,6 +208,11 @@ def _host_problem(host: str) -> str:
     return ""
 
 
+def _path_problems(paths: str) -> list[str]:
+    bad = [p for p in paths.split(",") if p.strip() and not re.fullmatch(r"/[!-~]*", p.strip())]
+    return [f"--open-paths: {p.strip()!r} is not a path (e.g. /health)" for p in bad]
+
+
 def _port_problem(port: int) -> str:
     return "" if 0 <= port <= 65535 else f"port {port} is outside 0-65535"
 
@@ -176,27 +227,48 @@ def _pairs(role: str, hosts: list[str], ports: list[int]) -> tuple[tuple[str, in
     return tuple(zip(hosts, ports, strict=True))
 
 
-def read_admin_token(path: str) -> str:
-    """The token from a file that only its owner can read (the launcher writes it 0600)."""
+def read_secret_file(flag: str, path: str) -> str:
+    """A token or key from a file that only its owner can read (the launcher writes it 0600)."""
     p = Path(path)
     try:
         mode = p.stat().st_mode
-        token = p.read_text().strip()
-    except OSError as e:
-        raise ProxyConfigError(
-            f"--admin-token-file {path}: cannot read it ({e.strerror or e})"
-        ) from None
+        secret = p.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        raise ProxyConfigError(f"{flag} {path}: cannot read it ({why})") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ProxyConfigError(
-            f"--admin-token-file {path}: mode {stat.S_IMODE(mode):04o} lets other users read "
-            f"the token; run `chmod 600 {path}`"
+            f"{flag} {path}: mode {stat.S_IMODE(mode):04o} lets other users read "
+            f"it; run `chmod 600 {path}`"
         )
-    if len(token) < 16 or any(c.isspace() or not c.isprintable() for c in token):
-        raise ProxyConfigError(
-            f"--admin-token-file {path}: the token must be one line of at least 16 printable "
-            "characters without spaces (e.g. from `openssl rand -hex 32`)"
+    problem = secret_problem(secret)
+    if problem:
+        raise ProxyConfigError(f"{flag} {path}: {problem}")
+    return secret
+
+
+def read_admin_token(path: str) -> str:
+    return read_secret_file("--admin-token-file", path)
+
+
+def secret_problem(secret: str) -> str:
+    """Why `secret` cannot be a token or key ("" = it can)."""
+    if len(secret) < MIN_SECRET_CHARS or any(c.isspace() or not c.isprintable() for c in secret):
+        return (
+            f"it must be one line of at least {MIN_SECRET_CHARS} printable characters "
+            "without spaces (e.g. from `openssl rand -hex 32`)"
         )
-    return token
+    return ""
+
+
+def _secret(env: Mapping[str, str], flag: str, path: str, name: str) -> str:
+    if path:
+        return read_secret_file(flag, path)
+    value = env.get(name, "").strip()
+    problem = secret_problem(value) if value else ""
+    if problem:
+        raise ProxyConfigError(f"{name} (environment): {problem}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
             "with max_tokens=1, then decode with its kv_transfer_params. layerwise: decode "
             "first; the decoder calls /v1/metaserver, which starts the prefill. mixed: "
             "balance over engines that do both (no prefillers). OPENAI_API_KEY, if set, is "
-            "sent to the backends as a bearer token."
+            "a credential for the backends: the proxy sends it to them as a bearer token, "
+            "only for clients that presented the client key."
         ),
     )
     d = ProxyConfig()  # the defaults
@@ -247,12 +320,13 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> ProxyC
     prefillers = _pairs("prefiller", ns.pop("prefiller_hosts"), ns.pop("prefiller_ports"))
     decoders = _pairs("decoder", ns.pop("decoder_hosts"), ns.pop("decoder_ports"))
     ns["log_level"] = ns["log_level"].upper()
-    path = ns["admin_token_file"]
-    token = read_admin_token(path) if path else env.get(ADMIN_TOKEN_ENV, "").strip()
+    token = _secret(env, "--admin-token-file", ns["admin_token_file"], ADMIN_TOKEN_ENV)
+    key = _secret(env, "--client-key-file", ns["client_key_file"], CLIENT_KEY_ENV)
     return ProxyConfig(
         prefillers=prefillers,
         decoders=decoders,
-        api_key=env.get("OPENAI_API_KEY", ""),
+        api_key=env.get(BACKEND_KEY_ENV, ""),
         admin_token=token,
+        client_key=key,
         **ns,
     )

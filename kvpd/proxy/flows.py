@@ -3,12 +3,14 @@
 
 - prefill-first: prefill with max_tokens=1, then decode with the returned kv_transfer_params;
 - mixed: straight to an engine that does both;
-- layerwise (decode first, kvpd/proxy/layerwise.py)."""
+- layerwise (decode first, kvpd/proxy/layerwise.py).
+
+Every flow sends backends only bodies the proxy encoded from the parsed client body, with the
+proxy-reserved fields removed (kvpd.proxy.rewrite.client_body): never the client's raw bytes."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import Callable, Coroutine
@@ -18,8 +20,9 @@ from kvpd.proxy.layerwise import Layerwise
 from kvpd.proxy.relay import Failure
 from kvpd.proxy.rewrite import (
     PREFILL_KV_PARAMS,
+    client_body,
     decode_tokens,
-    dumps,
+    encode,
     estimate_prompt_tokens,
     prefill_request_body,
 )
@@ -52,15 +55,14 @@ class PrefillFirst:
         client, req, body, extra = call.client, call.req, call.body, call.extra
         prompt_tokens = estimate_prompt_tokens(body)
         p_body = prefill_request_body(body, dict(PREFILL_KV_PARAMS))
-        answer = await self.steps.prefill(req.path, dumps(p_body).encode(), prompt_tokens, extra)
+        answer = await self.steps.prefill(req.path, encode(p_body), prompt_tokens, extra)
         kv = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
         if kv:
-            body["kv_transfer_params"] = kv
-            d_data = dumps(body).encode()
+            d_data = encode(dict(body, kv_transfer_params=kv))
         else:
             # e.g. ExampleConnector: the KV travels through shared storage, nothing to forward.
             self.metrics.prefill_without_params += 1
-            d_data = req.body
+            d_data = encode(body)
         tokens = decode_tokens(body, prompt_tokens)
         ok = await self.steps.decode(client, req, d_data, tokens, extra, call.request_id)
         if kv and ok:
@@ -76,7 +78,7 @@ class Mixed:
     async def handle(self, call: GenerationCall) -> None:
         tokens = decode_tokens(call.body, estimate_prompt_tokens(call.body))
         await self.steps.decode(
-            call.client, call.req, call.req.body, tokens, call.extra, call.request_id
+            call.client, call.req, encode(call.body), tokens, call.extra, call.request_id
         )
 
 
@@ -96,14 +98,23 @@ def make_flow(
 
 
 class BackendAuth:
-    """The Authorization header sent to backends: OPENAI_API_KEY as a bearer token if the
-    proxy was given one, else the client's own."""
+    """The Authorization header sent to backends. A proxy that checks a client key (the
+    client gate ran before any handler) sends its backend key (OPENAI_API_KEY) or nothing:
+    the client key is the proxy's credential, never the backends'. A proxy without a client
+    key passes each client's own Authorization on (the engines' VLLM_API_KEY decides); the
+    configuration refuses a backend key without a client key, which would serve anyone."""
 
-    def __init__(self, api_key: str) -> None:
+    def __init__(self, api_key: str, checks_clients: bool) -> None:
         self._fixed = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
+        self._pass_on = not checks_clients
+
+    @property
+    def fixed(self) -> bytes:
+        """The backend key's header line (b"" without one), for the proxy's own calls."""
+        return self._fixed
 
     def header(self, req: Request) -> bytes:
-        if self._fixed:
+        if self._fixed or not self._pass_on:
             return self._fixed
         given = req.headers.get(b"authorization")
         return b"" if given is None else b"Authorization: " + given + b"\r\n"
@@ -136,12 +147,7 @@ class Generation:
         m.inflight += 1
         request_id = ""
         try:
-            try:
-                body = json.loads(req.body)
-                if not isinstance(body, dict):
-                    raise ValueError("the body must be a JSON object")
-            except ValueError as e:
-                raise Failure(400, "bad_request", f"invalid JSON body: {e}") from None
+            body = client_body(req.body)
             request_id = os.urandom(16).hex()
             extra = b"X-Request-Id: " + request_id.encode() + b"\r\n" + self.auth.header(req)
             await self.flow.handle(GenerationCall(client, req, body, route, request_id, extra))

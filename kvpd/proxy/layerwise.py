@@ -1,11 +1,18 @@
 """The decode-first layerwise flow (vLLM-Ascend's metaserver flow): the decoder gets the request
 first and calls POST /v1/metaserver with its KV destination; that call dispatches the prefill
-and is answered only when the prefill is done."""
+and is answered only when the prefill is done.
+
+Only the decoder of a request may report it to the metaserver: the URL the proxy gives it in
+kv_transfer_params carries a token made for that request (`?token=...`), and a report without
+the request's token is refused 403. The token travels only from the proxy to that decoder,
+inside the body the proxy encodes; even if it came back to the client, it would open no other
+request."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import hmac
+import secrets
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +20,9 @@ from kvpd.proxy.relay import DecodeRelay, Failure, error_body
 from kvpd.proxy.rewrite import (
     child_request_ids,
     decode_tokens,
-    dumps,
+    encode,
     estimate_prompt_tokens,
+    parse_body,
     prefill_request_body,
 )
 
@@ -29,7 +37,7 @@ class LayerwiseRecord:
     """A decode-first request waiting for its decoder to call /v1/metaserver."""
 
     __slots__ = ("request_id", "path", "body", "children", "params", "done", "dispatched",
-                 "relay", "extra", "tokens")  # fmt: skip
+                 "relay", "extra", "tokens", "token")  # fmt: skip
 
     def __init__(
         self,
@@ -51,6 +59,7 @@ class LayerwiseRecord:
         self.done: asyncio.Future[Failure | None] = loop.create_future()
         self.dispatched = False
         self.relay: DecodeRelay | None = None
+        self.token = secrets.token_urlsafe(18)  # the metaserver URL's, for this request only
 
 
 class Layerwise:
@@ -77,7 +86,11 @@ class Layerwise:
         )
 
     def set_metaserver(self, url: str) -> None:
-        self._meta_kv = {"do_remote_decode": False, "do_remote_prefill": True, "metaserver": url}
+        self._meta_url = url + ("&" if "?" in url else "?") + "token="
+
+    def _meta_kv(self, record: LayerwiseRecord) -> dict[str, Any]:
+        url = self._meta_url + record.token
+        return {"do_remote_decode": False, "do_remote_prefill": True, "metaserver": url}
 
     async def handle(self, call: GenerationCall) -> None:
         client, req, body, request_id, extra = (
@@ -88,10 +101,9 @@ class Layerwise:
         record = LayerwiseRecord(
             request_id, req.path, body, children, extra, prompt_tokens, self.loop
         )
+        d_data = encode(dict(body, kv_transfer_params=self._meta_kv(record)))
         for child in children:
             self.records[child] = record
-        d_body = dict(body)
-        d_body["kv_transfer_params"] = self._meta_kv
 
         def on_attempt(relay: DecodeRelay, attempt: int) -> None:
             if attempt:
@@ -102,7 +114,7 @@ class Layerwise:
             await self.steps.decode(
                 client,
                 req,
-                dumps(d_body).encode(),
+                d_data,
                 decode_tokens(body, prompt_tokens),
                 extra,
                 request_id,
@@ -126,10 +138,14 @@ class Layerwise:
     async def metaserver(self, client: ClientConnection, req: Request) -> None:
         """POST /v1/metaserver from a decoder: dispatch the prefill once every child id has
         reported, and answer only when it is done."""
+        given = _token_of(req.query)
+        if not given:
+            self._forbid(client)
+            return
         try:
-            payload = json.loads(req.body)
+            payload = parse_body(req.body)
             child = str(payload["request_id"])
-        except (ValueError, KeyError, TypeError):
+        except (Failure, KeyError):
             client.send_json(400, error_body("expected JSON with request_id", "bad_request", 400))
             return
         record = self.records.get(child)
@@ -142,6 +158,9 @@ class Layerwise:
             client.send_json(
                 404, error_body(f"unknown request id {payload['request_id']}", "not_found", 404)
             )
+            return
+        if not hmac.compare_digest(given, record.token.encode()):
+            self._forbid(client)
             return
         record.params[child] = payload
         done = record.done
@@ -157,6 +176,11 @@ class Layerwise:
         else:
             client.send_json(failure.status if failure.status >= 500 else 502, failure.body)
 
+    def _forbid(self, client: ClientConnection) -> None:
+        self.metrics.failures["metaserver_forbidden"] += 1
+        why = "the metaserver answers only a request's decoder (its URL's token)"
+        client.send_json(403, error_body(why, "forbidden", 403))
+
     async def _prefill(self, record: LayerwiseRecord, done: asyncio.Future[Failure | None]) -> None:
         params = [record.params[c] for c in record.children]
         p_body = prefill_request_body(record.body, dict(params[0]))
@@ -164,9 +188,7 @@ class Layerwise:
             p_body["batch_kv_transfer_params"] = dict(zip(record.children, params, strict=True))
         relay = record.relay
         try:
-            await self.steps.prefill(
-                record.path, dumps(p_body).encode(), record.tokens, record.extra
-            )
+            await self.steps.prefill(record.path, encode(p_body), record.tokens, record.extra)
         except Failure as f:
             if not done.done():
                 done.set_result(f)
@@ -176,3 +198,10 @@ class Layerwise:
         self.metrics.disaggregated += 1
         if not done.done():
             done.set_result(None)
+
+
+def _token_of(query: bytes) -> bytes:
+    for part in query.split(b"&"):
+        if part.startswith(b"token="):
+            return part[6:]
+    return b""

@@ -31,6 +31,7 @@ FAILURE_KINDS = (
     "stream_truncated",
     "client_disconnect",
     "metaserver_unknown",
+    "metaserver_forbidden",
 )
 
 
@@ -112,8 +113,13 @@ class ProxyMetrics:
             family("kvpd_proxy_client_connections", "gauge", "Open client connections.")
             out.append(f"kvpd_proxy_client_connections {len(server.connections)}")
             family("kvpd_proxy_connections_refused_total", "counter",
-                   "Client connections answered 503 because of --max-connections.")  # fmt: skip
+                   "Client connections answered 503 because of --max-connections or "
+                   "--max-connections-per-peer.")  # fmt: skip
             out.append(f"kvpd_proxy_connections_refused_total {server.refused}")
+            family("kvpd_proxy_unauthorized_total", "counter",
+                   "Client requests answered 401 (no or a wrong client key).")  # fmt: skip
+            refused = server.gate.refused if server.gate is not None else 0
+            out.append(f"kvpd_proxy_unauthorized_total {refused}")
             family("kvpd_proxy_connections_timed_out_total", "counter",
                    "Client connections closed for stalling or idling (--client-timeout, "
                    "--idle-timeout).")  # fmt: skip

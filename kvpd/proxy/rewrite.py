@@ -1,4 +1,5 @@
-"""How the proxy rewrites OpenAI request bodies for prefill and decode, and estimates their
+"""How the proxy reads client bodies (untrusted: parsed once, proxy-reserved fields removed,
+re-encoded, never forwarded raw), rewrites them for prefill and decode, and estimates their
 work in tokens for balancing."""
 
 from __future__ import annotations
@@ -6,7 +7,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kvpd.proxy.relay import Failure
+
 dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+# Fields only the proxy may set: they tell engines where KV (or, for encoder caches, EC) comes
+# from and goes to (a client's own would point a decoder at any host, or mix another request's
+# cache into its answer). vLLM also reads the first two from `vllm_xargs` (its extra_args).
+RESERVED_FIELDS = ("kv_transfer_params", "ec_transfer_params", "batch_kv_transfer_params")
 
 PREFILL_KV_PARAMS = {
     "do_remote_decode": True,
@@ -19,12 +27,47 @@ PREFILL_KV_PARAMS = {
 DEFAULT_MAX_TOKENS = 256  # decode work estimate when the request sets no limit
 
 
+def parse_body(raw: bytes, what: str = "body") -> dict[str, Any]:
+    """A client's JSON object, or Failure(400): invalid JSON or UTF-8, nesting too deep for
+    the parser (RecursionError), or anything but an object."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:200]
+        raise Failure(400, "bad_request", f"invalid JSON {what}: {reason}") from None
+    if not isinstance(body, dict):
+        raise Failure(400, "bad_request", f"invalid JSON {what}: it must be an object")
+    return body
+
+
+def client_body(raw: bytes) -> dict[str, Any]:
+    """The generation request a client sent, without the fields only the proxy may set."""
+    body = parse_body(raw)
+    for name in RESERVED_FIELDS:
+        body.pop(name, None)
+    xargs = body.get("vllm_xargs")
+    if isinstance(xargs, dict) and any(name in xargs for name in RESERVED_FIELDS):
+        body["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in RESERVED_FIELDS}
+    return body
+
+
+def encode(body: dict[str, Any]) -> bytes:
+    """A body for a backend, or Failure(400) for what JSON text cannot carry on (a lone
+    surrogate such as "\\ud83d" has no UTF-8 form)."""
+    try:
+        return dumps(body).encode()
+    except (UnicodeEncodeError, RecursionError, ValueError) as e:
+        raise Failure(400, "bad_request", f"the body cannot be re-encoded: {e}"[:300]) from None
+
+
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """Cheap token estimate: token-id lists count exactly, text counts 4 characters a token."""
+    """Cheap token estimate: token-id lists count exactly, text counts 4 characters a token.
+    Total over any JSON: a field of an unexpected type counts as little, never raises."""
     prompt = body.get("prompt")
     if prompt is None:
         chars = 0
-        for message in body.get("messages") or ():
+        messages = body.get("messages")
+        for message in messages if isinstance(messages, list) else ():
             content = message.get("content") if isinstance(message, dict) else None
             if isinstance(content, str):
                 chars += len(content)
@@ -50,7 +93,7 @@ def decode_tokens(body: dict[str, Any], prompt_tokens: int) -> int:
     n = body.get("n") or 1
     try:
         return prompt_tokens + int(limit) * int(n)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # e.g. a list, 1e400, a 5000-digit number
         return prompt_tokens + DEFAULT_MAX_TOKENS
 
 

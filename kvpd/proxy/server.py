@@ -1,13 +1,14 @@
 """The proxy's inbound HTTP/1.1 side: an asyncio Protocol per client connection that parses
 requests strictly (keep-alive, pipelining, Expect: 100-continue, chunked bodies) and hands them
-to routes; one sweeper bounds slow, idle and non-reading clients."""
+to routes once the client gate (kvpd/proxy/serverstate.py) lets them through."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from http import HTTPStatus
+from typing import TYPE_CHECKING
 
 from kvpd.proxy.http1 import (
     MAX_BODY_BYTES,
@@ -18,73 +19,23 @@ from kvpd.proxy.http1 import (
     find_head_end,
     parse_request_head,
 )
-from kvpd.proxy.routing import AsyncHandler, Request, Router
+from kvpd.proxy.relay import error_body
+from kvpd.proxy.routing import AsyncHandler, Request
+from kvpd.proxy.serverstate import FIRST_REQUEST_S, ClientGate, Limits, ServerState
+
+__all__ = ["ClientConnection", "ClientGate", "Limits", "ServerState", "FIRST_REQUEST_S"]
 
 if TYPE_CHECKING:
     from kvpd.proxy.upstream import UpstreamConnection
 
 log = logging.getLogger("kvpd.proxy")
-# On shutdown, how long a connection accepted without a byte yet may take to send its request.
-FIRST_REQUEST_S = 1.0
 
 
-class Limits(NamedTuple):
-    """Client stall and keep-alive idle timeouts (s), and the most connections served at once."""
-
-    client_timeout: float = 30.0
-    idle_timeout: float = 300.0
-    max_connections: int = 0  # 0 = unbounded
-
-
-class ServerState:
-    """What connections share: routes, the loop, limits, open connections, running handlers."""
-
-    def __init__(
-        self,
-        router: Router,
-        loop: asyncio.AbstractEventLoop,
-        access_log: bool = False,
-        limits: Limits | None = None,
-    ) -> None:
-        self.router = router
-        self.loop = loop
-        self.access_log = access_log
-        self.limits = limits or Limits()
-        self.connections: set[ClientConnection] = set()
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.refused = 0  # connections answered 503 because of max_connections
-        self.timed_out = 0  # connections closed by the sweeper
-        self.closing = False  # shutting down: each connection closes after its response
-
-    def serving(self, now: float) -> bool:
-        """Shutting down: a request still runs or arrives on a connection accepted before."""
-        return bool(self.tasks) or any(c.serving(now) for c in self.connections)
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        """A task the server waits for on shutdown (and cancels after the grace period)."""
-        task = self.loop.create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
-
-    async def sweep(self) -> None:
-        """Close clients that stall: a head or body not complete within client_timeout (slow
-        loris), a response not read for client_timeout (its stream is cut so the backend is
-        freed), keep-alive connections idle for idle_timeout."""
-        lim = self.limits
-        period = max(0.01, min(1.0, lim.client_timeout / 4, lim.idle_timeout / 4))
-        while True:
-            await asyncio.sleep(period)
-            now = self.loop.time()
-            for conn in list(self.connections):
-                try:
-                    verdict = conn.stalled(now, lim)
-                    if verdict:
-                        self.timed_out += 1
-                        conn.time_out(verdict)
-                except Exception:  # one bad connection must not stop the sweeps
-                    log.exception("sweeping a client connection failed")
-                    conn.abort()
+def _error(message: str, status: int) -> bytes:
+    """vLLM's error shape, e.g. {"error": {"message": ..., "type": "BadRequestError",
+    "code": 400}}, serialised (never formatted: a message may hold any character)."""
+    kind = HTTPStatus(status).phrase.title().replace(" ", "").replace("-", "") + "Error"
+    return error_body(message, kind, status)
 
 
 class ClientConnection(asyncio.Protocol):
@@ -112,25 +63,31 @@ class ClientConnection(asyncio.Protocol):
         self._chunked: ChunkedReader | None = None
         self._parts: list[bytes] = []
         self._got = 0
+        self._held_bytes = 0  # body bytes this connection counts in state.buffered
+        self._peer = ""  # the client's address, counted in state.per_peer
 
     # --- asyncio callbacks -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         state = self.state
-        limit = state.limits.max_connections
-        if limit and len(state.connections) >= limit:
+        peername = transport.get_extra_info("peername")
+        peer = str(peername[0]) if isinstance(peername, tuple) and peername else ""
+        refusal = state.admit(peer)
+        if refusal:
             state.refused += 1
             self.keep_alive = False
-            transport.write(  # type: ignore[attr-defined]
-                build_response(503, b'{"error":{"message":"too many connections"}}', close=True)
-            )
+            transport.write(build_response(503, _error(refusal, 503), close=True))  # type: ignore[attr-defined]
             transport.close()
             return
+        self._peer = peer
         state.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.state.connections.discard(self)
+        if self in self.state.connections:
+            self.state.connections.discard(self)
+            self.state.release_peer(self._peer)
+        self._release_body()
         cb = self.on_lost
         if cb is not None:
             self.on_lost = None
@@ -195,6 +152,8 @@ class ClientConnection(asyncio.Protocol):
             if self.paused and now - self.since > lim.client_timeout:
                 return "client stopped reading the response"
             return ""
+        if self.fresh:  # not a byte yet: no keep-alive client, the client timeout applies
+            return "no request in time" if now - self.since > lim.client_timeout else ""
         if self._buf or self._req is not None:
             if now - self.since > lim.client_timeout:
                 return "request not received in time"
@@ -206,7 +165,7 @@ class ClientConnection(asyncio.Protocol):
     def time_out(self, why: str) -> None:
         if why == "request not received in time":
             self._reject(408, why)
-        elif why == "idle":
+        elif why in ("idle", "no request in time"):
             self.transport.close()  # type: ignore[union-attr]
         else:
             log.info("dropping a client: %s for %g s", why, self.state.limits.client_timeout)
@@ -233,13 +192,23 @@ class ClientConnection(asyncio.Protocol):
             keep_alive = conn == b"keep-alive"
         path, _, query = head.target.partition(b"?")
         req = Request(head.method, path, query, headers, keep_alive, self.state.loop.time())
+        gate = self.state.gate
+        if gate is not None and not gate.allows(req):
+            # before its body: a client without the key gets no buffer, and the connection
+            # closes (its body, if any, is never read)
+            self._reject(401, "", gate.refusal, b"www-authenticate: Bearer\r\n")
+            return
         rest = buf[end + 4 :]
         self._buf = b""
         if head.length == 0:
             self._dispatch(req, rest)
             return
+        limit = self.state.limits.max_body or MAX_BODY_BYTES
+        if head.length > limit:
+            self._reject(413, f"body larger than {limit} bytes")
+            return
         if head.length < 0:
-            self._chunked = ChunkedReader(collect=True, limit=MAX_BODY_BYTES)
+            self._chunked = ChunkedReader(collect=True, limit=limit)
         self._need = head.length
         self._req = req
         self._parts = []
@@ -252,6 +221,13 @@ class ClientConnection(asyncio.Protocol):
     def _body_data(self, data: bytes) -> None:
         req = self._req
         assert req is not None
+        state = self.state
+        cap = state.limits.max_buffered
+        if cap and state.buffered + len(data) > cap:
+            self._reject(503, "the proxy is buffering too many request bodies; retry later")
+            return
+        state.buffered += len(data)
+        self._held_bytes += len(data)
         chunked = self._chunked
         if chunked is not None:
             try:
@@ -294,16 +270,16 @@ class ClientConnection(asyncio.Protocol):
             except Exception:  # one bad request must not kill the server
                 log.exception("handler for %s failed", req.path.decode(errors="replace"))
                 if not self.response_started:
-                    self.send_json(500, b'{"error":{"message":"internal proxy error"}}')
+                    self.send_json(500, _error("internal proxy error", 500))
             return
         ahandler = router.async_.get(key)
         if ahandler is not None:
             self.task = self.state.spawn(self._run(ahandler, req))
             return
         if req.path in router.paths:
-            self.send_json(405, b'{"error":{"message":"method not allowed"}}')
+            self.send_json(405, _error("method not allowed", 405))
         else:
-            self.send_json(404, b'{"error":{"message":"not found"}}')
+            self.send_json(404, _error("not found", 404))
 
     async def _run(self, handler: AsyncHandler, req: Request) -> None:
         try:
@@ -314,7 +290,7 @@ class ClientConnection(asyncio.Protocol):
         except Exception:
             log.exception("handler for %s failed", req.path.decode(errors="replace"))
             if not self.response_started and not self.closed:
-                self.send_json(500, b'{"error":{"message":"internal proxy error"}}')
+                self.send_json(500, _error("internal proxy error", 500))
             else:
                 self.abort()
         if self.state.access_log:
@@ -325,14 +301,16 @@ class ClientConnection(asyncio.Protocol):
                 (self.state.loop.time() - req.started) * 1e3,
             )
 
-    def _reject(self, status: int, message: str) -> None:
+    def _reject(self, status: int, message: str, body: bytes = b"", extra: bytes = b"") -> None:
+        """Answer `status` and close, whatever else the client has sent or will send."""
         self.keep_alive = False
         self._req = None
         self._chunked = None
         self._buf = b""
-        body = b'{"error":{"message":"%s"}}' % message.encode()
+        self._release_body()
+        body = body or _error(message, status)
         if self.transport is not None and not self.closed:
-            self.transport.write(build_response(status, body, close=True))
+            self.transport.write(build_response(status, body, b"application/json", extra, True))
             self.transport.close()
 
     # --- responding --------------------------------------------------------------------------
@@ -350,8 +328,14 @@ class ClientConnection(asyncio.Protocol):
         )
         self.finish()
 
+    def _release_body(self) -> None:
+        if self._held_bytes:
+            self.state.buffered -= self._held_bytes
+            self._held_bytes = 0
+
     def finish(self) -> None:
         """The current response is complete: close, or serve the next pipelined request."""
+        self._release_body()
         self.busy = False
         self.relay = None
         self.on_lost = None

@@ -116,6 +116,8 @@ def run_cluster(
     asyncio.run(main())
 
 
+CLIENT_KEY = "client-key-0123456789abcdef-0123456789"
+CLIENT_AUTH = {"Authorization": f"Bearer {CLIENT_KEY}"}
 COMPLETION = {
     "model": "fake",
     "prompt": "Hello there, how are you?",

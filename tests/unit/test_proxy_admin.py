@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kvpd.proxy.admin import is_loopback
 from kvpd.proxy.app import raise_open_files
-from kvpd.proxy.config import ADMIN_TOKEN_ENV, ProxyConfigError, parse_args
-from tests.unit.proxy_cluster import COMPLETION, Cluster, run_cluster
+from kvpd.proxy.config import ADMIN_TOKEN_ENV, CLIENT_KEY_ENV, ProxyConfigError, parse_args
+from tests.unit.proxy_cluster import CLIENT_AUTH, CLIENT_KEY, COMPLETION, Cluster, run_cluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,34 +78,29 @@ def test_drain_is_bounded_and_names_are_checked() -> None:
         stuck = asyncio.ensure_future(c.call("POST", "/v1/completions", COMPLETION))
         while not c.app.decoders.backends[0].inflight:
             await asyncio.sleep(0.005)
-        # no token configured: a loopback client may administer
-        r = await c.call("POST", "/admin/drain", {"backend": "decode-0", "timeout": 0.2})
+        drain = {"backend": "decode-0", "timeout": 0.2}
+        r = await c.call("POST", "/admin/drain", drain, headers=AUTH)
         assert r.status == 200 and r.json()["drained"] is False and r.json()["inflight"] == 1
-        r = await c.call("POST", "/admin/drain", {"backend": "decode-9"})
+        r = await c.call("POST", "/admin/drain", {"backend": "decode-9"}, headers=AUTH)
         assert r.status == 404 and "decode-0" in r.json()["error"]["message"]
-        assert (await c.call("POST", "/admin/drain", {"nope": 1})).status == 400
-        bad = {"backend": "decode-0", "timeout": -1}
-        assert (await c.call("POST", "/admin/drain", bad)).status == 400
-        r = await c.call("POST", "/admin/admit", {"backend": f"127.0.0.1:{c.d[0].port}"})
+        assert (await c.call("POST", "/admin/drain", {"nope": 1}, headers=AUTH)).status == 400
+        for timeout in (-1, 10**400, [1], "x"):
+            bad = {"backend": "decode-0", "timeout": timeout}
+            assert (await c.call("POST", "/admin/drain", bad, headers=AUTH)).status == 400
+        by_address = {"backend": f"127.0.0.1:{c.d[0].port}"}
+        r = await c.call("POST", "/admin/admit", by_address, headers=AUTH)
         assert r.status == 200 and r.json()["backend"] == "decode-0"  # address works too
         stuck.cancel()
 
-    run_cluster(t)
-
-
-def test_loopback_detection() -> None:
-    assert is_loopback(("127.0.0.1", 5)) and is_loopback(("127.8.9.1", 5))
-    assert is_loopback(("::1", 5, 0, 0)) and is_loopback(("::ffff:127.0.0.1", 5, 0, 0))
-    assert not is_loopback(("10.0.0.1", 5)) and not is_loopback(("::ffff:10.0.0.1", 5, 0, 0))
-    assert not is_loopback(None) and not is_loopback(("not-an-ip", 1))
+    run_cluster(t, admin_token=TOKEN)
 
 
 def test_nothing_else_reveals_backend_addresses_or_secrets() -> None:
     async def t(c: Cluster) -> None:
-        await c.call("POST", "/v1/completions", COMPLETION)
+        await c.call("POST", "/v1/completions", COMPLETION, headers=CLIENT_AUTH)
         await c.d[1].stop()  # errors now mention decode-1
         for _ in range(3):
-            await c.call("POST", "/v1/completions", COMPLETION)
+            await c.call("POST", "/v1/completions", COMPLETION, headers=CLIENT_AUTH)
         await c.app.health.wait_round()
         c.p[0].fail_status = 500
         texts = []
@@ -114,15 +108,16 @@ def test_nothing_else_reveals_backend_addresses_or_secrets() -> None:
                              ("GET", "/v1/models"), ("POST", "/v1/completions"),
                              ("POST", "/reset_prefix_cache"), ("GET", "/nope")):  # fmt: skip
             body = COMPLETION if path == "/v1/completions" else None
-            r = await c.call(method, path, body)
+            r = await c.call(method, path, body, headers=CLIENT_AUTH)
             texts.append(json.dumps(r.headers) + r.body.decode())
         text = "\n".join(texts)
         for b in c.p + c.d:
             assert f":{b.port}" not in text and f"{b.port}," not in text
         assert "decode-1" in text  # the public names are there instead
-        assert TOKEN not in text and "sk-secret" not in text
+        assert TOKEN not in text and "sk-secret" not in text and CLIENT_KEY not in text
 
-    run_cluster(t, n_decode=2, admin_token=TOKEN, api_key="sk-secret", health_interval=0.05)
+    run_cluster(t, n_decode=2, admin_token=TOKEN, api_key="sk-secret", client_key=CLIENT_KEY,
+                health_interval=0.05)  # fmt: skip
 
 
 # --- secrets and options -----------------------------------------------------------------------
@@ -130,9 +125,10 @@ def test_admin_token_from_a_private_file_or_the_environment(tmp_path: Path) -> N
     f = tmp_path / "token"
     f.write_text(TOKEN + "\n")
     f.chmod(0o600)
-    cfg = parse_args(["--admin-token-file", str(f)], environ={"OPENAI_API_KEY": "sk-x"})
-    assert cfg.admin_token == TOKEN and cfg.api_key == "sk-x"
-    assert TOKEN not in repr(cfg) and "sk-x" not in repr(cfg)
+    env = {"OPENAI_API_KEY": "sk-x", CLIENT_KEY_ENV: CLIENT_KEY}
+    cfg = parse_args(["--admin-token-file", str(f)], environ=env)
+    assert cfg.admin_token == TOKEN and cfg.api_key == "sk-x" and cfg.client_key == CLIENT_KEY
+    assert TOKEN not in repr(cfg) and "sk-x" not in repr(cfg) and CLIENT_KEY not in repr(cfg)
     assert parse_args([], environ={ADMIN_TOKEN_ENV: TOKEN}).admin_token == TOKEN
     assert parse_args([], environ={}).admin_token == ""
 
@@ -141,7 +137,7 @@ def test_admin_token_from_a_private_file_or_the_environment(tmp_path: Path) -> N
         parse_args(["--admin-token-file", str(f)], environ={})
     f.chmod(0o600)
     f.write_text("short")
-    with pytest.raises(ProxyConfigError, match="at least 16 printable"):
+    with pytest.raises(ProxyConfigError, match="at least 32 printable"):
         parse_args(["--admin-token-file", str(f)], environ={})
     with pytest.raises(ProxyConfigError, match="cannot read it"):
         parse_args(["--admin-token-file", str(tmp_path / "missing")], environ={})

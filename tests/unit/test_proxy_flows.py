@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
-from tests.unit.proxy_cluster import CHAT, COMPLETION, PREFILL_KV, Cluster, run_cluster
+from tests.unit.proxy_cluster import (
+    CHAT,
+    CLIENT_AUTH,
+    CLIENT_KEY,
+    COMPLETION,
+    PREFILL_KV,
+    Cluster,
+    run_cluster,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -88,13 +97,17 @@ def test_chat_streaming_and_keep_alive_pipelining() -> None:
 
 
 def test_authorization_from_openai_api_key() -> None:
+    """The backend key goes to the backends only for clients with the client key; the client
+    key itself never reaches a backend."""
+
     async def t(c: Cluster) -> None:
-        r = await c.call("POST", "/v1/completions", COMPLETION, headers={"Authorization": "x"})
+        r = await c.call("POST", "/v1/completions", COMPLETION, headers=CLIENT_AUTH)
         assert r.status == 200
         assert c.p[0].requests[0][1][b"authorization"] == b"Bearer sk-test"
         assert c.d[0].requests[0][1][b"authorization"] == b"Bearer sk-test"
+        assert CLIENT_KEY.encode() not in repr(c.p[0].requests + c.d[0].requests).encode()
 
-    run_cluster(t, api_key="sk-test")
+    run_cluster(t, api_key="sk-test", client_key=CLIENT_KEY)
 
 
 def test_client_authorization_forwarded_without_key() -> None:
@@ -393,9 +406,13 @@ def test_health_endpoints_and_models() -> None:
         assert models.status == 200 and models.json()["data"][0]["owned_by"] == "decode"
         assert (await c.call("GET", "/nope")).status == 404
         assert (await c.call("GET", "/v1/completions")).status == 405
-        assert (await c.call("POST", "/reset_prefix_cache")).status == 200
+        # the engines' prefix caches are the admin interface's (it fans out to every engine)
+        assert (await c.call("POST", "/reset_prefix_cache")).status == 404
+        admin = {"Authorization": "Bearer " + "t" * 32}
+        assert (await c.call("POST", "/admin/reset_prefix_cache", headers=admin)).status == 200
+        assert (await c.call("POST", "/admin/reset_prefix_cache")).status == 403
 
-    run_cluster(t)
+    run_cluster(t, admin_token="t" * 32)
 
 
 def test_metrics_counters() -> None:
@@ -431,7 +448,7 @@ def test_layerwise_streaming_dispatches_prefill_from_metaserver() -> None:
         assert d_body["kv_transfer_params"] == {
             "do_remote_decode": False,
             "do_remote_prefill": True,
-            "metaserver": f"http://127.0.0.1:{c.port}/v1/metaserver",
+            "metaserver": f"http://127.0.0.1:{c.port}/v1/metaserver?token={token(d_body)}",
         }
         assert d_body["stream"] is True and d_body["max_tokens"] == 8
         ((_, p_headers, p_body),) = c.p[0].requests
@@ -491,11 +508,18 @@ def test_layerwise_failed_prefill_is_502_and_decoder_released() -> None:
     run_cluster(t, flow="layerwise", max_retries=0)
 
 
+def token(d_body: dict[str, Any]) -> str:
+    """The request's own token in the metaserver URL the proxy gave its decoder."""
+    url = str(d_body["kv_transfer_params"]["metaserver"])
+    return url.rpartition("?token=")[2]
+
+
 def test_metaserver_unknown_id_is_404() -> None:
     async def t(c: Cluster) -> None:
-        r = await c.call("POST", "/v1/metaserver", {"request_id": "cmpl-nope-0"})
+        meta = "/v1/metaserver?token=any"
+        r = await c.call("POST", meta, {"request_id": "cmpl-nope-0"})
         assert r.status == 404
-        r = await c.call("POST", "/v1/metaserver", {"no": "id"})
+        r = await c.call("POST", meta, {"no": "id"})
         assert r.status == 400
 
     run_cluster(t, flow="layerwise")

@@ -146,10 +146,27 @@ def test_slow_loris_head_times_out_and_idle_connections_close() -> None:
         assert (await c.call("GET", "/health")).status == 200
 
         reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await reader.readuntil(b'{"status":"ok"}')).startswith(b"HTTP/1.1 200")
+        await asyncio.sleep(1.0)  # kept alive past the client timeout, until idle
+        assert not reader.at_eof()
         assert await asyncio.wait_for(reader.read(), 10) == b""  # idle: closed quietly
         writer.close()
 
-    run_cluster(t, client_timeout=0.5, idle_timeout=1.0)
+    run_cluster(t, client_timeout=0.5, idle_timeout=2.0)
+
+
+def test_a_connection_that_never_sends_a_byte_gets_the_client_timeout_not_the_idle_one() -> None:
+    """It is no keep-alive client yet: it must not hold its slot for the idle timeout."""
+
+    async def t(c: Cluster) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed quietly
+        writer.close()
+        assert asyncio.get_running_loop().time() - started < 3.5  # 0.5 s timeout, generous
+
+    run_cluster(t, client_timeout=0.5, idle_timeout=300.0)
 
 
 def test_a_flood_of_pipelined_requests_is_not_buffered_without_bound() -> None:

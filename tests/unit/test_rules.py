@@ -473,13 +473,25 @@ def test_nixl_side_channel_clash_is_reported() -> None:
 
 
 def test_secrets_are_in_the_launch_script_but_never_serialised() -> None:
-    p = plan("local", "env.OPENAI_API_KEY=sk-very-secret", "proxy.port=18001")
+    p = plan("local", "env.OPENAI_API_KEY=sk-very-secret", "proxy.port=18001",
+             "proxy.client_key_file=/srv/kvpd/client-key")  # fmt: skip
     script = file(p, "localhost", "proxy/launch.sh")
     assert "sk-very-secret" in script  # the process needs it
     assert next(f.mode for f in p.files if f.path == "proxy/launch.sh") == 0o700
     assert "sk-very-secret" not in p.to_json()  # plan.json, --json and state.json
     assert dict(p.process("proxy").env)["OPENAI_API_KEY"] == "****"
     assert "sk-very-secret" not in repr(p)
+
+
+def test_engines_bind_their_hosts_cluster_address_by_default() -> None:
+    """Not 0.0.0.0: every other network of the host (a public one, a container bridge) would
+    reach the engine's API. `engine.host` still chooses another address."""
+    p = plan("layerwise-sparse-1p1d")
+    for name, address in (("prefill-0", "192.168.20.1"), ("decode-0", "192.168.20.2")):
+        argv = p.process(name).command
+        assert argv[argv.index("--host") + 1] == address
+    argv = plan("layerwise-sparse-1p1d", "engine.host=0.0.0.0").process("decode-0").command
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
 
 
 def test_dev_shm_is_required_only_for_ucm_share_buffers_per_dp_rank() -> None:

@@ -15,6 +15,25 @@ WILDCARDS = ("0.0.0.0", "::", "0:0:0:0:0:0:0:0")
 LAYERWISE_DECODE = frozenset({"sfa_d2h", "mooncake_layerwise"})
 
 
+def _client_key(c: Checker) -> None:
+    """The proxy's two keys: the backend key (OPENAI_API_KEY) is sent to the engines for the
+    proxy's clients, so it needs the client key that says who they are."""
+    px = c.p.proxy
+    assert px is not None
+    if px.impl == "vllm-ascend" and px.client_key_file:
+        c.err(("proxy", "client_key_file"),
+              "vLLM-Ascend's example proxy cannot check a client key; use kvpd's proxy "
+              "(impl: kvpd) or remove client_key_file.", on_hardware=True)  # fmt: skip
+    if px.impl == "kvpd" and c.p.env.get("OPENAI_API_KEY") and not px.client_key_file:
+        c.err(
+            ("env", "OPENAI_API_KEY"),
+            "OPENAI_API_KEY gives the proxy a key for the engines, which it would send for "
+            "anyone who reaches it. Set proxy.client_key_file to a file (mode 0600, one line "
+            "of at least 32 characters) with the key your clients send, or remove "
+            "OPENAI_API_KEY to pass each client's own key to the engines (VLLM_API_KEY).",
+        )
+
+
 def rule_proxy(c: Checker) -> None:
     px = c.p.proxy
     if px is None:
@@ -27,6 +46,7 @@ def rule_proxy(c: Checker) -> None:
                 f"remove proxy.{name} or use kvpd's proxy (impl: kvpd).",
                 on_hardware=True,
             )
+    _client_key(c)
     flow = c.f.proxy_flow
     d = c.f.group("decode")
     bind = px.bind

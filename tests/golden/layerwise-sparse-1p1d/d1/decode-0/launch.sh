@@ -17,7 +17,7 @@ export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
 export PYTHONPATH="$PWD"/bundle/engine${PYTHONPATH:+:"$PYTHONPATH"}
 
 exec vllm serve /models/GLM-5.1-w8a8 \
-    --host 0.0.0.0 \
+    --host 192.168.20.2 \
     --port 8200 \
     --data-parallel-size 1 \
     --tensor-parallel-size 16 \

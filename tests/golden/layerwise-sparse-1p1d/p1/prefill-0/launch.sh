@@ -16,7 +16,7 @@ export VLLM_HOST_IP=192.168.20.1
 export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15
 
 exec vllm serve /models/GLM-5.1-w8a8 \
-    --host 0.0.0.0 \
+    --host 192.168.20.1 \
     --port 8100 \
     --data-parallel-size 1 \
     --tensor-parallel-size 16 \
