@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
+import kvpd
 from kvpd import ascend_planner_plugin as plugin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,10 +149,10 @@ def bundle_folder(root: Path) -> Path:
     folder.mkdir()
     (folder / "kvpd").symlink_to(REPO / "kvpd")
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    dist = folder / f"kvpd-{meta['version']}.dist-info"
+    dist = folder / f"kvpd-{kvpd.__version__}.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: kvpd\nVersion: {meta['version']}\n"
+        f"Metadata-Version: 2.1\nName: kvpd\nVersion: {kvpd.__version__}\n"
     )
     eps = "".join(
         f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items())
