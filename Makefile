@@ -10,7 +10,7 @@ export KVPD_ENGINE_VENV := $(ENGINE_VENV)
 # the engine's `vllm` must be on PATH for locally launched processes and for `kvpd bench`
 export PATH := $(ENGINE_VENV)/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test test-unit test-e2e lint venv engine model services system-deps aarch64 clean
+.PHONY: demo test test-unit test-e2e lint docs venv engine model services system-deps aarch64 clean
 
 $(VENV)/.stamp: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -64,10 +64,14 @@ test: venv system-deps model services aarch64
 test-e2e: venv system-deps model services
 	$(VENV)/bin/pytest -q -m "e2e or ssh"
 
+# The documentation site (docs/, mkdocs.yml) into site/, failing on any broken link.
+docs: venv
+	$(VENV)/bin/mkdocs build --strict --quiet
+
 lint: venv
 	$(VENV)/bin/ruff check kvpd tests benchmarks
 	$(VENV)/bin/ruff format --check kvpd tests benchmarks
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf .kvpd build *.egg-info
+	rm -rf .kvpd build site *.egg-info
