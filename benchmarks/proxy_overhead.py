@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import pstats
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,17 +24,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvpd.testing.clock import free_port
 from kvpd.testing.termination import stop_on_termination
 
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12  # ~540 characters, ~135 tokens
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def proc_cpu_seconds(pid: int) -> float:

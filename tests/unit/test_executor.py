@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,7 @@ from kvpd.exec.state import DeploymentState, StateStore
 from kvpd.exec.status import ProcessStatus
 from kvpd.exec.stop import is_running
 from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.testing.clock import FakeClock, free_port
 
 # The "service": modes via argv. `ok` serves /health 200; `never` answers 503 forever;
 # `fail` prints a known error and exits 1; `stubborn` ignores SIGTERM; every mode appends its
@@ -63,12 +63,6 @@ def down(state: DeploymentState | None, transports: dict, **kw: Any) -> DownResu
 
 def status(state: DeploymentState, transports: dict) -> list[ProcessStatus]:
     return Executor(transports).status(state)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_plan(
@@ -192,17 +186,7 @@ def test_never_healthy_times_out_instantly_with_fake_clock(env) -> None:
     tmp, store, transports, _ = env
     plan = make_plan(tmp / "run", [("svc", 0, "never")], timeout_s=600, interval_s=30)
 
-    class FakeClock:  # fake for the deadline: each sleep advances time without waiting
-        now = 0.0
-
-        def __call__(self) -> float:
-            return self.now
-
-        def sleep(self, s: float) -> None:
-            self.now += s
-            time.sleep(0.01)  # let the real service run a little
-
-    clock = FakeClock()
+    clock = FakeClock(pause_s=0.01)  # each sleep lets the real service run a little
     ex = Executor(transports, store=store, clock=clock, sleep=clock.sleep, grace_s=5)
     with pytest.raises(HealthTimeout) as ei:
         ex.up(plan)

@@ -14,22 +14,10 @@ from kvpd.exec.executor import Executor
 from kvpd.exec.state import StateStore
 from kvpd.exec.transport import CommandResult
 from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
+from kvpd.testing.clock import FakeClock
 from kvpd.testing.transport import FakeProgram, FakeTransport
 
 HOSTS = ("h1", "h2")
-
-
-class FakeClock:
-    """Deadlines without waiting: each sleep advances the clock."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
 
 
 def plan(procs: list[tuple[str, str, int]], *, health: HealthCheck | None = None) -> Plan:

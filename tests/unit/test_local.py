@@ -7,22 +7,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from kvpd.exec.local import LocalTransport, listening_ports, read_stat
 from kvpd.exec.procfs import parse_stat
-
-
-def wait_for(pred, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
+from kvpd.testing.clock import wait_for
 
 
 def test_parse_stat_with_parentheses_in_name() -> None:

@@ -5,7 +5,6 @@ the real transports."""
 from __future__ import annotations
 
 import signal
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,6 +16,7 @@ import pytest
 from kvpd.errors import KvpdError
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.transport import Transport
+from kvpd.testing.clock import free_port, wait_for
 from kvpd.testing.transport import FakeProgram, FakeTransport
 from tests.e2e.conftest import testbed  # noqa: F401  (session fixture, for the ssh case)
 
@@ -36,21 +36,6 @@ class Host:
     workdir: str
     # Tell a fake what `python3 LISTENER port [stubborn]` does; real hosts just run it.
     script: Callable[[FakeProgram], None]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 @pytest.fixture(
