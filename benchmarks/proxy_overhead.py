@@ -252,11 +252,12 @@ def wait_http(url: str, deadline_s: float = 15.0) -> None:
 
 
 def start_processes(
-    profile_path: str | None, chunk_gap_ms: float
-) -> tuple[dict[str, int], list[subprocess.Popen]]:
+    profile_path: str | None, chunk_gap_ms: float, procs: list[subprocess.Popen]
+) -> dict[str, int]:
+    """Start the stand-in backends and the proxy, each appended to `procs` as soon as it runs:
+    the caller's cleanup stops them even when this is interrupted half way."""
     py = sys.executable
     ports = {"prefill": free_port(), "decode": free_port(), "proxy": free_port()}
-    procs = []
     backends = subprocess.Popen(
         [py, "-m", "kvpd.testing.backend", "--prefill-port", str(ports["prefill"]),
          "--decode-port", str(ports["decode"]), "--delay-ms", "20", "--chunks", "16",
@@ -274,7 +275,7 @@ def start_processes(
     )  # fmt: skip
     procs.append(proxy)
     wait_http(f"http://127.0.0.1:{ports['proxy']}/health")
-    return ports, procs
+    return ports
 
 
 def stop_processes(procs: list[subprocess.Popen]) -> None:
@@ -326,9 +327,10 @@ def main() -> None:
     KEYED = args.client_key
     profile_path = tempfile.mktemp(suffix=".prof") if args.profile else None
     load_before = Path("/proc/loadavg").read_text().split()[:3]
-    ports, procs = start_processes(profile_path, args.chunk_gap_ms)
+    procs: list[subprocess.Popen] = []
     rows = []
     try:
+        ports = start_processes(profile_path, args.chunk_gap_ms, procs)
         proxy_pid = procs[1].pid
         for streams in args.streams:
             floor_runs, proxy_runs = [], []
