@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle import CHECK_SH, NODE_SCRIPT, json_lines
+from kvpd.exec.bundle_host import CHECK_SH, NODE_SCRIPT, json_lines
 from kvpd.exec.bundle_result import fix_hint
 from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout

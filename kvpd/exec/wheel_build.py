@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
 import platform
@@ -80,6 +81,35 @@ def record_line(arc: str, data: bytes) -> str:
     return f"{arc},sha256={digest},{len(data)}"
 
 
+def wheel_text(tag: str) -> bytes:
+    """The WHEEL file of a kvpd wheel with this tag (pure when it is py3-none-any)."""
+    purelib = str(tag == "py3-none-any").lower()
+    return f"Wheel-Version: 1.0\nGenerator: kvpd\nRoot-Is-Purelib: {purelib}\nTag: {tag}\n".encode()
+
+
+def with_wheel_files(files: dict[str, bytes], tag: str) -> dict[str, bytes]:
+    """The members plus the WHEEL and the RECORD computed from them."""
+    info = f"{NAME}-{VERSION}.dist-info"
+    out = {**files, f"{info}/WHEEL": wheel_text(tag)}
+    record = [record_line(a, d) for a, d in sorted(out.items())] + [f"{info}/RECORD,,"]
+    out[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    return out
+
+
+def pack(files: dict[str, bytes], tag: str) -> bytes:
+    """The wheel as bytes: the members (without WHEEL and RECORD, which are computed here) in a
+    deterministic zip (sorted entries, fixed timestamps and modes)."""
+    full = with_wheel_files(files, tag)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for arc in sorted(full):
+            zi = zipfile.ZipInfo(arc, EPOCH)
+            zi.external_attr = 0o644 << 16
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(zi, full[arc])
+    return buf.getvalue()
+
+
 def build(src: str, out: str, want_native: bool) -> dict[str, object]:
     work = tempfile.mkdtemp(prefix="kvpd-wheel-")
     try:
@@ -101,22 +131,11 @@ def build(src: str, out: str, want_native: bool) -> dict[str, object]:
         for n in sorted(os.listdir(os.path.join(src, "dist-info"))):
             with open(os.path.join(src, "dist-info", n), "rb") as f:
                 files[f"{info}/{n}"] = f.read()
-        purelib = str(ext is None).lower()
-        wheel_meta = (
-            f"Wheel-Version: 1.0\nGenerator: kvpd\nRoot-Is-Purelib: {purelib}\nTag: {tag}\n"
-        )
-        files[f"{info}/WHEEL"] = wheel_meta.encode()
-        record = [record_line(a, d) for a, d in sorted(files.items())] + [f"{info}/RECORD,,"]
-        files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
         os.makedirs(out, exist_ok=True)
         wheel = os.path.abspath(os.path.join(out, f"{NAME}-{VERSION}-{tag}.whl"))
         tmp = wheel + ".part"
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-            for arc in sorted(files):
-                zi = zipfile.ZipInfo(arc, EPOCH)
-                zi.external_attr = 0o644 << 16
-                zi.compress_type = zipfile.ZIP_DEFLATED
-                z.writestr(zi, files[arc])
+        with open(tmp, "wb") as f:
+            f.write(pack(files, tag))
         os.replace(tmp, wheel)
         with open(wheel, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()

@@ -35,6 +35,8 @@ class HostSpec:
     run_dir: str = ".kvpd/run"  # relative: to the login dir (ssh) or kvpd's cwd (local)
     # Containers (issue 16): this host's processes run inside it (kvpd.plan.container).
     container: ContainerSpec | None = None
+    # Its build of kvpd's node wheel may serve the other hosts of its platform (else only itself)
+    bundle_builder: bool = False
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> HostSpec:
@@ -261,6 +263,8 @@ class Plan:
         for h in d["hosts"]:  # hosts without a container keep plan.json's old form
             if h.get("container") is None:
                 h.pop("container", None)
+            if not h.get("bundle_builder"):
+                h.pop("bundle_builder", None)
         d["sizing"] = self.sizing.to_dict()
         secrets = d.pop("secret_values")
         for f in d["files"]:

@@ -87,19 +87,29 @@ LOCAL = "cpython-311-x86_64-linux-gnu"
 
 
 def test_choose_builds_per_platform() -> None:
+    """A host's build serves only that host unless the host is a `bundle_builder`: then one
+    build (or its cached wheel) serves every host of its platform."""
+    x312, a311, x310 = (f"cpython-{v}-linux-gnu" for v in ("312-x86_64", "311-aarch64", "310-x86_64"))
     missing = {
         LOCAL: [("h1", False), ("h2", True)],
-        "cpython-312-x86_64-linux-gnu": [("h3", False), ("h4", True), ("h5", True), ("h4", True)],
-        "cpython-311-aarch64-linux-gnu": [("a1", False), ("a2", False)],
-        "cpython-310-x86_64-linux-gnu": [("h6", True)],
+        x312: [("h3", False), ("h4", True), ("h5", True), ("h4", True)],
+        a311: [("a1", False), ("a2", False)],
+        x310: [("h6", True), ("h7", False)],
     }
-    got = choose_builds(missing, LOCAL, cached={"cpython-310-x86_64-linux-gnu"})
+    got = choose_builds(missing, LOCAL, cached={(x310, "h6")})
     assert got == {
-        LOCAL: Build("local"),  # the controller's own wheel, even for hosts without compiler
-        "cpython-312-x86_64-linux-gnu": Build("hosts", ("h4", "h5")),  # first able host first
-        "cpython-311-aarch64-linux-gnu": Build("any"),  # no compiler: NumPy fallback
-        "cpython-310-x86_64-linux-gnu": Build("cache"),  # built on a host before
+        (LOCAL, None): Build("local"),  # the controller's own wheel, even without compiler
+        (x312, "h4"): Build("hosts", ("h4",)),  # each able host builds its own
+        (x312, "h5"): Build("hosts", ("h5",)),
+        (x312, None): Build("any"),  # h3: no compiler, no builder: NumPy fallback
+        (a311, None): Build("any"),
+        (x310, "h6"): Build("cache", ("h6",)),  # its own build, from before
+        (x310, None): Build("any"),  # h7 does not get h6's build
     }
+    shared = choose_builds(missing, LOCAL, {(x310, "h6")}, {x312: ("h5",), x310: ("h6",)})
+    assert shared[(x312, None)] == Build("hosts", ("h5",))  # the builder, for h3, h4, h5
+    assert shared[(x310, None)] == Build("cache", ("h6",))  # the builder's cached build
+    assert set(shared) == {(LOCAL, None), (x312, None), (a311, None), (x310, None)}
 
 
 # -- install, verify, reuse on this machine ------------------------------------------------------
@@ -238,7 +248,9 @@ def test_foreign_platform_is_built_on_its_host(tmp_path: Path, monkeypatch) -> N
     )[0]
     assert res.action == "installed" and res.source == "host:here", res.report
     assert res.report["native"]["implementation"] == "native"
-    assert wheels.cached(res.report["platform"]) is not None  # the next host reuses it
+    # cached as that host's own build: its next `up` reuses it, no other host gets it
+    assert wheels.cached(res.report["platform"], built_on="here") is not None
+    assert wheels.cached(res.report["platform"]) is None
     assert not (tmp_path / "run" / "bundle" / f".build-{wheels.source_digest()[:16]}").exists()
 
 
@@ -378,7 +390,7 @@ def test_a_failed_native_build_is_not_retried_on_every_up(
     built or reinstalled."""
     run, plan, t, first = fallback_installed(tmp_path, monkeypatch)
     w = pure()
-    wheels.store(first.report["platform"], w.name, w.path.read_bytes(), False, "build failed")
+    wheels.store(first.report["platform"], w.name, w.path.read_bytes(), False, "failed", "here")
     inst = BundleInstaller(lambda h: t, local_platform="cpython-399-fake")
     res = inst.install(plan, {"here": str(run)})[0]
     assert res.action == "kept" and res.report["digest"] == first.report["digest"], res.report
