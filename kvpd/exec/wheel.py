@@ -183,7 +183,9 @@ def _folder(platform: str, source: str | None, built_on: str | None, create: boo
     controller's and from every other host's."""
     check_platform(platform, allow_any=True)
     parts = ["wheels", (source or source_digest())[:16], platform]
-    if built_on is not None:
+    if built_on is not None:  # a profile host name (kvpd.profile.types.PATH_NAME)
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", built_on):
+            raise wheel_cache.UnsafeCache(f"{built_on!r} cannot name a host in the wheel cache")
         parts.append(f"host-{built_on}")
     return wheel_cache.safe_dir(cache_dir(), *parts, create=create)
 
