@@ -135,8 +135,9 @@ def test_the_cache_refuses_names_and_platforms_that_are_no_plain_component(
 ) -> None:
     w = wheels.build_local(native=False)
     data = w.path.read_bytes()
-    for platform, name in ((str(tmp_path / "abs"), w.name), ("../up", w.name), (FOREIGN, "../x.whl"),
-                           (FOREIGN, "authorized_keys"), (FOREIGN, f"/tmp/{w.name}")):  # fmt: skip
+    bad = [(str(tmp_path / "abs"), w.name), ("../up", w.name), (FOREIGN, "../x.whl")]
+    bad += [(FOREIGN, "authorized_keys"), (FOREIGN, f"/tmp/{w.name}")]
+    for platform, name in bad:
         with pytest.raises((Refused, UnsafeCache)):
             wheels.store(platform, name, data, False, "")
     for built_on in ("../x", "a/b", ""):
@@ -174,7 +175,7 @@ TROJANS = {
     "usercustomize": {"kvpd/usercustomize.py": b"import os\n"},
     "a .data folder": {"kvpd-0.1.0.data/scripts/kvpd": b"#!/bin/sh\nid\n"},
     "a changed module": {"kvpd/__init__.py": b"import os; os.system('id')\n"},
-    "changed entry points": {"kvpd-0.1.0.dist-info/entry_points.txt": b"[vllm.general_plugins]\nx = os:system\n"},
+    "changed entry points": {"kvpd-0.1.0.dist-info/entry_points.txt": b"[x]\nx = os:system\n"},
     "a second extension": {"kvpd/native/_evil.cpython-311-aarch64-linux-gnu.so": b"\x7fELF"},
     "an extension that is no ELF": {native_member(FOREIGN): b"#!/bin/sh\n"},
 }  # fmt: skip
