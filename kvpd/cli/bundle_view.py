@@ -57,9 +57,12 @@ def fallback_warning(row: dict[str, Any], profile: str) -> str | None:
 
 
 def status_table(rows: list[dict[str, Any]]) -> Table:
-    """What `up` verified per host slot: interpreter, digest, native implementation."""
+    """What `up` verified per host slot: interpreter, digest, native implementation, and where
+    its wheel came from (the controller, a host's build, the cache)."""
+    from kvpd.exec.bundle_host import origin
+
     t = Table(title="node bundle")
-    for col in ("Host", "Slot", "Python", "Digest", "Native", "Up did", "Seconds"):
+    for col in ("Host", "Slot", "Python", "Digest", "Native", "Wheel from", "Up did", "Seconds"):
         t.add_column(col)
     for r in rows:
         impl = r.get("implementation") or "-"
@@ -70,6 +73,7 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
             f"{r.get('executable') or r['python']} {r.get('version') or ''}".strip(),
             (r.get("digest") or "-")[:12],
             f"{impl} ({isa})" if isa else impl,
+            origin(str(r.get("source") or "")),
             r.get("action", ""),
             f"{r.get('seconds', 0):.2f}",
         )

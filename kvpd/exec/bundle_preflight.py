@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle_host import CHECK_SH, NODE_SCRIPT, json_lines
+from kvpd.exec.bundle_host import CHECK_SH, NODE_SCRIPT, json_lines, vet
 from kvpd.exec.bundle_result import fix_hint
 from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout
@@ -42,7 +42,10 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
             return [{"slot": u.slot, "problem": f"host unreachable: {e}"} for u in by_host[host]]
         found = {d.get("slot"): d for d in json_lines(r.stdout)}
         return [
-            found.get(u.slot) or {"slot": u.slot, "problem": r.stderr[-200:]} for u in by_host[host]
+            vet(found[u.slot], u.slot)
+            if u.slot in found
+            else {"slot": u.slot, "problem": r.stderr[-200:]}
+            for u in by_host[host]
         ]
 
     workers = max(1, min(16, len(by_host)))
@@ -54,7 +57,7 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
     for host, uses in by_host.items():
         for u, rep in zip(uses, reports[host], strict=True):
             name = f"bundle python ({u.slot})"
-            if rep.get("problem") and not rep.get("version"):
+            if rep.get("problem") and not rep.get("platform") and not rep.get("too_old"):
                 fix = fix_hint(rep)
                 checks.append(Check(host, name, False, f"{u.python}: {rep['problem']}", fix))
                 continue
@@ -84,27 +87,39 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
                     "" if free >= need else "free 200 MiB in the run dir's filesystem",
                 )
             )
-            p = platforms.setdefault(rep["platform"], {"hosts": [], "compiler": False, "need": ""})
+            p = platforms.setdefault(rep["platform"], {"hosts": [], "builders": [], "required": []})
             p["hosts"].append(host)
-            p["compiler"] |= bool(rep.get("compiler"))
-            if u.native == "required" or (u.native == "preferred" and p["need"] != "required"):
-                p["need"] = u.native
+            if rep.get("compiler"):
+                p["builders"].append(host)
+            if u.native == "required":
+                p["required"].append(host)
+    builders = {h.name for h in plan.hosts if h.bundle_builder}
     for platform, p in sorted(platforms.items()):
-        able = platform == local or p["compiler"]
-        hosts = ", ".join(dict.fromkeys(p["hosts"]))
-        if able:
-            how = "built here" if platform == local else "built on the first host with a compiler"
-            checks.append(Check("*", f"native core {platform}", True, f"{how} ({hosts})"))
-            continue
-        required = p["need"] == "required"
-        checks.append(
-            Check(
-                "*",
-                f"native core {platform}",
-                not required,
-                f"warning: no compiler on {hosts}: NumPy fallback"
-                + (" but the kvpd planner requires the native core" if required else ""),
-                "install g++ and the Python headers (python3-dev) on one of them",
-            )
-        )
+        checks.append(_native_check(platform, p, local, builders))
     return checks
+
+
+def _native_check(platform: str, p: dict[str, Any], local: str, builders: set[str]) -> Check:
+    """Where the wheel of one platform's hosts will come from, and whether they get the native
+    core: the controller's build, a `bundle_builder` host's (for all of them), else each host
+    with a compiler builds its own and the others get the NumPy fallback."""
+    hosts = list(dict.fromkeys(p["hosts"]))
+    able = [h for h in p["builders"] if h in builders]
+    name = f"native core {platform}"
+    if platform == local:
+        return Check("*", name, True, f"controller build ({', '.join(hosts)})")
+    if able:
+        return Check("*", name, True, f"host build on {able[0]} for {', '.join(hosts)}")
+    own = [h for h in hosts if h in p["builders"]]
+    left = [h for h in hosts if h not in own]
+    detail = f"host build on each of {', '.join(own)} for itself" if own else ""
+    if not left:
+        return Check("*", name, True, detail)
+    required = any(h in p["required"] for h in left)
+    fallback = f"warning: no compiler on {', '.join(left)}: NumPy fallback" + (
+        " but the kvpd planner requires the native core" if required else ""
+    )
+    fix = "install g++ and the Python headers (python3-dev) on them"
+    if own:
+        fix += f", or set `bundle_builder: true` on {own[0]} so its build serves them"
+    return Check("*", name, not required, "; ".join(x for x in (detail, fallback) if x), fix)

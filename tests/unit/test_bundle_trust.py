@@ -17,11 +17,15 @@ from typing import Any
 
 import pytest
 
+from kvpd.cli.bundle_view import status_table
 from kvpd.exec import wheel as wheels
 from kvpd.exec import wheel_build
 from kvpd.exec.bundle import BundleInstaller
 from kvpd.exec.bundle_host import BUILD_SH, BUILT, CHECK_SH, vet
+from kvpd.exec.bundle_preflight import preflight_checks
+from kvpd.exec.checks import Check
 from kvpd.exec.local import LocalTransport
+from kvpd.exec.stop import NullReporter
 from kvpd.exec.transport import CommandResult
 from kvpd.exec.wheel_cache import UnsafeCache
 from kvpd.exec.wheel_trust import Refused, native_member, verify_host_wheel
@@ -264,11 +268,52 @@ def test_a_host_build_serves_only_its_builder_unless_the_profile_says(
     assert any("bundle_builder: true" in w for w in inst.warnings), inst.warnings
 
     shared = plan_of(tmp_path, "h1", "h2", builders=("h1",))
-    inst = BundleInstaller(ts.__getitem__, build_local=pure, local_platform="cpython-399-fake")
+    seen: list[str] = []
+
+    class Rows(NullReporter):
+        def process(self, name: str, phase: str, **kw: object) -> None:
+            seen.append(f"{phase} {kw.get('detail')}")
+
+    inst = BundleInstaller(
+        ts.__getitem__, Rows(), build_local=pure, local_platform="cpython-399-fake"
+    )
     again = {r.host: r for r in inst.install(shared, run_dirs)}
     assert again["h1"].action == "kept" and again["h1"].source == "cache:host:h1"
     assert again["h2"].action == "installed" and again["h2"].source == "cache:host:h1"
-    assert again["h2"].to_dict()["source"] == "cache:host:h1"  # what `status` shows
+    # what `up` shows per host, and `status` from the state record
+    assert any("healthy" in x and "wheel: cached host build on h1" in x for x in seen), seen
+    row = again["h2"].to_dict()
+    assert row["source"] == "cache:host:h1"
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(status_table([row]))
+    assert "cached host build on h1" in console.export_text()
+
+
+def test_preflight_says_where_each_platforms_wheel_comes_from(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = plan_of(tmp_path, "h1", "h2")
+    for h in ("h1", "h2"):
+        (tmp_path / h).mkdir()
+    ts = {"h1": LocalTransport(plan.hosts[0]), "h2": NoCompiler(LocalTransport(plan.hosts[1]))}
+    here = wheels.local_platform()
+
+    def native(p: Plan) -> Check:
+        return next(c for c in preflight_checks(p, ts.__getitem__) if c.name.startswith("native"))
+
+    assert native(plan).detail == "controller build (h1, h2)"
+    monkeypatch.setattr(wheels, "local_platform", lambda: "cpython-399-fake")
+    c = native(plan)
+    assert c.ok and c.name == f"native core {here}"
+    assert (
+        c.detail
+        == "host build on each of h1 for itself; warning: no compiler on h2: NumPy fallback"
+    )
+    assert "set `bundle_builder: true` on h1" in c.fix
+    c = native(plan_of(tmp_path, "h1", "h2", builders=("h1",)))
+    assert c.ok and c.detail == "host build on h1 for h1, h2"
 
 
 # -- the wheel cache: nobody else can plant into it ---------------------------------------------
