@@ -68,6 +68,8 @@ def safe_dir(root: Path, *parts: str, create: bool = True) -> Path | None:
         if not stat.S_ISDIR(st.st_mode):
             raise UnsafeCache(f"{path} in kvpd's wheel cache is not a folder: remove it")
         _check(path, st, "the wheel cache folder")
+        if create and stat.S_IMODE(st.st_mode) != 0o700:  # one an older kvpd made 0755
+            os.chmod(path, 0o700)
     return path
 
 
