@@ -152,7 +152,10 @@ class BundleInstaller:
             def first(host: str) -> None:
                 self._say(host, "starting", "checking the bundle")
                 for rep in self.check(host, run_dirs[host], by_host[host], source):
-                    results[(host, rep["slot"])].report = rep
+                    r = results[(host, rep["slot"])]
+                    r.report = rep
+                    if r.ok:  # kept unless replaced below: its wheel's origin, by digest
+                        r.source = self._origin_of(r, source)
                 if ready(host):
                     self._done(host, slots(host), t0s)
 
@@ -195,7 +198,8 @@ class BundleInstaller:
                         f"upgrading the bundle of {res.host} ({res.slot}) to the native core "
                         f"failed: {res.report.get('problem')}; it keeps the NumPy fallback"
                     )
-                    res.report, res.action, res.source = kept[(res.host, res.slot)], "kept", ""
+                    res.report, res.action = kept[(res.host, res.slot)], "kept"
+                    res.source = self._origin_of(res, source)
                 res.seconds = time.monotonic() - t0s[res.host]
                 settle(res)
 
@@ -221,8 +225,6 @@ class BundleInstaller:
         for r in results.values():
             if r.action == "kept" and not r.ok:
                 r.action = "failed"
-            if r.action == "kept" and r.ok and not r.source:
-                r.source = self._origin_of(r, source)
             self._done(r.host, [r], t0s, quiet=True)
         judge(list(results.values()), uses)
         return list(results.values())
