@@ -31,6 +31,7 @@ from kvpd.exec.fanout import Fanout
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.stop import NullReporter, Reporter
 from kvpd.exec.transport import Transport
+from kvpd.exec.wheel_trust import platform_ok
 from kvpd.plan.bundle import BUNDLE_DIR, BundleUse
 from kvpd.plan.value import Plan
 
@@ -283,13 +284,16 @@ class BundleInstaller:
 
     def _origin_of(self, r: SlotResult, source: str) -> str:
         """Where the wheel of a kept slot came from, by its digest in the controller's cache."""
-        p = r.report.get("platform") or ""
-        digest = r.report.get("digest")
-        found = [(wheels.cached(self.local_platform, source), "local")]
-        found.append((wheels.cached(wheels.ANY, source), wheels.ANY))
-        for h in sorted(self.builders | {r.host}):
-            found.append((wheels.cached(p, source, built_on=h), f"cache:host:{h}"))
-        return next((how for w, how in found if w is not None and w.digest == digest), "earlier")
+        p, digest = r.report.get("platform"), r.report.get("digest")
+        looks: list[tuple[str, str | None, str]] = [(self.local_platform, None, "local")]
+        looks.append((wheels.ANY, None, wheels.ANY))
+        if platform_ok(p):
+            looks += [(str(p), h, f"cache:host:{h}") for h in sorted(self.builders | {r.host})]
+        for platform, host, how in looks:
+            w = wheels.cached(platform, source, built_on=host)
+            if w is not None and w.digest == digest:
+                return how
+        return "earlier"
 
     def _plan_builds(
         self, todo: list[SlotResult], everyone: list[SlotResult], source: str

@@ -98,6 +98,8 @@ def vet(rep: dict[str, Any], slot: str) -> dict[str, Any]:
     bp = rep.get("bundle_platform")
     if bp is not None and bp not in (ANY, out.get("platform")):
         bad.append(f"reported a bundle for {shown(bp)} on a {shown(p)} Python")
+    if out["ready"] and "platform" not in out:
+        bad.append("reported a ready bundle without its platform")
     d = rep.get("digest")
     if d is not None and not (isinstance(d, str) and _DIGEST.fullmatch(d)):
         bad.append(f"reported the digest {shown(d)}, which is not a sha256")

@@ -160,6 +160,7 @@ def test_reports_are_vetted_field_by_field() -> None:
         got = vet({"ready": True, "platform": FOREIGN, **bad}, "proxy")
         assert got["ready"] is False, bad
     assert vet({"problem": "\x1b]0;owned\x07x"}, "proxy")["problem"] == "?]0;owned?x"
+    assert vet({"ready": True, "digest": "a" * 64}, "proxy")["ready"] is False  # no platform
 
 
 # -- a wheel a host built is verified, packed again, and spread only where the profile says ----
