@@ -4,7 +4,10 @@ The source is the kvpd package this controller runs (its files, without build ou
 dist-info metadata (entry points included, so vLLM finds kvpd's plugin through the bundle folder)
 and pybind11's headers. Its digest (`source_digest`) names what a host must hold; wheels built
 from it are cached per platform under `$KVPD_CACHE_DIR` (default `~/.cache/kvpd`), so a second
-`up` builds nothing.
+`up` builds nothing: the controller's own builds in `wheels/<source>/<platform>/`, a host's
+(verified, kvpd.exec.wheel_trust) in `.../<platform>/host-<name>/`. The cache is a store other
+users cannot plant into (kvpd.exec.wheel_cache); each wheel's digest is recorded when it is
+stored and checked when it is taken out and again right before it is sent to a host.
 """
 
 from __future__ import annotations
