@@ -95,6 +95,10 @@ def vet(rep: dict[str, Any], slot: str) -> dict[str, Any]:
     if p is not None and not platform_ok(p):
         bad.append(f"reported the platform {shown(p)}, which is not a Python platform key")
         out.pop("platform")
+    m = re.match(r"cpython-3([0-9]+)", str(out.get("platform", "")))
+    v = str(rep.get("version", ""))
+    if m and v and not v.startswith(f"3.{m[1]}."):  # the SOABI names the version it reports
+        bad.append(f"reported Python {shown(v)} with the platform {shown(p)}")
     bp = rep.get("bundle_platform")
     if bp is not None and bp not in (ANY, out.get("platform")):
         bad.append(f"reported a bundle for {shown(bp)} on a {shown(p)} Python")

@@ -156,7 +156,7 @@ def test_reports_are_vetted_field_by_field() -> None:
     )
     assert ok["ready"] is True
     for bad in ({"bundle_platform": "cpython-312-x86_64-linux-gnu"}, {"digest": "../x"},
-                {"platform": "/abs"}, {"ready": "yes"}):  # fmt: skip
+                {"platform": "/abs"}, {"ready": "yes"}, {"version": "3.12.1"}):  # fmt: skip
         got = vet({"ready": True, "platform": FOREIGN, **bad}, "proxy")
         assert got["ready"] is False, bad
     assert vet({"problem": "\x1b]0;owned\x07x"}, "proxy")["problem"] == "?]0;owned?x"
