@@ -15,7 +15,14 @@ from typing import Any
 
 from kvpd.exec import wheel as wheels
 from kvpd.exec.transport import Transport
-from kvpd.exec.wheel_trust import ANY, Refused, platform_ok, shown, verify_host_wheel
+from kvpd.exec.wheel_trust import (
+    ANY,
+    MAX_WHEEL_BYTES,
+    Refused,
+    platform_ok,
+    shown,
+    verify_host_wheel,
+)
 from kvpd.plan.bundle import BUNDLE_DIR
 
 NODE_SCRIPT = (wheels.BUILDER.parent / "bundle_node.py").read_text()
@@ -139,6 +146,16 @@ def origin(how: str) -> str:
     return how or "-"
 
 
+def _bounded(t: Transport, path: str) -> str:
+    """`path`, once the host said it is a regular file of at most MAX_WHEEL_BYTES (a link to
+    /dev/zero would have the controller read forever)."""
+    r = t.run(["stat", "-c", "%s %F", "--", path], timeout_s=60)
+    size, _, kind = r.stdout.strip().partition(" ")
+    if not r.ok or kind != "regular file" or not size.isdigit() or int(size) > MAX_WHEEL_BYTES:
+        raise Refused(f"the built wheel is not a regular file of at most {MAX_WHEEL_BYTES} bytes")
+    return path
+
+
 def build_on(
     t: Transport, host: str, run_dir: str, python: str, platform: str, source: str
 ) -> wheels.Wheel:
@@ -151,7 +168,7 @@ def build_on(
         res = json_lines(r.stdout)
         if not r.ok or not res:
             raise RuntimeError(plain(r.stderr.strip()[-300:] or f"exit {r.exit_code}"))
-        data = t.read(posixpath.join(d, BUILT))
+        data = t.read(_bounded(t, posixpath.join(d, BUILT)))
         name = posixpath.basename(str(res[-1].get("wheel", "")))
         v = verify_host_wheel(data, name, platform, wheels.reference_members())
         why = plain(res[-1].get("why", ""))

@@ -71,6 +71,8 @@ class Liar:
             out = json.dumps({"slot": "proxy", "ready": False, **self.report})
         elif argv[:3] == ["bash", "-c", BUILD_SH]:
             out = json.dumps(self.built)
+        elif argv[0] == "stat":
+            out = f"{len(self.wheel)} regular file"
         elif "install" in argv:
             out = json.dumps({"slot": "proxy", "ready": False, "problem": "stand-in host"})
         return CommandResult(tuple(argv), 0, out + "\n", "")
