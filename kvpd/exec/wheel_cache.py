@@ -70,6 +70,9 @@ def safe_dir(root: Path, *parts: str, create: bool = True) -> Path | None:
         _check(path, st, "the wheel cache folder")
         if create and stat.S_IMODE(st.st_mode) != 0o700:  # one an older kvpd made 0755
             os.chmod(path, 0o700)
+    top = root.expanduser().absolute().resolve()
+    if not path.resolve().is_relative_to(top):  # held by the checks above; stated again
+        raise UnsafeCache(f"{path} is not inside kvpd's wheel cache {top}")
     return path
 
 
