@@ -157,6 +157,7 @@ class BundleInstaller:
                     r.report = rep
                     if r.ok:  # kept unless replaced below: its wheel's origin, by digest
                         r.source = self._origin_of(r, source)
+                        self._spread_check(r)
                 if ready(host):
                     self._done(host, slots(host), t0s)
 
@@ -282,13 +283,23 @@ class BundleInstaller:
                 return c
         return None
 
+    def _spread_check(self, r: SlotResult) -> None:
+        """A slot holding another host's build is kept only while the profile still lets that
+        host build for others; else it is installed again (as if it had failed its check)."""
+        built_on = r.source.removeprefix("cache:host:") if r.source.startswith("cache:") else ""
+        if built_on and built_on != r.host and built_on not in self.builders:
+            why = f"holds the wheel built on {built_on}, which is no longer a bundle_builder"
+            r.report = {**r.report, "ready": False, "problem": why}
+            r.source = ""
+
     def _origin_of(self, r: SlotResult, source: str) -> str:
         """Where the wheel of a kept slot came from, by its digest in the controller's cache."""
         p, digest = r.report.get("platform"), r.report.get("digest")
         looks: list[tuple[str, str | None, str]] = [(self.local_platform, None, "local")]
         looks.append((wheels.ANY, None, wheels.ANY))
         if platform_ok(p):
-            looks += [(str(p), h, f"cache:host:{h}") for h in sorted(self.builders | {r.host})]
+            hosts = sorted(set(wheels.builders_of(str(p), source)) | {r.host})
+            looks += [(str(p), h, f"cache:host:{h}") for h in hosts]
         for platform, host, how in looks:
             w = wheels.cached(platform, source, built_on=host)
             if w is not None and w.digest == digest:

@@ -193,6 +193,13 @@ def _folder(platform: str, source: str | None, built_on: str | None, create: boo
     return wheel_cache.safe_dir(cache_dir(), *parts, create=create)
 
 
+def builders_of(platform: str, source: str | None = None) -> list[str]:
+    """The hosts whose builds for `platform` (this source) are in the cache."""
+    d = _folder(platform, source, None, create=False)
+    names = sorted(os.listdir(d)) if d is not None else []
+    return [n[len("host-") :] for n in names if n.startswith("host-")]
+
+
 def cached(platform: str, source: str | None = None, built_on: str | None = None) -> Wheel | None:
     """The cached wheel of this source for `platform` (the controller's own build, or with
     `built_on` that host's), checked against the digest recorded when it was stored."""

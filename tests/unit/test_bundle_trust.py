@@ -285,6 +285,11 @@ def test_a_host_build_serves_only_its_builder_unless_the_profile_says(
     assert again["h2"].action == "installed" and again["h2"].source == "cache:host:h1"
     # what `up` shows per host, and `status` from the state record
     assert any("healthy" in x and "wheel: cached host build on h1" in x for x in seen), seen
+    # h1 no longer a builder: h2 does not keep h1's build
+    inst = BundleInstaller(ts.__getitem__, build_local=pure, local_platform="cpython-399-fake")
+    last = {r.host: r for r in inst.install(plan, run_dirs)}
+    assert last["h1"].action == "kept" and last["h1"].source == "cache:host:h1"
+    assert last["h2"].action == "installed" and last["h2"].source == "any", last["h2"].report
     row = again["h2"].to_dict()
     assert row["source"] == "cache:host:h1"
     from rich.console import Console
