@@ -21,11 +21,13 @@ def plan_lines(plan: Plan) -> list[str]:
         "[bold]node bundle[/bold] (`up` installs kvpd into <run dir>/bundle; on PYTHONPATH of "
         "these processes only):"
     ]
+    builders = {h.name for h in plan.hosts if h.bundle_builder}
     for u in plan.bundle:
         native = {"required": "; native core required", "preferred": "; native core preferred"}
         lines.append(
             f"  {u.host} ({u.slot} slot, {_python(u.python)}): {'; '.join(u.why)}"
             + native.get(u.native, "")
+            + ("; its wheel build serves its platform's hosts" if u.host in builders else "")
         )
     return lines
 

@@ -377,7 +377,11 @@ class BundleInstaller:
         r = t.run(argv, timeout_s=600)
         lines = json_lines(r.stdout)
         if lines:
-            return vet(lines[-1], res.slot)
+            rep = vet(lines[-1], res.slot)
+            if rep["ready"] and rep.get("digest") != w.digest:  # not the wheel just sent
+                rep["ready"] = False
+                rep["problem"] = f"reported the bundle {rep.get('digest')} instead of {w.digest}"
+            return rep
         err = r.stderr.strip().splitlines()[-1:] or [f"exit {r.exit_code}"]
         return {**res.report, "ready": False, "problem": f"install failed: {err[0][:300]}"}
 

@@ -314,6 +314,9 @@ def test_plan_shows_who_gets_the_bundle_and_why() -> None:
     )
     assert lines[2] == "  localhost (proxy slot, python3): proxy: kvpd proxy"
     assert plan_lines(load_plan("ucm-pd-mixed", base_dir="/srv")) == []
+    shared = load_plan("local", base_dir="/srv", sets=["hosts.localhost.bundle_builder=true"])
+    assert plan_lines(shared)[2].endswith("; its wheel build serves its platform's hosts")
+    assert next(h for h in shared.to_dict()["hosts"])["bundle_builder"] is True
 
 
 def test_fallback_warning_says_how_to_get_the_native_core() -> None:

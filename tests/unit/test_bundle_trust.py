@@ -62,6 +62,7 @@ class Liar:
     def __init__(self, report: dict[str, Any], built: dict[str, Any], wheel: bytes) -> None:
         self.host = "evil"
         self.report, self.built, self.wheel = report, built, wheel
+        self.installed: dict[str, Any] = {"ready": False, "problem": "stand-in host"}
         self.reads: list[str] = []
         self.puts: list[str] = []
 
@@ -74,7 +75,7 @@ class Liar:
         elif argv[0] == "stat":
             out = f"{len(self.wheel)} regular file"
         elif "install" in argv:
-            out = json.dumps({"slot": "proxy", "ready": False, "problem": "stand-in host"})
+            out = json.dumps(self.installed)
         return CommandResult(tuple(argv), 0, out + "\n", "")
 
     def put(self, path: str, content: bytes, **_: object) -> None:
@@ -433,3 +434,11 @@ def test_pip_runs_isolated_from_the_users_configuration(
     monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     installed(tmp_path)
+
+
+def test_an_install_report_of_another_wheel_is_not_trusted(cache: Path, tmp_path: Path) -> None:
+    liar = Liar(facts(FOREIGN), {}, b"")
+    liar.report["compiler"] = False
+    liar.installed = {"ready": True, "platform": FOREIGN, "digest": "b" * 64, "native": {}}
+    _, (err,) = run_liar(tmp_path, liar)
+    assert "reported the bundle " + "b" * 64 + " instead of" in str(err)
