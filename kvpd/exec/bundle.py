@@ -21,10 +21,12 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kvpd.exec import wheel as wheels
+from kvpd.exec.bundle_builds import Build as Build
+from kvpd.exec.bundle_builds import Group, group_of
+from kvpd.exec.bundle_builds import choose_builds as choose_builds
 from kvpd.exec.bundle_host import CHECK_SH, NODE_SCRIPT, build_on, json_lines, origin, vet
 from kvpd.exec.bundle_result import SlotResult, judge
 from kvpd.exec.fanout import Fanout
@@ -34,54 +36,6 @@ from kvpd.exec.transport import Transport
 from kvpd.exec.wheel_trust import platform_ok
 from kvpd.plan.bundle import BUNDLE_DIR, BundleUse
 from kvpd.plan.value import Plan
-
-Group = tuple[str, str | None]  # (platform, None: every host of it | the one host served)
-
-
-@dataclass(frozen=True)
-class Build:
-    """How the wheel of one group is obtained: "local", "cache" (the build of `hosts[0]`),
-    "hosts" (build on `hosts` in order), or "any" (no build possible: the wheel without the
-    native core)."""
-
-    how: str
-    hosts: tuple[str, ...] = ()
-
-
-def choose_builds(
-    missing: dict[str, list[tuple[str, bool]]],
-    local_platform: str,
-    cached: set[Group],
-    builders: dict[str, tuple[str, ...]] | None = None,
-) -> dict[Group, Build]:
-    """Per platform that some slot lacks (-> [(host, host has a compiler)] in plan order): one
-    wheel for all its hosts (the controller's, or a builder host's: `builders` are the
-    platform's `bundle_builder` hosts with a compiler, `cached` the (platform, host) builds in
-    the cache), else each host with a compiler (or its own cached build) builds its own, the
-    rest get the wheel without the native core."""
-    out: dict[Group, Build] = {}
-    for platform, hosts in missing.items():
-        mine = tuple((builders or {}).get(platform, ()))
-        if platform == local_platform:
-            out[(platform, None)] = Build("local")
-        elif done := [b for b in mine if (platform, b) in cached]:
-            out[(platform, None)] = Build("cache", (done[0],))
-        elif mine:
-            out[(platform, None)] = Build("hosts", mine)
-        else:
-            for h, cxx in dict.fromkeys(hosts):
-                if (platform, h) in cached:
-                    out[(platform, h)] = Build("cache", (h,))
-                elif cxx:
-                    out[(platform, h)] = Build("hosts", (h,))
-            if any((platform, h) not in out for h, _ in hosts):
-                out[(platform, None)] = Build("any")
-    return out
-
-
-def group_of(r: SlotResult, builds: dict[Group, Build]) -> Group:
-    own = (r.report["platform"], r.host)
-    return own if own in builds else (r.report["platform"], None)
 
 
 def fallback(r: SlotResult) -> bool:
