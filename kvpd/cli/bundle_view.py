@@ -21,11 +21,13 @@ def plan_lines(plan: Plan) -> list[str]:
         "[bold]node bundle[/bold] (`up` installs kvpd into <run dir>/bundle; on PYTHONPATH of "
         "these processes only):"
     ]
+    builders = {h.name for h in plan.hosts if h.bundle_builder}
     for u in plan.bundle:
         native = {"required": "; native core required", "preferred": "; native core preferred"}
         lines.append(
             f"  {u.host} ({u.slot} slot, {_python(u.python)}): {'; '.join(u.why)}"
             + native.get(u.native, "")
+            + ("; its wheel build serves its platform's hosts" if u.host in builders else "")
         )
     return lines
 
@@ -57,9 +59,12 @@ def fallback_warning(row: dict[str, Any], profile: str) -> str | None:
 
 
 def status_table(rows: list[dict[str, Any]]) -> Table:
-    """What `up` verified per host slot: interpreter, digest, native implementation."""
+    """What `up` verified per host slot: interpreter, digest, native implementation, and where
+    its wheel came from (the controller, a host's build, the cache)."""
+    from kvpd.exec.bundle_host import origin
+
     t = Table(title="node bundle")
-    for col in ("Host", "Slot", "Python", "Digest", "Native", "Up did", "Seconds"):
+    for col in ("Host", "Slot", "Python", "Digest", "Native", "Wheel from", "Up did", "Seconds"):
         t.add_column(col)
     for r in rows:
         impl = r.get("implementation") or "-"
@@ -73,6 +78,7 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
             f"{r.get('executable') or r['python']} {r.get('version') or ''}".strip(),
             (r.get("digest") or "-")[:12],
             f"{impl} ({isa})" if isa else impl,
+            origin(str(r.get("source") or "")),
             r.get("action", ""),
             f"{r.get('seconds', 0):.2f}",
         )

@@ -3,11 +3,13 @@
 One round trip per host checks every slot (`bundle_node.py check` in the slot's Python): a slot
 that already holds this kvpd for its platform is verified and kept, so a second `up` costs one
 check per host. For the others, one wheel per platform: the controller's own build where the
-platform is the controller's, else a cached one, else one the controller cross-builds (aarch64
-hosts, when it has the cross toolchain: kvpd.exec.cross_build), else built once on the first
-host of that platform that has a compiler, else the wheel without the native core (NumPy
-fallback; an error when a process requires the native core). Each is then installed with the
-slot's own pip into `<run dir>/bundle/<digest>/` and verified the same way. Hosts run in parallel.
+platform is the controller's, else a cached one, else one built on a host of that platform that
+has a compiler, else the wheel without the native core (NumPy fallback; an error when a process
+requires the native core). A host's build serves only that host unless the profile makes it a
+`bundle_builder` (then it serves every host of its platform); it is verified and packed again on
+the controller before it is cached or installed (kvpd.exec.bundle_host). Each wheel is then
+installed with the slot's own pip into `<run dir>/bundle/<digest>/` and verified the same way.
+Hosts run in parallel.
 
 Nothing here writes outside `<run dir>/bundle` on a host, and nothing touches the user's Python
 environments: pip runs with `--target`.
@@ -15,112 +17,32 @@ environments: pip runs with `--target`.
 
 from __future__ import annotations
 
-import json
 import posixpath
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kvpd.exec import cross_build
 from kvpd.exec import wheel as wheels
+from kvpd.exec.bundle_builds import Build as Build
+from kvpd.exec.bundle_builds import Group, group_of
+from kvpd.exec.bundle_builds import choose_builds as choose_builds
+from kvpd.exec.bundle_host import CHECK_SH, NODE_SCRIPT, build_on, json_lines, origin, vet
 from kvpd.exec.bundle_result import SlotResult, judge
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.stop import NullReporter, Reporter
 from kvpd.exec.transport import Transport
+from kvpd.exec.wheel_trust import platform_ok
 from kvpd.plan.bundle import BUNDLE_DIR, BundleUse
 from kvpd.plan.value import Plan
-
-NODE_SCRIPT = (wheels.BUILDER.parent / "bundle_node.py").read_text()
-# Resolves each slot's interpreter (a command, or "@CMD": the #! interpreter of console script
-# CMD, including pip's `#!/bin/sh` + `'''exec' "python"` form for long paths) and runs the node
-# script in it. Arguments: RUN_DIR SOURCE SCRIPT MODE (check | facts), then SLOT SPEC pairs.
-# One JSON line per slot.
-CHECK_SH = r"""
-set -f
-interp() {
-  case $1 in
-    @*) f=$(command -v -- "${1#@}") || return 1
-        IFS= read -r l < "$f" || return 1
-        case $l in
-          '#!/bin/sh'*) l=$(sed -n 2p -- "$f"); l=${l#*\"}; printf '%s\n' "${l%%\"*}" ;;
-          '#!'*) set -- ${l#??}
-                 if [ "${1##*/}" = env ]; then shift; [ "$1" = -S ] && shift; command -v -- "$1"
-                 else printf '%s\n' "$1"; fi ;;
-          *) printf '%s/python\n' "$(dirname -- "$f")" ;;
-        esac ;;
-    *) command -v -- "$1" ;;
-  esac
-}
-run_dir=$1 source=$2 script=$3 mode=${4:-check}
-shift 4
-while [ $# -ge 2 ]; do
-  slot=$1 spec=$2
-  shift 2
-  if ! py=$(interp "$spec") || [ -z "$py" ]; then
-    printf '{"slot": "%s", "ready": false, "problem": "interpreter not found"}\n' "$slot"
-    continue
-  fi
-  "$py" -I -S -c "$script" "$mode" "$run_dir" "$slot" "$source" ||
-    printf '{"slot": "%s", "ready": false, "problem": "%s exited %s"}\n' "$slot" "$py" "$?"
-done
-"""
-BUILD_SH = r"""
-cd -- "$1" && rm -rf src out && mkdir src && tar -xzf src.tar.gz -C src &&
-  "$2" -I src/wheel_build.py src out
-"""
-
-
-@dataclass(frozen=True)
-class Build:
-    """How the wheel of one platform is obtained: "local", "cache", "cross" (cross-built on
-    the controller), "hosts" (try `hosts` in order), or "any" (no compiler anywhere: the wheel
-    without the native core)."""
-
-    how: str
-    hosts: tuple[str, ...] = ()
-
-
-def choose_builds(
-    missing: dict[str, list[tuple[str, bool]]],
-    local_platform: str,
-    cached: set[str],
-    cross: frozenset[str] = frozenset(),
-) -> dict[str, Build]:
-    """Per platform that some slot lacks (-> [(host, host has a compiler)] in plan order);
-    `cross`: the platforms the controller can cross-build for."""
-    out: dict[str, Build] = {}
-    for platform, hosts in missing.items():
-        if platform == local_platform:
-            out[platform] = Build("local")
-        elif platform in cached:
-            out[platform] = Build("cache")
-        elif platform in cross:
-            out[platform] = Build("cross")
-        else:
-            able = tuple(dict.fromkeys(h for h, cxx in hosts if cxx))
-            out[platform] = Build("hosts", able) if able else Build("any")
-    return out
 
 
 def fallback(r: SlotResult) -> bool:
     """A verified slot holding the wheel without the native core (the one hosts get when no
     build for their platform was possible): what a native build can replace."""
     return r.ok and r.report.get("bundle_platform") == wheels.ANY
-
-
-def json_lines(stdout: str) -> list[dict[str, Any]]:
-    out = []
-    for line in stdout.splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
 
 
 class BundleInstaller:
@@ -141,6 +63,8 @@ class BundleInstaller:
         self.build_cross = build_cross
         self.local_platform = local_platform or wheels.local_platform()
         self.warnings: list[str] = []
+        self.builders: set[str] = set()  # hosts whose builds may serve their whole platform
+        self.executables: dict[str, str] = {}  # host -> a Python it reported (to build with)
 
     def _say(self, host: str, phase: str, detail: str = "", t0: float | None = None) -> None:
         elapsed = None if t0 is None else time.monotonic() - t0
@@ -156,7 +80,9 @@ class BundleInstaller:
         found = {d.get("slot"): d for d in json_lines(r.stdout)}
         err = r.stderr.strip().splitlines()[-1:] or [f"exit {r.exit_code}"]
         return [
-            found.get(u.slot) or {"slot": u.slot, "ready": False, "problem": err[0][:300]}
+            vet(found[u.slot], u.slot)
+            if isinstance(found.get(u.slot), dict)
+            else {"slot": u.slot, "ready": False, "problem": err[0][:300]}
             for u in uses
         ]
 
@@ -164,6 +90,7 @@ class BundleInstaller:
         """Check, build what is missing, install, verify; raise DeployError when a slot cannot
         be served (listing every such slot with the fix)."""
         source = wheels.source_digest()
+        self.builders = {h.name for h in plan.hosts if h.bundle_builder}
         by_host: dict[str, list[BundleUse]] = {}
         for u in plan.bundle:
             by_host.setdefault(u.host, []).append(u)
@@ -183,11 +110,20 @@ class BundleInstaller:
             def first(host: str) -> None:
                 self._say(host, "starting", "checking the bundle")
                 for rep in self.check(host, run_dirs[host], by_host[host], source):
-                    results[(host, rep["slot"])].report = rep
+                    r = results[(host, rep["slot"])]
+                    r.report = rep
+                    if r.ok:  # kept unless replaced below: its wheel's origin, by digest
+                        r.source = self._origin_of(r, source)
+                        self._spread_check(r)
                 if ready(host):
                     self._done(host, slots(host), t0s)
 
             list(pool.map(first, by_host))
+            self.executables = {
+                r.host: r.report["executable"]
+                for r in results.values()
+                if r.report.get("executable")
+            }
             todo = [r for r in results.values() if not r.ok and not r.report.get("too_old")]
             todo = [r for r in todo if r.report.get("platform") and r.report.get("pip")]
             # kept on the NumPy fallback: the old report stays unless a native install succeeds
@@ -196,7 +132,7 @@ class BundleInstaller:
                 for r in self._upgrades(list(results.values()), todo, source)
             }
             todo += [results[k] for k in kept]
-            builds = self._plan_builds(todo, source)
+            builds = self._plan_builds(todo, list(results.values()), source)
             pending = {h: sum(r.host == h for r in todo) for h in {r.host for r in todo}}
             host_locks = {h: threading.Lock() for h in pending}
             count_lock = threading.Lock()
@@ -221,15 +157,16 @@ class BundleInstaller:
                         f"upgrading the bundle of {res.host} ({res.slot}) to the native core "
                         f"failed: {res.report.get('problem')}; it keeps the NumPy fallback"
                     )
-                    res.report, res.action, res.source = kept[(res.host, res.slot)], "kept", ""
+                    res.report, res.action = kept[(res.host, res.slot)], "kept"
+                    res.source = self._origin_of(res, source)
                 res.seconds = time.monotonic() - t0s[res.host]
                 settle(res)
 
-            def platform(name: str) -> None:
-                """Obtain this platform's wheel, then install it at once on its hosts: hosts of
+            def platform(key: Group) -> None:
+                """Obtain this group's wheel, then install it at once on its hosts: hosts of
                 the controller's platform do not wait for another platform's build."""
-                mine = [r for r in todo if r.report["platform"] == name]
-                w, how = self._obtain(name, builds[name], mine, run_dirs, source)
+                mine = [r for r in todo if group_of(r, builds) == key]
+                w, how = self._obtain(key[0], builds[key], mine, run_dirs, source)
                 if w is not None and not w.native:  # an upgrade needs the native core
                     for r in [r for r in mine if (r.host, r.slot) in kept]:
                         mine.remove(r)
@@ -240,7 +177,7 @@ class BundleInstaller:
                     list(pool.map(lambda r: install_slot(r, w), mine))
 
             with Fanout(max(1, len(builds))) as platforms:
-                list(platforms.map(platform, sorted(builds)))
+                list(platforms.map(platform, sorted(builds, key=lambda g: (g[0], g[1] or ""))))
             for h, left in pending.items():
                 if left:  # no wheel for some slot of it: show the failure
                     self._done(h, slots(h), t0s)
@@ -261,7 +198,8 @@ class BundleInstaller:
         if all(r.ok for r in res):
             detail = ", ".join(
                 f"{r.slot}: {r.action} {str(r.report.get('digest'))[:12]} "
-                f"({(r.report.get('native') or {}).get('implementation')})"
+                f"({(r.report.get('native') or {}).get('implementation')}; "
+                f"wheel: {origin(r.source)})"
                 for r in res
             )
             self._say(host, "healthy", detail, t0s[host])
@@ -279,29 +217,76 @@ class BundleInstaller:
         cands = [r for r in results if fallback(r) and r.report.get("platform")]
         cands = [r for r in cands if r.report.get("pip")]
 
-        def native_at_hand(p: str) -> bool:  # once per platform: a build or a cache lookup
+        def native_at_hand(p: str, host: str) -> bool:  # a build or a cache lookup
             if p == self.local_platform:
                 return self.build_local().native
-            if (c := wheels.cached(p, source)) is not None:
+            if (c := self._shared(p, source)) is not None:
                 return c.native
-            if p != self.local_platform and cross_build.buildable([p]):
+            peers = [o for o in (*results, *todo) if o.report.get("platform") == p]
+            if any(o.report.get("compiler") and o.host in self.builders for o in peers):
                 return True
-            return any(o.report.get("compiler") for o in (*results, *todo)
-                       if o.report.get("platform") == p)  # fmt: skip
+            if (c := wheels.cached(p, source, built_on=host)) is not None:
+                return c.native
+            if cross_build.buildable([p]):
+                return True
+            return any(o.report.get("compiler") for o in peers if o.host == host)
 
-        able = {p: native_at_hand(p) for p in {r.report["platform"] for r in cands}}
-        return [r for r in cands if able[r.report["platform"]]]
+        keys = {(r.report["platform"], r.host) for r in cands}
+        able = {k: native_at_hand(*k) for k in sorted(keys)}
+        return [r for r in cands if able[(r.report["platform"], r.host)]]
 
-    def _plan_builds(self, todo: list[SlotResult], source: str) -> dict[str, Build]:
+    def _shared(self, platform: str, source: str) -> wheels.Wheel | None:
+        """A cached build of a `bundle_builder` host of this platform (serves all its hosts)."""
+        for b in sorted(self.builders):
+            if (c := wheels.cached(platform, source, built_on=b)) is not None:
+                return c
+        return None
+
+    def _spread_check(self, r: SlotResult) -> None:
+        """A slot holding another host's build is kept only while the profile still lets that
+        host build for others; else it is installed again (as if it had failed its check)."""
+        built_on = r.source.removeprefix("cache:host:") if r.source.startswith("cache:") else ""
+        if built_on and built_on != r.host and built_on not in self.builders:
+            why = f"holds the wheel built on {built_on}, which is no longer a bundle_builder"
+            r.report = {**r.report, "ready": False, "problem": why}
+            r.source = ""
+
+    def _origin_of(self, r: SlotResult, source: str) -> str:
+        """Where the wheel of a kept slot came from, by its digest in the controller's cache."""
+        p, digest = r.report.get("platform"), r.report.get("digest")
+        looks: list[tuple[str, str | None, str]] = [(self.local_platform, None, "local")]
+        looks.append((wheels.ANY, None, wheels.ANY))
+        if platform_ok(p):
+            looks.append((str(p), None, "cross"))  # the controller's cross-build
+            hosts = sorted(set(wheels.builders_of(str(p), source)) | {r.host})
+            looks += [(str(p), h, f"cache:host:{h}") for h in hosts]
+        for platform, host, how in looks:
+            w = wheels.cached(platform, source, built_on=host)
+            if w is not None and w.digest == digest:
+                return how
+        return "earlier"
+
+    def _plan_builds(
+        self, todo: list[SlotResult], everyone: list[SlotResult], source: str
+    ) -> dict[Group, Build]:
         missing: dict[str, list[tuple[str, bool]]] = {}
         for r in todo:
             missing.setdefault(r.report["platform"], []).append(
                 (r.host, bool(r.report.get("compiler")))
             )
-        cached = {p for p in missing if wheels.cached(p, source) is not None}
-        mine = self.local_platform
-        cross = cross_build.buildable([p for p in missing if p not in cached and p != mine])
-        return choose_builds(missing, self.local_platform, cached, cross)
+        builders: dict[str, tuple[str, ...]] = {}
+        for r in everyone:  # a builder already holding its bundle can still build for others
+            p = r.report.get("platform")
+            if p in missing and r.host in self.builders and r.report.get("compiler"):
+                builders[p] = tuple(dict.fromkeys((*builders.get(p, ()), r.host)))
+        cached: set[Group] = {
+            (p, h)
+            for p, hosts in missing.items()
+            for h in dict.fromkeys([*(h for h, _ in hosts), *self.builders])
+            if wheels.cached(p, source, built_on=h) is not None
+        }
+        cross = cross_build.buildable([p for p in missing if p != self.local_platform])
+        return choose_builds(missing, self.local_platform, cached, builders, cross)
 
     def _obtain(
         self,
@@ -311,70 +296,59 @@ class BundleInstaller:
         run_dirs: dict[str, str],
         source: str,
     ) -> tuple[wheels.Wheel | None, str]:
-        """The wheel for `platform` and where it came from (local|cache|cross|host:NAME|any)."""
+        """The wheel for `platform` and where it came from (local | cross | cache:host:NAME |
+        host:NAME | any)."""
         if b.how == "local":
             return self.build_local(), "local"
-        if b.how == "cache":
-            return wheels.cached(platform, source), "cache"
         if b.how == "cross":
             self._say(slots[0].host, "starting", f"cross-building the wheel for {platform}")
             built = self.build_cross(platform)
             if not isinstance(built, str):
                 return built, "cross"
             self.warnings.append(f"cross-building the bundle for {platform} failed: {built}")
+        if b.how == "cache":
+            return wheels.cached(platform, source, built_on=b.hosts[0]), f"cache:host:{b.hosts[0]}"
         for host in b.hosts:
-            py = next(r.report["executable"] for r in slots if r.host == host)
+            self._say(host, "starting", f"building the wheel for {platform}")
+            t, py = self.transports(host), self.executables[host]
             try:
-                w = self._build_on(host, run_dirs[host], py, platform, source)
+                w = build_on(t, host, run_dirs[host], py, platform, source)
             except Exception as e:  # noqa: BLE001 - next host, else the NumPy fallback
                 self.warnings.append(f"building the bundle on {host} failed: {e}")
-                w = None
-            if w is not None and w.native:
+                continue
+            if w.native:
                 return w, f"host:{host}"
         hosts = ", ".join(dict.fromkeys(r.host for r in slots))
         why = (
             f"the build on {', '.join(b.hosts)} failed"
             if b.hosts
-            else "no host of that platform has a C++ compiler and Python headers"
+            else "no host of that platform that may build for it has a C++ compiler and "
+            "Python headers"
         )
         self.warnings.append(
             f"bundle for {platform} ({hosts}): {why}; these hosts run kvpd's NumPy fallback "
-            "(same results, slower). Install g++ and the Python headers (python3-dev) on one "
-            "of them for the native core."
+            "(same results, slower). Install g++ and the Python headers (python3-dev) on them, "
+            "or on one host of that platform and set `bundle_builder: true` on it in the "
+            "profile (its build then serves all of them)."
         )
         return self.build_local(native=False), "any"
-
-    def _build_on(
-        self, host: str, run_dir: str, python: str, platform: str, source: str
-    ) -> wheels.Wheel | None:
-        t = self.transports(host)
-        d = posixpath.join(run_dir, BUNDLE_DIR, f".build-{source[:16]}")
-        self._say(host, "starting", f"building the wheel for {platform}")
-        t.put(posixpath.join(d, "src.tar.gz"), wheels.source_tarball())
-        r = t.run(["bash", "-c", BUILD_SH, "kvpd-build", d, python], timeout_s=900)
-        res = json_lines(r.stdout)
-        try:
-            if not r.ok or not res:
-                self.warnings.append(f"building the bundle on {host} failed: {r.stderr[-300:]}")
-                return None
-            data = t.read(res[-1]["wheel"])
-            name = posixpath.basename(res[-1]["wheel"])
-            return wheels.store(platform, name, data, res[-1]["native"], res[-1]["why"])
-        finally:
-            t.run(["rm", "-rf", "--", d], timeout_s=60)
 
     def _install_one(
         self, host: str, run_dir: str, res: SlotResult, w: wheels.Wheel, source: str
     ) -> dict[str, Any]:
         t = self.transports(host)
         incoming = posixpath.join(run_dir, BUNDLE_DIR, ".incoming", res.slot, w.name)
-        t.put(incoming, w.path.read_bytes())
-        argv = [res.report["executable"], "-I", "-c", NODE_SCRIPT, "install", run_dir]
+        t.put(incoming, wheels.wheel_bytes(w))
+        argv = [res.report["executable"], "-I", "-B", "-c", NODE_SCRIPT, "install", run_dir]
         argv += [res.slot, source, incoming, w.digest, w.platform]
         r = t.run(argv, timeout_s=600)
         lines = json_lines(r.stdout)
         if lines:
-            return lines[-1]
+            rep = vet(lines[-1], res.slot)
+            if rep["ready"] and rep.get("digest") != w.digest:  # not the wheel just sent
+                rep["ready"] = False
+                rep["problem"] = f"reported the bundle {rep.get('digest')} instead of {w.digest}"
+            return rep
         err = r.stderr.strip().splitlines()[-1:] or [f"exit {r.exit_code}"]
         return {**res.report, "ready": False, "problem": f"install failed: {err[0][:300]}"}
 

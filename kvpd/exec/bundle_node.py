@@ -1,11 +1,11 @@
 """The node side of the bundle step: runs on a host, in the Python of one slot, as a script.
 
-    python -I -S -c "$(cat bundle_node.py)" check   RUN_DIR SLOT SOURCE
-    python -I -c "$(cat bundle_node.py)" install RUN_DIR SLOT SOURCE WHEEL DIGEST PLATFORM
-    python -I -c "$(cat bundle_node.py)" facts   RUN_DIR SLOT -
+    python -I -S -B -c "$(cat bundle_node.py)" check   RUN_DIR SLOT SOURCE
+    python -I -B -c "$(cat bundle_node.py)" install RUN_DIR SLOT SOURCE WHEEL DIGEST PLATFORM
+    python -I -S -B -c "$(cat bundle_node.py)" facts   RUN_DIR SLOT -
 
 `check` looks for a bundle of SOURCE (kvpd.exec.wheel.source_digest) for this Python's platform
-in RUN_DIR/bundle/<digest>/, verifies every installed file against the RECORD, imports kvpd from
+in RUN_DIR/bundle/<digest>/, verifies the installed tree against the RECORD, imports kvpd from
 it (and only from it), points RUN_DIR/bundle/SLOT at it and prints one JSON line with what it
 found: the interpreter, its platform, pip, a compiler, free disk and the native implementation.
 `install` installs the uploaded WHEEL with this Python's pip (no dependencies, no index) into a
@@ -79,28 +79,52 @@ def facts(run_dir):
 
 
 def verify_record(folder):
-    """None when every file listed in the RECORD has its recorded hash, else the first problem."""
+    """None when the installed tree is exactly the wheel's, else the first problem: every file
+    the RECORD lists has its recorded hash, and no file is there that the RECORD does not list
+    (a planted `.pth` or module would be imported), no symbolic link. Bytecode is dropped, not
+    trusted: a `__pycache__` entry cannot be told from a planted one (its header only names the
+    source), so the processes of this `up` compile kvpd again from the verified sources."""
     infos = [d for d in os.listdir(folder) if d.endswith(".dist-info")]
     if len(infos) != 1:
         return "no single .dist-info folder"
     with open(os.path.join(folder, infos[0], "RECORD")) as f:
         lines = f.read().splitlines()
+    listed = set()
     for line in lines:
         path, _, rest = line.partition(",")
+        full = os.path.normpath(os.path.join(folder, path))
+        if not full.startswith(folder + os.sep):
+            continue  # e.g. ../bin/kvpd of the console script: not part of the importable tree
+        listed.add(full)
         algo_hash = rest.split(",")[0]
         if not algo_hash:
             continue
         algo, _, want = algo_hash.partition("=")
-        full = os.path.normpath(os.path.join(folder, path))
-        if not full.startswith(folder + os.sep):
-            continue  # e.g. ../bin/kvpd of the console script: not part of the importable tree
         try:
             with open(full, "rb") as f:
                 got = hashlib.new(algo, f.read()).digest()
-        except OSError as e:
-            return "%s: %s" % (path, e.strerror)
+        except (OSError, ValueError) as e:
+            return "%s: %s" % (path, getattr(e, "strerror", None) or e)
         if b64(got) != want:
             return "%s differs from its RECORD hash" % path
+    return unexpected(folder, listed)
+
+
+def unexpected(folder, listed):
+    """The first entry of the tree that is not the wheel's (bytecode caches are removed)."""
+    for root, dirs, files in os.walk(folder):
+        if "__pycache__" in dirs:
+            import shutil
+
+            shutil.rmtree(os.path.join(root, "__pycache__"))
+            dirs.remove("__pycache__")
+        for name in sorted(dirs) + sorted(files):
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, folder)
+            if os.path.islink(path):
+                return "%s is a symbolic link, which the wheel does not have" % rel
+            if name in files and path not in listed and rel != MARKER:
+                return "%s is not in the wheel's RECORD" % rel
     return None
 
 
@@ -279,9 +303,16 @@ def install(run_dir, slot, source, wheel, digest, platform):
         return check(run_dir, slot, source, prefer=digest, full=True)
     tmp = "%s.tmp-%d" % (dest, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
-    argv = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet"]
-    argv += ["--disable-pip-version-check", "--no-warn-script-location", "--target", tmp, wheel]
-    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # pip isolated from the user's environment and site (-I, --isolated), nothing
+    # fetched (--no-index, --no-deps), no bytecode written (verify_record would drop it).
+    argv = [sys.executable, "-I", "-m", "pip", "install", "--isolated", "--no-deps"]
+    argv += ["--no-index", "--no-compile", "--quiet", "--disable-pip-version-check"]
+    argv += ["--no-warn-script-location", "--target", tmp, wheel]
+    # No configuration file either (--isolated still reads the global one and PIP_CONFIG_FILE;
+    # os.devnull there makes pip skip them all).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     if r.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         err = r.stderr.decode(errors="replace").strip().splitlines()[-3:]

@@ -1,9 +1,9 @@
 """Preflight for the node bundle (read-only): what `kvpd up` will need on each host to install it.
 
 Per slot of `Plan.bundle`: its Python found and >= 3.10, pip, free disk in the run dir; per
-platform: where the native core comes from (the controller's own build, a cached wheel, a
-cross-build on the controller, a host of that platform with a compiler), else the NumPy fallback,
-which fails the check when a process requires the native core (the kvpd sparse planner).
+platform: whether the native core can be had (the controller's own platform, or a host of that
+platform with a compiler), else the NumPy fallback, which fails the check when a process requires
+the native core (the kvpd sparse planner).
 """
 
 from __future__ import annotations
@@ -13,27 +13,13 @@ from typing import Any
 
 from kvpd.exec import cross_build
 from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle import CHECK_SH, NODE_SCRIPT, json_lines
+from kvpd.exec.bundle_host import CHECK_SH, NODE_SCRIPT, json_lines, vet
 from kvpd.exec.bundle_result import fix_hint
 from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.transport import Transport
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.value import Plan
-
-
-def native_source(platform: str, local: str, cross: frozenset[str], compiler: bool) -> str | None:
-    """Where `up` will take the native core of `platform` from, in its order of preference
-    (kvpd.exec.bundle.choose_builds), or None: the NumPy fallback."""
-    if platform == local:
-        return "the controller's own build"
-    if wheels.cached(platform) is not None:
-        return "a wheel cached on the controller"
-    if platform in cross:
-        return "cross-built on the controller"
-    if compiler:
-        return "built on the first host of that platform with a compiler"
-    return None
 
 
 def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check]:
@@ -57,7 +43,10 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
             return [{"slot": u.slot, "problem": f"host unreachable: {e}"} for u in by_host[host]]
         found = {d.get("slot"): d for d in json_lines(r.stdout)}
         return [
-            found.get(u.slot) or {"slot": u.slot, "problem": r.stderr[-200:]} for u in by_host[host]
+            vet(found[u.slot], u.slot)
+            if u.slot in found
+            else {"slot": u.slot, "problem": r.stderr[-200:]}
+            for u in by_host[host]
         ]
 
     workers = max(1, min(16, len(by_host)))
@@ -69,7 +58,7 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
     for host, uses in by_host.items():
         for u, rep in zip(uses, reports[host], strict=True):
             name = f"bundle python ({u.slot})"
-            if rep.get("problem") and not rep.get("version"):
+            if rep.get("problem") and not rep.get("platform") and not rep.get("too_old"):
                 fix = fix_hint(rep)
                 checks.append(Check(host, name, False, f"{u.python}: {rep['problem']}", fix))
                 continue
@@ -99,27 +88,49 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
                     "" if free >= need else "free 200 MiB in the run dir's filesystem",
                 )
             )
-            p = platforms.setdefault(rep["platform"], {"hosts": [], "compiler": False, "need": ""})
+            p = platforms.setdefault(rep["platform"], {"hosts": [], "builders": [], "required": []})
             p["hosts"].append(host)
-            p["compiler"] |= bool(rep.get("compiler"))
-            if u.native == "required" or (u.native == "preferred" and p["need"] != "required"):
-                p["need"] = u.native
+            if rep.get("compiler"):
+                p["builders"].append(host)
+            if u.native == "required":
+                p["required"].append(host)
+    builders = {h.name for h in plan.hosts if h.bundle_builder}
     cross = cross_build.buildable([p for p in platforms if p != local])
     for platform, p in sorted(platforms.items()):
-        hosts = ", ".join(dict.fromkeys(p["hosts"]))
-        how = native_source(platform, local, cross, bool(p["compiler"]))
-        if how is not None:
-            checks.append(Check("*", f"native core {platform}", True, f"{how} ({hosts})"))
-            continue
-        required = p["need"] == "required"
-        checks.append(
-            Check(
-                "*",
-                f"native core {platform}",
-                not required,
-                f"warning: no compiler on {hosts}: NumPy fallback"
-                + (" but the kvpd planner requires the native core" if required else ""),
-                "install g++ and the Python headers (python3-dev) on one of them",
-            )
-        )
+        checks.append(_native_check(platform, p, local, builders, cross))
     return checks
+
+
+def _native_check(
+    platform: str,
+    p: dict[str, Any],
+    local: str,
+    builders: set[str],
+    cross: frozenset[str] = frozenset(),
+) -> Check:
+    """Where the wheel of one platform's hosts will come from, and whether they get the native
+    core: the controller's build, its cross-build (aarch64, with the cross toolchain), a
+    `bundle_builder` host's (for all of them), else each host with a compiler builds its own
+    and the others get the NumPy fallback."""
+    hosts = list(dict.fromkeys(p["hosts"]))
+    able = [h for h in p["builders"] if h in builders]
+    name = f"native core {platform}"
+    if platform == local:
+        return Check("*", name, True, f"controller build ({', '.join(hosts)})")
+    if platform in cross:
+        return Check("*", name, True, f"controller cross-build ({', '.join(hosts)})")
+    if able:
+        return Check("*", name, True, f"host build on {able[0]} for {', '.join(hosts)}")
+    own = [h for h in hosts if h in p["builders"]]
+    left = [h for h in hosts if h not in own]
+    detail = f"host build on each of {', '.join(own)} for itself" if own else ""
+    if not left:
+        return Check("*", name, True, detail)
+    required = any(h in p["required"] for h in left)
+    fallback = f"warning: no compiler on {', '.join(left)}: NumPy fallback" + (
+        " but the kvpd planner requires the native core" if required else ""
+    )
+    fix = "install g++ and the Python headers (python3-dev) on them"
+    if own:
+        fix += f", or set `bundle_builder: true` on {own[0]} so its build serves them"
+    return Check("*", name, not required, "; ".join(x for x in (detail, fallback) if x), fix)

@@ -4,7 +4,10 @@ The source is the kvpd package this controller runs (its files, without build ou
 dist-info metadata (entry points included, so vLLM finds kvpd's plugin through the bundle folder)
 and pybind11's headers. Its digest (`source_digest`) names what a host must hold; wheels built
 from it are cached per platform under `$KVPD_CACHE_DIR` (default `~/.cache/kvpd`), so a second
-`up` builds nothing.
+`up` builds nothing: the controller's own builds in `wheels/<source>/<platform>/`, a host's
+(verified, kvpd.exec.wheel_trust) in `.../<platform>/host-<name>/`. The cache is a store other
+users cannot plant into (kvpd.exec.wheel_cache); each wheel's digest is recorded when it is
+stored and checked when it is taken out and again right before it is sent to a host.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -24,11 +28,13 @@ from pathlib import Path
 
 import kvpd
 from kvpd.errors import KvpdError
+from kvpd.exec import wheel_cache
+from kvpd.exec.wheel_trust import ANY as ANY
+from kvpd.exec.wheel_trust import MAX_WHEEL_BYTES, Refused, check_platform, shown, wheel_name_ok
 
 BUILDER = Path(__file__).with_name("wheel_build.py")
 # Package files that go into the wheel (as pyproject's package-data, plus the modules).
 _SHIPPED = (".py", ".pyi", ".yaml", ".j2", ".cpp", ".hpp", ".inc", "py.typed")
-ANY = "any"  # platform key of a wheel without the native core
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class Wheel:
     platform: str  # SOABI it was built for, or ANY
     native: bool
     why: str  # how the native core was built, or why it is missing
+    origin: str = "local"  # who built it: "local" (this controller) or "host:NAME"
 
     @property
     def name(self) -> str:
@@ -160,30 +167,87 @@ def write_source(dest: Path) -> None:
         p.write_bytes(data)
 
 
-def cached(platform: str, source: str | None = None) -> Wheel | None:
-    """The cached wheel of this source for `platform`, if one was built before."""
-    d = cache_dir() / "wheels" / (source or source_digest())[:16] / platform
-    meta = d / "wheel.json"
-    if not meta.exists():
-        return None
-    m = json.loads(meta.read_text())
-    path = d / m["name"]
-    if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != m["digest"]:
-        return None
-    return Wheel(path, m["digest"], platform, m["native"], m["why"])
+def reference_members() -> dict[str, bytes]:
+    """The members of this kvpd's wheel as the controller makes it, without WHEEL and RECORD
+    (computed from the members): what a host's build must hold byte for byte."""
+    from kvpd.exec.wheel_build import NAME
+
+    files = source_files()
+    out = {k: v for k, v in files.items() if k.startswith(f"{NAME}/")}
+    prefix = f"{NAME}-{kvpd.__version__}.dist-info/"
+    out.update(
+        {prefix + k[len("dist-info/") :]: v for k, v in files.items() if k.startswith("dist-info/")}
+    )
+    return out
 
 
-def store(platform: str, name: str, data: bytes, native: bool, why: str) -> Wheel:
-    """Put a wheel (built here or fetched from a build host) into the cache."""
-    d = cache_dir() / "wheels" / source_digest()[:16] / platform
-    d.mkdir(parents=True, exist_ok=True)
-    (d / name).write_bytes(data)
+def _folder(platform: str, source: str | None, built_on: str | None, create: bool) -> Path | None:
+    """wheels/<source>/<platform>[/host-<name>]: a host's own build is kept apart from the
+    controller's and from every other host's."""
+    check_platform(platform, allow_any=True)
+    parts = ["wheels", (source or source_digest())[:16], platform]
+    if built_on is not None:  # a profile host name (kvpd.profile.types.PATH_NAME)
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", built_on):
+            raise wheel_cache.UnsafeCache(f"{built_on!r} cannot name a host in the wheel cache")
+        parts.append(f"host-{built_on}")
+    return wheel_cache.safe_dir(cache_dir(), *parts, create=create)
+
+
+def builders_of(platform: str, source: str | None = None) -> list[str]:
+    """The hosts whose builds for `platform` (this source) are in the cache."""
+    d = _folder(platform, source, None, create=False)
+    names = sorted(os.listdir(d)) if d is not None else []
+    return [n[len("host-") :] for n in names if n.startswith("host-")]
+
+
+def cached(platform: str, source: str | None = None, built_on: str | None = None) -> Wheel | None:
+    """The cached wheel of this source for `platform` (the controller's own build, or with
+    `built_on` that host's), checked against the digest recorded when it was stored."""
+    d = _folder(platform, source, built_on, create=False)
+    raw = None if d is None else wheel_cache.read(d, "wheel.json", 1 << 16)
+    if d is None or raw is None:
+        return None
+    try:
+        m = json.loads(raw)
+        name, digest, native, why = m["name"], m["digest"], m["native"], m["why"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    ok = wheel_name_ok(name) and isinstance(native, bool) and isinstance(why, str)
+    if not ok or not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise wheel_cache.UnsafeCache(f"{d / 'wheel.json'} is not a record kvpd wrote: remove {d}")
+    data = wheel_cache.read(d, name, MAX_WHEEL_BYTES)
+    if data is None or hashlib.sha256(data).hexdigest() != digest:
+        return None  # gone or changed since it was stored: built again
+    origin = "local" if built_on is None else f"host:{built_on}"
+    return Wheel(d / name, digest, platform, native, why, origin)
+
+
+def store(
+    platform: str, name: str, data: bytes, native: bool, why: str, built_on: str | None = None
+) -> Wheel:
+    """Put a wheel (the controller's own, or one built on host `built_on` and verified) into
+    the cache: folders 0700, files written create-new and renamed into place, digest recorded."""
+    if not wheel_name_ok(name):
+        raise Refused(f"{shown(name)} is not the file name of a kvpd wheel")
+    d = _folder(platform, None, built_on, create=True)
+    assert d is not None
+    path = wheel_cache.write(d, name, data)
     digest = hashlib.sha256(data).hexdigest()
     meta = {"name": name, "digest": digest, "native": native, "why": why}
-    tmp = d / "wheel.json.tmp"
-    tmp.write_text(json.dumps(meta))
-    tmp.replace(d / "wheel.json")
-    return Wheel(d / name, digest, platform, native, why)
+    wheel_cache.write(d, "wheel.json", json.dumps(meta).encode())
+    return Wheel(
+        path, digest, platform, native, why, "local" if built_on is None else f"host:{built_on}"
+    )
+
+
+def wheel_bytes(w: Wheel) -> bytes:
+    """A cached wheel's content, checked again against its digest right before it is used."""
+    data = wheel_cache.read(w.path.parent, w.path.name, MAX_WHEEL_BYTES)
+    if data is None or hashlib.sha256(data).hexdigest() != w.digest:
+        raise wheel_cache.UnsafeCache(
+            f"{w.path} changed after kvpd checked it: remove {w.path.parent} and run `up` again"
+        )
+    return data
 
 
 def build_local(*, native: bool = True) -> Wheel:
@@ -202,7 +266,7 @@ def build_local(*, native: bool = True) -> Wheel:
         if r.returncode != 0:
             raise KvpdError(f"building kvpd's node wheel failed: {r.stderr.strip()[-500:]}")
         res = json.loads(r.stdout.strip().splitlines()[-1])
-        data = Path(res["wheel"]).read_bytes()
+        data = (Path(tmp) / "out" / Path(res["wheel"]).name).read_bytes()
         # Cached under the asked platform even when the compiler failed (res["native"] False):
         # the next `up` does not retry a build that cannot work.
         return store(platform, Path(res["wheel"]).name, data, res["native"], res["why"])

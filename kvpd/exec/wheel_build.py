@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
 import platform
@@ -35,13 +36,27 @@ NAME = "kvpd"
 EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
+def _version_in(text: str) -> str:
+    for line in text.splitlines():
+        if line.startswith("__version__"):
+            return line.split("=", 1)[1].strip().strip("\"'")
+    raise SystemExit("wheel_build: no __version__ in kvpd/__init__.py")
+
+
 def version(src: str) -> str:
     """kvpd's version: the `__version__ = "..."` line of the source tree's kvpd/__init__.py."""
     with open(os.path.join(src, NAME, "__init__.py")) as f:
-        for line in f:
-            if line.startswith("__version__"):
-                return line.split("=", 1)[1].strip().strip("\"'")
-    raise SystemExit("wheel_build: no __version__ in kvpd/__init__.py")
+        return _version_in(f.read())
+
+
+def version_of(files: dict[str, bytes]) -> str:
+    """kvpd's version, from the dist-info folder among a wheel's members (else from its
+    kvpd/__init__.py)."""
+    for name in files:
+        head, _, rest = name.partition(".dist-info/")
+        if rest and head.startswith(f"{NAME}-"):
+            return head[len(NAME) + 1 :]
+    return _version_in(files[f"{NAME}/__init__.py"].decode())
 
 
 def native_sources(src: str) -> dict[str, Any]:
@@ -117,6 +132,35 @@ def prebuilt_modules(folder: str) -> list[str]:
     return [os.path.join(folder, n) for n in names]
 
 
+def wheel_text(tag: str) -> bytes:
+    """The WHEEL file of a kvpd wheel with this tag (pure when it is py3-none-any)."""
+    purelib = str(tag == "py3-none-any").lower()
+    return f"Wheel-Version: 1.0\nGenerator: kvpd\nRoot-Is-Purelib: {purelib}\nTag: {tag}\n".encode()
+
+
+def with_wheel_files(files: dict[str, bytes], tag: str) -> dict[str, bytes]:
+    """The members plus the WHEEL and the RECORD computed from them."""
+    info = f"{NAME}-{version_of(files)}.dist-info"
+    out = {**files, f"{info}/WHEEL": wheel_text(tag)}
+    record = [record_line(a, d) for a, d in sorted(out.items())] + [f"{info}/RECORD,,"]
+    out[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    return out
+
+
+def pack(files: dict[str, bytes], tag: str) -> bytes:
+    """The wheel as bytes: the members (without WHEEL and RECORD, which are computed here) in a
+    deterministic zip (sorted entries, fixed timestamps and modes)."""
+    full = with_wheel_files(files, tag)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for arc in sorted(full):
+            zi = zipfile.ZipInfo(arc, EPOCH)
+            zi.external_attr = 0o644 << 16
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(zi, full[arc])
+    return buf.getvalue()
+
+
 def build(
     src: str,
     out: str,
@@ -148,22 +192,11 @@ def build(
         for n in sorted(os.listdir(os.path.join(src, "dist-info"))):
             with open(os.path.join(src, "dist-info", n), "rb") as f:
                 files[f"{info}/{n}"] = f.read()
-        purelib = str(exts is None).lower()
-        wheel_meta = (
-            f"Wheel-Version: 1.0\nGenerator: kvpd\nRoot-Is-Purelib: {purelib}\nTag: {tag}\n"
-        )
-        files[f"{info}/WHEEL"] = wheel_meta.encode()
-        record = [record_line(a, d) for a, d in sorted(files.items())] + [f"{info}/RECORD,,"]
-        files[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
         os.makedirs(out, exist_ok=True)
         wheel = os.path.abspath(os.path.join(out, f"{NAME}-{ver}-{tag}.whl"))
         tmp = wheel + ".part"
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-            for arc in sorted(files):
-                zi = zipfile.ZipInfo(arc, EPOCH)
-                zi.external_attr = 0o644 << 16
-                zi.compress_type = zipfile.ZIP_DEFLATED
-                z.writestr(zi, files[arc])
+        with open(tmp, "wb") as f:
+            f.write(pack(files, tag))
         os.replace(tmp, wheel)
         with open(wheel, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()

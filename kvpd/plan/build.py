@@ -74,6 +74,7 @@ def host_specs(profile: Profile, base_dir: str | None) -> list[HostSpec]:
                 devices=host_devices(profile, h),
                 nic=h.nic,
                 run_dir=run_dir,
+                bundle_builder=h.bundle_builder,
             )
         )
     return out

@@ -36,6 +36,8 @@ class HostSpec:
     run_dir: str = ".kvpd/run"  # relative: to the login dir (ssh) or kvpd's cwd (local)
     # Containers: this host's processes run inside it (kvpd.plan.container).
     container: ContainerSpec | None = None
+    # Its build of kvpd's node wheel may serve the other hosts of its platform (else only itself)
+    bundle_builder: bool = False
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> HostSpec:
@@ -263,10 +265,12 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["requirements"] = {h: r.to_dict() for h, r in self.requirements.items()}
-        for h in d["hosts"]:  # hosts without a container or jump key keep plan.json's old form
+        for h in d["hosts"]:  # hosts without these keep plan.json's old form
             for key in ("container", "jump_key"):
                 if h.get(key) is None:
                     h.pop(key, None)
+            if not h.get("bundle_builder"):
+                h.pop("bundle_builder", None)
         d["sizing"] = self.sizing.to_dict()
         secrets = d.pop("secret_values")
         if not d["client_key_file"]:  # plans without a client key keep plan.json's old form

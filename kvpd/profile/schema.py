@@ -77,16 +77,14 @@ class Host(_Model):
     )
     ip: Address | None = Field(
         None,
-        description="numeric IP for HCCL_IF_IP / VLLM_HOST_IP when `address` is a host name "
-        "(kvpd does not resolve names while planning)",
+        description="numeric IP for HCCL_IF_IP / VLLM_HOST_IP when `address` is a host "
+        "name (kvpd does not resolve names while planning)",
     )
     transport: Literal["ssh", "local"] | None = Field(
         None, description="'local' runs on this machine without SSH (default: local for 127.0.0.1)"
     )
     ssh: SSH | None = None
-    nic: NicName | None = Field(
-        None, description="NIC name of `address` (HCCL/GLOO/TP socket IFNAME)"
-    )
+    nic: NicName | None = Field(None, description="NIC name of `address` (HCCL/GLOO/TP IFNAME)")
     hardware: Hardware | None = Field(None, description="default: the profile's `hardware`")
     devices: int | None = Field(
         None,
@@ -107,6 +105,9 @@ class Host(_Model):
     run_dir: RunDir | None = Field(None, description="where kvpd writes files and logs on the host")
     container: Container | None = Field(
         None, description="run this host's processes inside a container (see README Containers)"
+    )
+    bundle_builder: bool = Field(
+        False, description="its node wheel build serves all hosts of its platform (else itself)"
     )
 
 

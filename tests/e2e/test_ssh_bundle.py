@@ -172,7 +172,8 @@ def test_each_host_got_the_bundle_for_its_platform(deployed: Deployed) -> None:
     assert set(b) == {("p1", "engine"), ("d1", "engine"), ("px", "proxy")}
     for key in (("p1", "engine"), ("d1", "engine")):
         assert b[key]["action"] == "installed" and b[key]["source"] == "local", b[key]
-        assert b[key]["executable"] == str(ENGINE_PY)
+        exe = Path(b[key]["executable"])  # the engine venv may be reached through a link
+        assert (exe.parent.resolve(), exe.name) == (ENGINE_PY.parent.resolve(), ENGINE_PY.name)
         assert b[key]["implementation"] == "native"
     # Both engines run the one wheel the controller built; the proxy's Python has another ABI.
     assert b[("p1", "engine")]["digest"] == b[("d1", "engine")]["digest"]

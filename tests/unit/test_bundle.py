@@ -87,28 +87,45 @@ LOCAL = "cpython-311-x86_64-linux-gnu"
 
 
 def test_choose_builds_per_platform() -> None:
+    """A host's build serves only that host unless the host is a `bundle_builder`: then one
+    build (or its cached wheel) serves every host of its platform."""
+    x312, a311, x310 = (f"cpython-{v}-linux-gnu" for v in ("312-x86_64", "311-aarch64", "310-i686"))
     missing = {
         LOCAL: [("h1", False), ("h2", True)],
-        "cpython-312-x86_64-linux-gnu": [("h3", False), ("h4", True), ("h5", True), ("h4", True)],
-        "cpython-311-aarch64-linux-gnu": [("a1", False), ("a2", False)],
-        "cpython-310-x86_64-linux-gnu": [("h6", True)],
+        x312: [("h3", False), ("h4", True), ("h5", True), ("h4", True)],
+        a311: [("a1", False), ("a2", False)],
+        x310: [("h6", True), ("h7", False)],
     }
-    got = choose_builds(missing, LOCAL, cached={"cpython-310-x86_64-linux-gnu"})
+    got = choose_builds(missing, LOCAL, cached={(x310, "h6")})
     assert got == {
-        LOCAL: Build("local"),  # the controller's own wheel, even for hosts without compiler
-        "cpython-312-x86_64-linux-gnu": Build("hosts", ("h4", "h5")),  # first able host first
-        "cpython-311-aarch64-linux-gnu": Build("any"),  # no compiler: NumPy fallback
-        "cpython-310-x86_64-linux-gnu": Build("cache"),  # built on a host before
+        (LOCAL, None): Build("local"),  # the controller's own wheel, even without compiler
+        (x312, "h4"): Build("hosts", ("h4",)),  # each able host builds its own
+        (x312, "h5"): Build("hosts", ("h5",)),
+        (x312, None): Build("any"),  # h3: no compiler, no builder: NumPy fallback
+        (a311, None): Build("any"),
+        (x310, "h6"): Build("cache", ("h6",)),  # its own build, from before
+        (x310, None): Build("any"),  # h7 does not get h6's build
     }
+    shared = choose_builds(missing, LOCAL, {(x310, "h6")}, {x312: ("h5",), x310: ("h6",)})
+    assert shared[(x312, None)] == Build("hosts", ("h5",))  # the builder, for h3, h4, h5
+    assert shared[(x310, None)] == Build("cache", ("h6",))  # the builder's cached build
+    assert set(shared) == {(LOCAL, None), (x312, None), (a311, None), (x310, None)}
 
 
 def test_choose_builds_prefers_the_controllers_cross_build_to_a_host_build() -> None:
     # A wheel the controller builds itself needs no compiler on the hosts, and no wheel built
-    # on one host is installed on another; a cached wheel still comes first.
+    # on one host is installed on another (not even a builder's, nor its cached build).
     arm, arm312 = "cpython-311-aarch64-linux-gnu", "cpython-312-aarch64-linux-gnu"
     missing = {arm: [("a1", True)], arm312: [("a2", True)], LOCAL: [("h1", False)]}
-    got = choose_builds(missing, LOCAL, cached={arm312}, cross=frozenset({arm, arm312}))
-    assert got == {arm: Build("cross"), arm312: Build("cache"), LOCAL: Build("local")}
+    got = choose_builds(
+        missing, LOCAL, cached={(arm312, "a2")}, builders={arm: ("a1",)},
+        cross=frozenset({arm, arm312}),
+    )  # fmt: skip
+    assert got == {
+        (arm, None): Build("cross"),
+        (arm312, None): Build("cross"),
+        (LOCAL, None): Build("local"),
+    }
 
 
 # -- install, verify, reuse on this machine ------------------------------------------------------
@@ -247,7 +264,9 @@ def test_foreign_platform_is_built_on_its_host(tmp_path: Path, monkeypatch) -> N
     )[0]
     assert res.action == "installed" and res.source == "host:here", res.report
     assert res.report["native"]["implementation"] == "native"
-    assert wheels.cached(res.report["platform"]) is not None  # the next host reuses it
+    # cached as that host's own build: its next `up` reuses it, no other host gets it
+    assert wheels.cached(res.report["platform"], built_on="here") is not None
+    assert wheels.cached(res.report["platform"]) is None
     assert not (tmp_path / "run" / "bundle" / f".build-{wheels.source_digest()[:16]}").exists()
 
 
@@ -311,6 +330,9 @@ def test_plan_shows_who_gets_the_bundle_and_why() -> None:
     )
     assert lines[2] == "  localhost (proxy slot, python3): proxy: kvpd proxy"
     assert plan_lines(load_plan("ucm-pd-mixed", base_dir="/srv")) == []
+    shared = load_plan("local", base_dir="/srv", sets=["hosts.localhost.bundle_builder=true"])
+    assert plan_lines(shared)[2].endswith("; its wheel build serves its platform's hosts")
+    assert next(h for h in shared.to_dict()["hosts"])["bundle_builder"] is True
 
 
 def test_fallback_warning_says_how_to_get_the_native_core() -> None:
@@ -387,23 +409,19 @@ def test_a_failed_native_build_is_not_retried_on_every_up(
     built or reinstalled."""
     run, plan, t, first = fallback_installed(tmp_path, monkeypatch)
     w = pure()
-    wheels.store(first.report["platform"], w.name, w.path.read_bytes(), False, "build failed")
+    wheels.store(first.report["platform"], w.name, w.path.read_bytes(), False, "failed", "here")
     inst = BundleInstaller(lambda h: t, local_platform="cpython-399-fake")
     res = inst.install(plan, {"here": str(run)})[0]
     assert res.action == "kept" and res.report["digest"] == first.report["digest"], res.report
     assert not inst.warnings
 
 
-def test_preflight_says_where_each_platforms_native_core_comes_from(
-    cache: Path, tmp_path: Path
-) -> None:
-    from kvpd.exec.bundle_preflight import native_source
+def test_preflight_says_a_cross_buildable_platform_is_the_controllers_cross_build() -> None:
+    from kvpd.exec.bundle_preflight import _native_check
 
-    arm, other = "cpython-311-aarch64-linux-gnu", "cpython-312-x86_64-linux-gnu"
-    cross = frozenset({arm})
-    assert native_source(LOCAL, LOCAL, cross, False) == "the controller's own build"
-    assert native_source(arm, LOCAL, cross, True) == "cross-built on the controller"
-    assert native_source(other, LOCAL, cross, True) == (
-        "built on the first host of that platform with a compiler"
-    )
-    assert native_source(other, LOCAL, cross, False) is None  # the NumPy fallback
+    arm = "cpython-311-aarch64-linux-gnu"
+    facts = {"hosts": ["a1", "a2"], "builders": [], "required": ["a1"]}
+    check = _native_check(arm, facts, LOCAL, set(), frozenset({arm}))
+    assert check.ok and check.detail == "controller cross-build (a1, a2)"
+    without = _native_check(arm, facts, LOCAL, set(), frozenset())
+    assert not without.ok and "NumPy fallback" in without.detail  # required, no compiler
