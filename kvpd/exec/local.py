@@ -165,11 +165,13 @@ class LocalTransport:
         reap_children()
         return sorted(st.pid for st in live_members(all_stats(), pgid))
 
-    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
-        """Signal the group unless it can no longer be ours (procfs.may_signal_group)."""
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int) -> bool:
+        """Signal the group unless it can no longer be ours (procfs.may_signal_group); never
+        this process's own group."""
         reap_children()
+        pgid = int(pgid)
         if not may_signal_group(
-            pgid, read_stat(pgid), live_members(all_stats(), pgid), start_ticks
+            pgid, read_stat(pgid), live_members(all_stats(), pgid), start_ticks, os.getpgrp()
         ):
             return False
         try:

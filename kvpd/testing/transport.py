@@ -182,7 +182,7 @@ class FakeTransport:
     def _members(self, pgid: int) -> list[procfs.ProcStat]:
         return procfs.live_members((p.stat for p in self.processes.values()), pgid)
 
-    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int) -> bool:
         self._check_reachable()
         with self._lock:
             leader = self.processes.get(pgid)

@@ -38,12 +38,16 @@ class ShellProcesses:
     def group_alive(self, pgid: int) -> list[int]:
         return sorted(s.pid for s in self._group(pgid)[1])
 
-    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
-        """Signal the group unless it can no longer be ours (procfs.may_signal_group)."""
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int) -> bool:
+        """Signal the group unless it can no longer be ours (procfs.may_signal_group); the
+        snippet checks the leader's start time again just before the kill, so the window for
+        PID reuse is the shell's, not a round trip."""
         leader, members = self._group(pgid)
         if not procfs.may_signal_group(int(pgid), leader, members, start_ticks):
             return False
-        out = self._snippet(commands.signal_snippet(pgid, sig), f"signalling process group {pgid}")
+        out = self._snippet(
+            commands.signal_snippet(pgid, sig, start_ticks), f"signalling process group {pgid}"
+        )
         return out.strip() == "sent"
 
     def ports_listening(self, ports: list[int]) -> list[int]:

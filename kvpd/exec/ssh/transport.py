@@ -111,8 +111,9 @@ class SSHTransport(ShellProcesses):
         """Run a shell command line; (exit code, stdout, stderr, timed out). On timeout the
         remote command's process group is killed: closing the channel alone leaves it running."""
         # sshd runs the login shell as the leader of a new session, and `exec` keeps that PID
-        # and group, so the first stderr line names the group to kill on timeout.
-        wrapped = "echo $$ >&2; " + command
+        # and group, so the first stderr line names the group to kill on timeout (and the
+        # start time that proves it is still that group).
+        wrapped = commands.SELF_IDENTITY + command
 
         def op(conn: Connection) -> tuple[int, bytes, bytes, bool]:
             with self._channels:
@@ -120,8 +121,8 @@ class SSHTransport(ShellProcesses):
                 try:
                     code, out, err, timed_out = drive(chan, wrapped, timeout_s)
                     first, _, err = err.partition(b"\n")
-                    if timed_out and first.strip().isdigit():
-                        self._kill_timed_out(int(first))
+                    if timed_out and (ident := commands.self_identity(first)) is not None:
+                        self._kill_timed_out(*ident)
                     return code, out, err, timed_out
                 except LINK_ERRORS as e:
                     raise TransportError(
@@ -134,10 +135,11 @@ class SSHTransport(ShellProcesses):
 
         return self._with_retry("running a command", op)
 
-    def _kill_timed_out(self, pgid: int) -> None:
+    def _kill_timed_out(self, pgid: int, start_ticks: int) -> None:
         try:  # a timed-out command is already a failure: best effort
             conn = self._connection()
-            drive(conn.session(self.connect_timeout_s), commands.kill_later_snippet(pgid), 10.0)
+            snippet = commands.kill_later_snippet(pgid, start_ticks)
+            drive(conn.session(self.connect_timeout_s), snippet, 10.0)
         except Exception:  # noqa: BLE001
             pass
 
