@@ -51,8 +51,13 @@ def detached_command_line(
     the new session and process group have that number.
     """
     check_argv(argv)
+    lq = quote_word(log)
     parts = [
-        f"mkdir -p -- {quote_word(posixpath.dirname(log) or '.')} || exit {NOT_FOUND}",
+        # The log (and a log dir made for it) is private from its creation: engine output may
+        # echo request text and secrets. A log kept from an earlier run loses group/other bits.
+        f"(umask 077 && mkdir -p -- {quote_word(posixpath.dirname(log) or '.')} && : >>{lq}) "
+        f"|| exit {NOT_FOUND}",
+        f"{{ [ ! -f {lq} ] || chmod go-rwx -- {lq}; }} 2>/dev/null",
         f"cd -- {quote_word(cwd)} || exit {NOT_FOUND}",
     ]
     parts += [f"export {k}={quote_word(v)}" for k, v in check_env(env).items()]
