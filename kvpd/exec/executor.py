@@ -22,8 +22,8 @@ from kvpd.exec.transport import Transport
 from kvpd.plan.value import FileSpec, HostSpec, Plan, ProcessSpec
 
 DEFAULT_GRACE_S = 20.0
-# Written through bash's positional parameters so no value is ever parsed as shell code.
-LOG_HEADER_SH = 'mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
+# Through bash's positional parameters, so no value is parsed as shell code; private (0600).
+LOG_HEADER_SH = 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
 
 
 class _ProcessFailed(Exception):

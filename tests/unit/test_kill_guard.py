@@ -127,3 +127,11 @@ def test_down_does_not_kill_a_group_a_stale_status_file_names() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_start_reporting_pid_1_is_refused() -> None:
+    from kvpd.errors import TransportError
+    from kvpd.exec.ssh.processes import started
+
+    with pytest.raises(TransportError, match="reported PID 1"):
+        started(["1", "1 (init) S 0 1 1"], "/x.log")

@@ -8,6 +8,7 @@ guard and port listing then follow the procfs rules once (kvpd.exec.procfs).
 
 from __future__ import annotations
 
+from kvpd.errors import TransportError
 from kvpd.exec import procfs
 from kvpd.exec.ssh import commands
 from kvpd.exec.transport import Started
@@ -61,6 +62,8 @@ def started(lines: list[str], log_path: str) -> Started:
     """The process `detached_command_line` started, from its output: the PID on the first
     line, then its stat line (for the start time that guards against PID reuse)."""
     pid = int(lines[0])
+    if not procfs.signalable(pid):  # node output: kvpd would later signal this number's group
+        raise TransportError(f"the host reported PID {pid} for the process it started")
     st = procfs.parse_stat("\n".join(lines[1:])) if len(lines) > 1 else None
     ticks = st.start_ticks if st is not None and st.pid == pid else 0
     return Started(pid=pid, pgid=pid, start_ticks=ticks, log=log_path)
