@@ -275,14 +275,18 @@ class Deployments:
 
     # -- inspecting --------------------------------------------------------------------
 
-    def diagnose(self, deployment: str, *, lines: int = 200) -> gather.Report:
+    def diagnose(
+        self, deployment: str, *, lines: int = 200, shareable: bool = False
+    ) -> gather.Report:
         """Everything that explains `deployment`'s state, from every host in parallel, into
-        `<state root>/<deployment>/diagnose/<time>.tar.gz` (exec/gather.py)."""
+        `<state root>/<deployment>/diagnose/<time>.tar.gz` (exec/gather.py); `shareable`: the
+        masked, topology-free form meant for others."""
         state = self.store.require(deployment)
         ev = self.events(deployment)
         extra = {"events.jsonl": ev.path.read_bytes()} if ev.path.exists() else {}
         out = self.store.root / deployment / "diagnose"
-        report = gather.gather(self._pool, state, out, lines=lines, extra=extra)
+        report = gather.gather(self._pool, state, out, lines=lines, extra=extra,
+                               shareable=shareable)  # fmt: skip
         bad = [f.name for f in report.processes if f.state not in ("healthy", "running")]
         ev.record("diagnose", str(report.archive), not_ok=bad)
         return report
