@@ -178,3 +178,11 @@ def test_what_kvpd_creates_is_private_from_the_start(host: Host) -> None:
         assert (mode(f"{host.workdir}/newlogs"), mode(log)) == ("700", "600")
     finally:
         t.signal_group(s.pgid, signal.SIGKILL, start_ticks=s.start_ticks)
+
+
+def test_a_secret_in_env_reaches_the_command(host: Host) -> None:
+    if isinstance(host.t, FakeTransport):
+        pytest.skip("the fake runs no shell")
+    token = "hf_x'; $(id) \"y\""
+    r = host.t.run(["sh", "-c", 'printf %s "$HF_TOKEN"'], env={"HF_TOKEN": token, "A": "1"})
+    assert r.ok and r.stdout == token

@@ -8,6 +8,7 @@ import posixpath
 from kvpd.errors import PlanError
 from kvpd.exec import procfs
 from kvpd.exec.command_words import check_env, quote_word
+from kvpd.plan.quoting import SECRET_NAME
 
 # Exit code when the working directory or the command is unusable: what a shell gives for a
 # missing command and what LocalTransport returns for both.
@@ -37,6 +38,28 @@ def command_line(
     parts += [f"export {k}={quote_word(v)}" for k, v in check_env(env).items()]
     parts.append("exec " + " ".join(quote_word(a) for a in argv))
     return "; ".join(parts)
+
+
+def split_secret_env(
+    env: dict[str, str] | None,
+) -> tuple[dict[str, str], dict[str, str] | None]:
+    """(the variables whose name says secret, the rest): a secret must not be in the command
+    line sshd runs, which any local user on the host sees in `ps`."""
+    if not env:
+        return {}, env
+    secret = {k: v for k, v in env.items() if SECRET_NAME.search(k)}
+    return secret, {k: v for k, v in env.items() if k not in secret}
+
+
+def env_file(env: dict[str, str]) -> bytes:
+    """A file of quoted assignments that `source_and_remove` reads into the environment."""
+    return "".join(f"{k}={quote_word(v)}\n" for k, v in check_env(env).items()).encode()
+
+
+def source_and_remove(path: str) -> str:
+    """Command-line prefix: export the assignments of `path` (an env_file), then delete it."""
+    q = quote_word(path)
+    return f"set -a; . {q} || exit {NOT_FOUND}; set +a; rm -f -- {q}; "
 
 
 def detached_command_line(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import posixpath
 import threading
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -145,7 +146,13 @@ class SSHTransport(ShellProcesses):
 
     def run(self, argv: list[str], **opts: Unpack[RunOptions]) -> CommandResult:
         o = Run(**opts)
-        command = commands.command_line(list(argv), env=o.env, cwd=o.cwd)
+        secret, env = commands.split_secret_env(o.env)
+        prefix = ""
+        if secret:  # through a private file, never the command line (`ps` on the host)
+            path = posixpath.join(self.home(), f".kvpd-env-{uuid.uuid4().hex}")
+            self.put(path, commands.env_file(secret), mode=0o600)
+            prefix = commands.source_and_remove(path)
+        command = prefix + commands.command_line(list(argv), env=env, cwd=o.cwd)
         return self._result(tuple(argv), command, o.timeout_s)
 
     def shell(self, script: str, *, timeout_s: float = 60.0) -> CommandResult:
