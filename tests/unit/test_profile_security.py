@@ -182,3 +182,17 @@ def test_out_writes_through_new_private_temporaries_and_replaces_symlinks(
     assert trap.read_text() == "" and not target.is_symlink()
     assert target.read_text() == script.content
     assert seen and all(m == 0o600 for m in seen)
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["d_{name:>999999999}.log", "d_{name!r}.log", "d_{dp_rank:.>9}.log", "d_{instance:x}.log"],
+)
+def test_log_name_format_specs_are_refused_with_the_field(template: str) -> None:
+    msg = error("local", f"decode.log_name={template}")
+    assert "decode.log_name: " in msg and "only {dp_rank} and {instance} a zero-padding" in msg
+
+
+def test_log_name_zero_padding_is_allowed() -> None:
+    plan = load_plan("local", sets=["decode.log_name=decoder_dp_{dp_rank:02d}.log"])
+    assert any(p.log == "logs/decoder_dp_00.log" for p in plan.processes)
