@@ -127,3 +127,16 @@ def test_plan_table_port_column_keeps_unrelated_ports_apart() -> None:
     assert _ports_short(()) == []
     out = kvpd("plan", "large-ep").stdout
     assert "20001-13395" not in out and "20001-20008" in out
+
+
+def test_an_inventory_may_not_override_what_is_served(tmp_path: Path) -> None:
+    from kvpd.errors import ProfileError
+    from kvpd.profile.load import load_inventory
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  p1: {address: 10.9.9.1}\nengine:\n  args: [--trust-remote-code]\n")
+    with pytest.raises(ProfileError) as e:
+        load_inventory(str(inv))
+    assert f"{inv}:3: engine: an inventory holds machine facts only (hosts, ssh, rehearsal)" in str(
+        e.value
+    )
