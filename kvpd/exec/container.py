@@ -27,8 +27,9 @@ from kvpd.plan.container import ContainerSpec
 _RUNTIME_FAILURES = (
     (
         "permission denied",
-        "the login user cannot reach the runtime's socket. Fix: add the "
-        "user to the `docker` group (or run podman rootless as that user) and log in again.",
+        "the login user cannot reach the runtime's socket. Fix: run podman rootless as that "
+        "user, or add the user to the `docker` group and log in again (membership of that "
+        "group is root-equivalent on the host: give it only to a user you would give root).",
     ),
     (
         "no such container",

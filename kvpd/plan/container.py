@@ -118,17 +118,20 @@ def container_spec(
     npus: tuple[int, ...],
     shm_needed_gb: float,
     run_dir: str,
-    model_dirs: tuple[str, ...],
+    data_dirs: tuple[tuple[str, ...], tuple[str, ...]],
 ) -> ContainerSpec:
     """The container of one host: devices from the NPUs the plan assigns to it, the driver
-    mounts on Ascend hardware, the run dir and model folders at the same path inside."""
+    mounts on Ascend hardware, the run dir and data folders at the same path inside (`data_dirs`:
+    read-only ones, the model folders a compromised engine must not rewrite for its peers;
+    read-write ones, KV storage)."""
     devices: tuple[str, ...] = ()
     mounts: list[str] = []
     if hardware in ("a2", "a3", "950"):
         devices = tuple(f"/dev/davinci{n}" for n in sorted(set(npus))) + ASCEND_DEVICES
         mounts += [f"{src}:{src}:{opt}" for src, opt in ASCEND_MOUNTS]
-    for d in (*model_dirs, run_dir):
-        m = f"{d}:{d}"
+    read_only, writable = data_dirs
+    for d, opt in [(d, ":ro") for d in read_only] + [(d, "") for d in (*writable, run_dir)]:
+        m = f"{d}:{d}{opt}"
         if d.startswith("/") and m not in mounts:
             mounts.append(m)
     return ContainerSpec(

@@ -32,8 +32,9 @@ def template_problem(template: str) -> str | None:
         # A format spec can pad a name to any width (`{name:>999999999}`) or fill it with '.';
         # only zero-padding of a number, up to 2 digits wide, is useful in a file name.
         if conv or (spec and not (f in NUMBERS and NUMBER_SPEC.fullmatch(spec))):
+            how = "!" + conv if conv else ":" + (spec or "")
             return (
-                f"{template!r} formats {{{f}}} with {'!' + conv if conv else ':' + spec}; a "
+                f"{template!r} formats {{{f}}} with {how}; a "
                 "placeholder takes no conversion, and only {dp_rank} and {instance} a "
                 "zero-padding such as {dp_rank:02d}."
             )

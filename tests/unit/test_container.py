@@ -249,7 +249,8 @@ def test_a_stopped_container_and_a_denied_socket_say_what_to_do(tmp_path: Path) 
         "socket at unix:///var/run/docker.sock"
     )  # fmt: skip
     msg = runtime_failure(spec("c"), "p1", denied) or ""
-    assert "cannot reach the runtime's socket. Fix: add the user to the `docker` group" in msg
+    assert "cannot reach the runtime's socket. Fix: run podman rootless" in msg
+    assert "root-equivalent on the host" in msg
     host = LocalTransport(base_dir=str(tmp_path))
     with standin_container(host) as t:
         netns = "".join(ch for ch in os.readlink("/proc/self/ns/net") if ch.isdigit())
@@ -285,3 +286,17 @@ def test_a_groups_container_applies_to_its_hosts_and_groups_sharing_a_host_must_
         "decode.container: host 'p1' runs prefill and decode with different containers; one "
         "host runs one container: give them the same one or set hosts.p1.container."
     ) in str(e.value)
+
+
+def test_model_folders_are_mounted_read_only_and_storage_read_write() -> None:
+    """An engine never writes its model: a compromised one must not rewrite the weights or the
+    tokenizer its peers load from the same folder."""
+    from types import SimpleNamespace
+
+    from kvpd.plan.container import container_spec
+
+    c = SimpleNamespace(runtime="docker", command=None, name="n", image="IMAGE", shm_gb=None)
+    dirs = (("/models/m",), ("/mnt/kv",))
+    spec = container_spec(c, deployment="d", hardware="cpu", npus=(), shm_needed_gb=0.0,
+                          run_dir="/data/run", data_dirs=dirs)  # fmt: skip
+    assert spec.mounts == ("/models/m:/models/m:ro", "/mnt/kv:/mnt/kv", "/data/run:/data/run")
