@@ -196,3 +196,12 @@ def test_log_name_format_specs_are_refused_with_the_field(template: str) -> None
 def test_log_name_zero_padding_is_allowed() -> None:
     plan = load_plan("local", sets=["decode.log_name=decoder_dp_{dp_rank:02d}.log"])
     assert any(p.log == "logs/decoder_dp_00.log" for p in plan.processes)
+
+
+def test_the_plan_digest_does_not_depend_on_secret_values() -> None:
+    """The digest is shown in plans and state: it must not let anyone test guesses of a key."""
+    one = load_plan("local", sets=["env.VLLM_API_KEY=abc"])
+    two = load_plan("local", sets=["env.VLLM_API_KEY=xyz"])
+    assert one.profile_digest == two.profile_digest
+    other = load_plan("local", sets=["env.VLLM_API_KEY=abc", "env.OTHER=1"])
+    assert other.profile_digest != one.profile_digest
