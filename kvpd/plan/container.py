@@ -9,6 +9,7 @@ transport quotes them, kvpd.exec.ssh.commands).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +50,14 @@ class ContainerSpec:
     def standin(self) -> bool:
         return self.runtime == "standin"
 
-    def exec_argv(self, argv: list[str] | tuple[str, ...]) -> list[str]:
+    def exec_argv(
+        self, argv: list[str] | tuple[str, ...], pass_env: Sequence[str] = ()
+    ) -> list[str]:
         """`argv` run inside the container (what the runtime's exec does: enter its
-        namespaces; no TTY, no stdin: kvpd's commands read none)."""
-        return [self.command, "exec", self.name, *argv]
+        namespaces; no TTY, no stdin: kvpd's commands read none). `pass_env`: variables the
+        runtime passes on from its own environment by name (`-e NAME`, no value in argv)."""
+        env = [w for name in pass_env for w in ("-e", name)]
+        return [self.command, "exec", *env, self.name, *argv]
 
     def run_argv(self) -> list[str]:
         """The command that starts this container, detached, kept alive by a no-op command."""

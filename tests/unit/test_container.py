@@ -300,3 +300,26 @@ def test_model_folders_are_mounted_read_only_and_storage_read_write() -> None:
     spec = container_spec(c, deployment="d", hardware="cpu", npus=(), shm_needed_gb=0.0,
                           run_dir="/data/run", data_dirs=dirs)  # fmt: skip
     assert spec.mounts == ("/models/m:/models/m:ro", "/mnt/kv:/mnt/kv", "/data/run:/data/run")
+
+
+def test_secret_env_is_passed_by_name_not_on_the_runtime_command_line() -> None:
+    """`docker exec ... sh -c 'export VLLM_API_KEY=...'` would show the key in `ps` on the
+    host: the runtime gets `-e NAME` and the value through the host transport's environment."""
+    from kvpd.exec.transport import CommandResult
+    from tests.unit.standin import spec
+
+    calls: list[tuple[list[str], dict[str, str] | None]] = []
+
+    class Host(LocalTransport):
+        def run(self, argv, **opts):  # noqa: ANN001, ANN003, ANN201
+            calls.append((list(argv), opts.get("env")))
+            return CommandResult(tuple(argv), 0, "4242\n", "")
+
+    t = ContainerTransport(Host(), spec("c"))
+    t.run(["true"], env={"VLLM_API_KEY": "sk-secret-value", "MODE": "x"})
+    t.start_detached(["vllm"], log="/r/l.log", cwd="/r", env={"HF_TOKEN": "hf_secret"})
+    for (argv, env), name, value in zip(
+        calls, ("VLLM_API_KEY", "HF_TOKEN"), ("sk-secret-value", "hf_secret"), strict=True
+    ):
+        assert not any(value in w for w in argv)
+        assert argv[argv.index("-e") + 1] == name and env == {name: value}

@@ -139,3 +139,22 @@ def test_secret_env_never_reaches_the_ssh_command_line(monkeypatch, tmp_path) ->
     (tmp_path / path.rsplit("/", 1)[1]).write_bytes(content)
     out = subprocess.run(["sh", "-c", sent[0]], capture_output=True, text=True, cwd=tmp_path)
     assert out.stdout == token and not (tmp_path / path.rsplit("/", 1)[1]).exists()
+
+
+def test_secret_env_of_a_detached_start_never_reaches_the_command_line(monkeypatch) -> None:  # noqa: ANN001
+    from kvpd.exec.ssh import SSHTransport
+    from kvpd.plan.value import HostSpec
+
+    t = SSHTransport(HostSpec("h", "192.0.2.1", user="me"))
+    written: list[bytes] = []
+    sent: list[str] = []
+    monkeypatch.setattr(t, "home", lambda: "/home/me")
+    monkeypatch.setattr(t, "put", lambda p, c, *, mode: written.append(c))
+
+    def exec_(command: str, timeout_s: float) -> tuple[int, bytes, bytes, bool]:
+        sent.append(command)
+        return 0, b"4242\n", b"", False
+
+    monkeypatch.setattr(t, "_exec", exec_)
+    t.start_detached(["vllm"], log="/r/l.log", cwd="/r", env={"VLLM_API_KEY": "sk-value"})
+    assert "sk-value" not in sent[0] and b"VLLM_API_KEY='sk-value'" in written[0]

@@ -147,13 +147,19 @@ class SSHTransport(ShellProcesses):
     def run(self, argv: list[str], **opts: Unpack[RunOptions]) -> CommandResult:
         o = Run(**opts)
         secret, env = commands.split_secret_env(o.env)
-        prefix = ""
-        if secret:  # through a private file, never the command line (`ps` on the host)
-            path = posixpath.join(self.home(), f".kvpd-env-{uuid.uuid4().hex}")
-            self.put(path, commands.env_file(secret), mode=0o600)
-            prefix = commands.source_and_remove(path)
-        command = prefix + commands.command_line(list(argv), env=env, cwd=o.cwd)
+        command = self._secret_prefix(secret) + commands.command_line(
+            list(argv), env=env, cwd=o.cwd
+        )
         return self._result(tuple(argv), command, o.timeout_s)
+
+    def _secret_prefix(self, secret: dict[str, str]) -> str:
+        """Secret variables go through a private file the command sources and deletes, never
+        through the command line sshd runs (`ps` shows it to every local user)."""
+        if not secret:
+            return ""
+        path = posixpath.join(self.home(), f".kvpd-env-{uuid.uuid4().hex}")
+        self.put(path, commands.env_file(secret), mode=0o600)
+        return commands.source_and_remove(path)
 
     def shell(self, script: str, *, timeout_s: float = 60.0) -> CommandResult:
         """Run a trusted shell snippet written by kvpd itself (never built from plan values)."""
@@ -257,7 +263,10 @@ class SSHTransport(ShellProcesses):
     ) -> Started:
         log_path = self.resolve(log)
         cwd_path = self.resolve(cwd)
-        script = commands.detached_command_line(list(argv), log=log_path, cwd=cwd_path, env=env)
+        secret, rest = commands.split_secret_env(env)
+        script = self._secret_prefix(secret) + commands.detached_command_line(
+            list(argv), log=log_path, cwd=cwd_path, env=rest
+        )
         code, out, err, timed_out = self._exec(script, 30.0)
         text = out.decode(errors="replace")
         lines = text.splitlines()
