@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 from urllib.parse import urlsplit
 
 from kvpd.errors import StateError
 from kvpd.exec import logs
+from kvpd.profile.container_schema import CONTAINER_NAME, ContainerRuntime
 from kvpd.profile.types import shared_folder
 
 if TYPE_CHECKING:
@@ -138,6 +140,15 @@ def problems(state: DeploymentState, deployment: str) -> list[str]:
         elif not _planned_run_dir(run_dir, state.plan.host(host).run_dir):
             planned = state.plan.host(host).run_dir
             out.append(f"run_dirs[{host!r}]: {run_dir!r} is not the plan's run dir {planned!r}")
+    for h in state.plan.hosts:
+        c = h.container
+        if c is not None and (
+            not re.fullmatch(CONTAINER_NAME, c.name) or c.runtime not in get_args(ContainerRuntime)
+        ):
+            out.append(
+                f"plan.hosts[{h.name!r}].container: {c.runtime!r} {c.name!r} is not a runtime "
+                "and container name a profile can give"
+            )
     for r in state.processes:
         out += _record_problems(state, r)
     for p in state.plan.processes:

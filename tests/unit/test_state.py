@@ -163,6 +163,12 @@ def _rec(field: str, value: object):  # noqa: ANN202
         (lambda d: d["run_dirs"].update(evil="/srv/x"), "run_dirs['evil']: not a host of the plan"),
         (lambda d: d["plan"].update(proxy_url="http://203.0.113.9:80"), "plan.proxy_url"),
         (lambda d: d.update(deployment="other"), "deployment: 'other' is not the deployment"),
+        (
+            lambda d: d["plan"]["hosts"][0].update(
+                container={"runtime": "docker", "command": "docker", "name": "-v=/:/host"}
+            ),
+            "plan.hosts['h1'].container: 'docker' '-v=/:/host' is not a runtime",
+        ),
     ],
 )
 def test_every_loaded_field_is_checked(tmp_path: Path, edit, says: str) -> None:  # noqa: ANN001
