@@ -20,7 +20,8 @@ from kvpd.plan.supervision import STATUS_DIR
 from kvpd.plan.value import Plan
 
 MARKER = ".kvpd-run-dir"
-FIXED_ENTRIES = (BUNDLE_DIR, LOG_DIR, STATUS_DIR)
+PATH_VARS = ("_DIR", "_PATH", "_ROOT", "_HOME", "TMPDIR", "_FOLDER")
+FIXED_ENTRIES = (BUNDLE_DIR, LOG_DIR, STATUS_DIR, "bench")  # bench: `kvpd bench` results
 
 # $1 run dir, $2 marker name, $3 marker text. A dir that exists is marked only when it is
 # empty and owned by the login user; an existing marked dir is made private again.
@@ -45,7 +46,7 @@ PURGE_SH = r"""d=$1 m=$2 tag=$3; shift 3
 [ "$(cat -- "$d/$m")" = "$tag" ] || exit 4
 cd -- "$d" || exit 4
 for n in "$@"; do rm -rf -- "./$n"; done
-rm -f -- "./$m"
+rm -f -- ./.*.tmp ./.kvpd-container-* "./$m"
 cd / && rmdir -- "$d" 2>/dev/null && exit 0
 ls -A -- "$d"; exit 5
 """
@@ -70,18 +71,25 @@ def _top(path: str) -> str | None:
     return norm.split("/", 1)[0]
 
 
-def entries(plan: Plan, host: str) -> list[str]:
+def entries(plan: Plan, host: str, run_dir: str) -> list[str]:
     """The top-level names kvpd writes into `host`'s run dir."""
     paths: Iterable[str] = [f.path for f in plan.files if f.host == host]
     procs = [p for p in plan.processes if p.host == host]
     paths = [*paths, *plan.fresh_dirs, *(p.script for p in procs), *(p.log for p in procs if p.log)]
+    # Folders the plan points its processes at through env variables named for a path
+    # (VLLM_CACHE_ROOT, VLLM_RPC_BASE_PATH, TMPDIR, ...): relative ones are in the run dir,
+    # their cwd, and absolute ones may be too.
+    for p in procs:
+        for k, v in p.env:
+            if k.endswith(PATH_VARS) and v and not v.startswith("$"):
+                paths.append(v[len(run_dir) + 1 :] if v.startswith(run_dir + "/") else v)
     names = {n for n in map(_top, paths) if n} | set(FIXED_ENTRIES)
     return sorted(n for n in names if n not in (".", "..", MARKER))
 
 
 def purge(t: Transport, run_dir: str, plan: Plan, host: str) -> str:
     """Remove kvpd's entries of `host`'s marked run dir; '' when done, else what was kept."""
-    args = [run_dir, MARKER, marker_text(plan.deployment), *entries(plan, host)]
+    args = [run_dir, MARKER, marker_text(plan.deployment), *entries(plan, host, run_dir)]
     r = t.run(["sh", "-c", PURGE_SH, "kvpd-purge", *args], timeout_s=300)
     if r.exit_code == 4:
         return (

@@ -52,7 +52,9 @@ def test_an_existing_dir_with_content_is_not_marked(tmp_path: Path) -> None:
 def test_purge_removes_kvpd_entries_and_keeps_the_rest(tmp_path: Path) -> None:
     d = tmp_path / "run"
     run_dirs.mark(LocalTransport(), str(d), PLAN.deployment)
-    for name in ("logs/a.log", "bundle/x/y", "supervise/p.json", PLAN.files[0].path):
+    made = ("logs/a.log", "bundle/x/y", "supervise/p.json", "cache/vllm/x", "rpc/s", "tmp/t",
+            "bench/r/result.json", ".launch.sh.1a2b.tmp", PLAN.files[0].path)  # fmt: skip
+    for name in made:
         (d / name).parent.mkdir(parents=True, exist_ok=True)
         (d / name).write_text("kvpd's")
     (d / "notes.txt").write_text("the operator's")
