@@ -183,6 +183,6 @@ def test_what_kvpd_creates_is_private_from_the_start(host: Host) -> None:
 def test_a_secret_in_env_reaches_the_command(host: Host) -> None:
     if isinstance(host.t, FakeTransport):
         pytest.skip("the fake runs no shell")
-    token = "hf_x'; $(id) \"y\""
+    token = 'hf_x\'; $(id) "y"'
     r = host.t.run(["sh", "-c", 'printf %s "$HF_TOKEN"'], env={"HF_TOKEN": token, "A": "1"})
     assert r.ok and r.stdout == token
