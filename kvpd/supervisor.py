@@ -41,12 +41,24 @@ _MAX_BACKOFF_S = 60.0
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: own process group; SIGKILL when the supervisor dies."""
-    os.setpgid(0, 0)
+    """In the child before exec: own session and process group (sid == pgid == its PID, the
+    identity `kvpd down`'s PID-reuse guard checks); SIGKILL when the supervisor dies."""
+    os.setsid()
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the supervisor's own SIGTERM path remains
         pass
+
+
+def start_ticks(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat (start time in clock ticks after boot), 0 if unreadable.
+    The command name (field 2) may hold spaces and ')', so fields are counted after the last
+    ')'."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 class Supervisor:
@@ -55,6 +67,9 @@ class Supervisor:
         self.status_path: str = args.status
         self.stopping = False
         self.child: subprocess.Popen[bytes] | None = None
+        # Set before the child is reaped: from then on its number may belong to another
+        # process, so nothing signals it (the signal handler reads this).
+        self.reaping = False
         self.ready = threading.Event()  # the health URL answered 200 once
         self.status: dict[str, Any] = {
             "name": args.name,
@@ -69,6 +84,7 @@ class Supervisor:
             "state": "starting",
             "child_pid": None,
             "child_pgid": None,
+            "child_start_ticks": 0,
             "restarts": 0,
             "starts": [],
             "exits": [],
@@ -95,11 +111,15 @@ class Supervisor:
 
     def on_signal(self, signum: int, frame: object) -> None:
         self.stopping = True
-        if self.child is not None and self.child.poll() is None:
+        if self.child is not None and not self.reaping:
             self._kill(signal.SIGTERM)
 
     def _kill(self, sig: int) -> None:
+        """Signal the child's group. Only called while the child is unreaped (running or a
+        zombie): until it is reaped, the kernel keeps its number, so the group is ours."""
         assert self.child is not None
+        if self.reaping:
+            return
         try:
             os.killpg(self.child.pid, sig)
         except ProcessLookupError:
@@ -109,23 +129,46 @@ class Supervisor:
 
     def start(self) -> None:
         self.child = subprocess.Popen(self.args.command, preexec_fn=_die_with_parent)
+        self.reaping = False
         now = time.time()
-        self.status.update(state="running", child_pid=self.child.pid, child_pgid=self.child.pid)
+        pid = self.child.pid
+        self.status.update(
+            state="running", child_pid=pid, child_pgid=pid, child_start_ticks=start_ticks(pid)
+        )
         self.status["starts"] = (self.status["starts"] + [{"at": now, "pid": self.child.pid}])[
             -_KEEP:
         ]
         self.save()
+
+    def exited(self) -> bool:
+        """Whether the child has exited, without reaping it (WNOWAIT): it stays a zombie that
+        holds its PID and group number until `reap`."""
+        assert self.child is not None
+        try:
+            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            return os.waitid(os.P_PID, self.child.pid, flags) is not None
+        except ChildProcessError:
+            return True
+
+    def reap(self) -> int:
+        """End what is left of the child's group (vLLM's engine core may outlive the child)
+        while the zombie still holds the number, then reap it."""
+        assert self.child is not None
+        self._kill(signal.SIGKILL)
+        self.reaping = True
+        return self.child.wait()
 
     def wait_child(self) -> int:
         """Wait for the child; after a stop request, SIGKILL its group past the grace."""
         assert self.child is not None
         deadline: float | None = None
         while True:
-            try:
-                return self.child.wait(timeout=0.2)
-            except subprocess.TimeoutExpired:
-                pass
+            if self.exited():
+                return self.reap()
+            time.sleep(0.2)
             if self.stopping:
+                if deadline is None:  # a stop that came while the child was being started
+                    self._kill(signal.SIGTERM)
                 deadline = deadline or time.monotonic() + self.args.grace
                 if time.monotonic() >= deadline:
                     self._kill(signal.SIGKILL)
@@ -137,8 +180,6 @@ class Supervisor:
                  "signal": signal.Signals(sig).name if sig else None}  # fmt: skip
         self.status["exits"] = (self.status["exits"] + [exit_])[-_KEEP:]
         self.status["last_exit"] = exit_
-        # The group may still hold the child's own children (vLLM's engine core): end them.
-        self._kill(signal.SIGKILL)
 
     def recent_restarts(self) -> int:
         cutoff = time.time() - self.args.window

@@ -238,7 +238,11 @@ def run(argv: list[str], *, env: dict[str, str], log: Path, timeout_s: float = 3
 
 
 def _kill_group(proc: subprocess.Popen[Any]) -> None:
+    """TERM, then KILL the client's group, only while its leader is unreaped: once reaped, its
+    number may belong to another process group."""
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        if proc.returncode is not None:
+            return
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:

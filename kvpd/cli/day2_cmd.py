@@ -73,6 +73,12 @@ def register(app: typer.Typer) -> None:
             autocompletion=complete.deployments,
         ),  # fmt: skip
         lines: int = typer.Option(200, "-n", "--lines", help="Log lines per process."),
+        shareable: bool = typer.Option(
+            False,
+            "--shareable",
+            help="An archive to hand to others: masked log tails, summary and machine facts "
+            "only; no state, environments, rendered files, addresses, run dirs or key paths.",
+        ),
     ) -> None:
         """Gather logs, files, state and host facts from every host; a likely cause per process."""
         from kvpd.cli import output
@@ -80,6 +86,6 @@ def register(app: typer.Typer) -> None:
 
         with Deployments() as svc:
             name, _ = split_targets([deployment] if deployment else [], svc.store.deployments())
-            report = svc.diagnose(name, lines=lines)
+            report = svc.diagnose(name, lines=lines, shareable=shareable)
         output.out.print(output.diagnose_table(report))
         output.out.print(f"Archive: {report.archive}")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from kvpd.cli import bundle_view, complete
+from kvpd.cli.terminal import clean
 from kvpd.errors import DeployError, KvpdError, StateError
 from kvpd.profile.roles import ENGINE_ROLES
 
@@ -322,12 +323,12 @@ def register(app: typer.Typer) -> None:
             name = targets[0]
         with Deployments() as svc:
             log = svc.logs(name, deployment=deployment, lines=lines)
-            sys.stdout.write(log.text)
+            sys.stdout.write(clean(log.text))  # node output: no escape sequences
             sys.stdout.flush()
             if follow:
                 try:
                     for chunk in svc.follow(log):
-                        sys.stdout.write(chunk)
+                        sys.stdout.write(clean(chunk))
                         sys.stdout.flush()
                 except KeyboardInterrupt:
                     return

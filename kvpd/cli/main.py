@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from kvpd import __version__
+from kvpd.cli.terminal import clean
 from kvpd.errors import KvpdError
 
 # Order is the order of `kvpd --help`. Every module must exist: a missing one is a packaging
@@ -70,13 +71,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="kvpd")  # standalone mode: exits by itself on success
     except KvpdError as e:
-        print(f"kvpd: error: {e}", file=sys.stderr)
+        print(f"kvpd: error: {clean(str(e))}", file=sys.stderr)  # may quote node output
         sys.exit(e.exit_code)
     except Exception as e:  # noqa: BLE001 - last resort: never show a raw traceback
         log = Path(".kvpd") / "debug.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(traceback.format_exc())
-        print(f"kvpd: internal error: {e!r}. Traceback written to {log}", file=sys.stderr)
+        print(
+            f"kvpd: internal error: {clean(repr(e))}. Traceback written to {log}", file=sys.stderr
+        )
         sys.exit(70)
 
 

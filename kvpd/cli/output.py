@@ -14,6 +14,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from kvpd.cli.terminal import SafeConsole
 from kvpd.exec.checks import Check
 from kvpd.exec.events import Event
 from kvpd.exec.executor import DownResult
@@ -28,8 +29,9 @@ if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
 
 # Not a terminal (make demo, CI logs): wide enough that tables are not cut to 80 columns.
 _WIDTH = None if Console().is_terminal else 160
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-err = Console(stderr=True, highlight=False, width=_WIDTH)
+# Node-sourced text is printed through these: escape sequences are removed (cli/terminal.py).
+out = SafeConsole(highlight=False, soft_wrap=True, width=_WIDTH)
+err = SafeConsole(stderr=True, highlight=False, width=_WIDTH)
 
 _PHASE_STYLE = {
     "pending": "dim",

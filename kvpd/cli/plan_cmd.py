@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import typer
 
 from kvpd.cli import bundle_view, container_view, route_view
 from kvpd.errors import PlanError
+from kvpd.exec.local import private_dirs
 from kvpd.plan.value import Plan, ProcessSpec
 
 PROFILE_HELP = "profile: a YAML file or a bundled name (local, ucm-centralized-2p2d, ...)"
@@ -34,18 +36,27 @@ def write_plan_dir(plan: Plan, out: Path) -> list[Path]:
             )
         targets.append((path, f.content, f.mode))
     written = []
-    for path, content, mode in targets:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(content)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+    for path, content, mode in [*targets, (out / "plan.json", plan.to_json() + "\n", 0o644)]:
+        _write_new(path, content, mode)
         written.append(path)
-    pj = out / "plan.json"
-    pj.parent.mkdir(parents=True, exist_ok=True)
-    pj.write_text(plan.to_json() + "\n")
-    written.append(pj)
     return written
+
+
+def _write_new(path: Path, content: str, mode: int) -> None:
+    """Write through a temporary file of a random name created new (O_EXCL: never a planted
+    file or symlink) and owner-only while it is written (launch scripts hold secrets), then
+    give it `mode` and rename it over `path` (a symlink there is replaced, not followed).
+    Directories kvpd creates are 0700."""
+    private_dirs(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(content)
+            os.fchmod(f.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def show_plan(plan: Plan) -> None:

@@ -27,6 +27,12 @@ SHARD_CHARS = 3  # 4096 shard folders, all created when a store folder is first 
 SHARDS_MARK = ".shards-ready"
 GC_LOW_WATERMARK = 0.9  # evict down to 90% of the budget so GC does not run on every write
 STALE_TMP_S = 600.0  # a temp file this old belongs to a writer that died
+# Blocks hold request content (KV of users' prompts): readable by the deployment's user only.
+# Every engine of a deployment runs as the same login user, also across hosts sharing the
+# folder. The crc32 detects torn and corrupt blocks, not tampering: it is no MAC, so whoever
+# can write the folder can plant blocks (poison the prefix cache); keep it the user's alone.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 
 
 class BlockStore:
@@ -51,7 +57,7 @@ class BlockStore:
     ) -> None:
         self.root = check_store_folder(root)
         self.data = self.root / DATA_DIR
-        self.data.mkdir(exist_ok=True)
+        self.data.mkdir(mode=DIR_MODE, exist_ok=True)
         self._make_shards()
         self.layout = layout.encode()
         if len(self.layout) > 0xFFFF:
@@ -73,7 +79,7 @@ class BlockStore:
         if mark.exists():
             return
         for i in range(16**SHARD_CHARS):
-            (self.data / f"{i:0{SHARD_CHARS}x}").mkdir(exist_ok=True)
+            (self.data / f"{i:0{SHARD_CHARS}x}").mkdir(mode=DIR_MODE, exist_ok=True)
         mark.touch()
 
     # -- paths and headers ------------------------------------------------------------------
@@ -240,10 +246,10 @@ class BlockStore:
         header = self._header(payload)
         tmp = path.with_name(f"{path.name}.{self._tmp_tag}.{uuid.uuid4().hex[:12]}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         except FileNotFoundError:
-            path.parent.mkdir(exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            path.parent.mkdir(mode=DIR_MODE, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
         try:
             _write_all(fd, [header, payload])
         except BaseException:

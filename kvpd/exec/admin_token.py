@@ -14,6 +14,7 @@ import os
 import secrets
 from pathlib import Path
 
+from kvpd.exec.local import private_dirs
 from kvpd.plan.processes import ADMIN_TOKEN_FILE
 from kvpd.plan.value import FileSpec, Plan
 
@@ -34,8 +35,8 @@ def issue(plan: Plan, root: Path) -> Plan:
         return plan
     token = secrets.token_urlsafe(32)
     p = path(root, plan.deployment)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    private_dirs(p.parent)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         os.fchmod(fd, 0o600)  # an older file keeps its mode through O_CREAT
         os.write(fd, (token + "\n").encode())

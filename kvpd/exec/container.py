@@ -27,8 +27,9 @@ from kvpd.plan.container import ContainerSpec
 _RUNTIME_FAILURES = (
     (
         "permission denied",
-        "the login user cannot reach the runtime's socket. Fix: add the "
-        "user to the `docker` group (or run podman rootless as that user) and log in again.",
+        "the login user cannot reach the runtime's socket. Fix: run podman rootless as that "
+        "user, or add the user to the `docker` group and log in again (membership of that "
+        "group is root-equivalent on the host: give it only to a user you would give root).",
     ),
     (
         "no such container",
@@ -68,8 +69,14 @@ class ContainerTransport(ShellProcesses):
     def __repr__(self) -> str:
         return f"ContainerTransport({self.spec.runtime} {self.spec.name} on {self.inner!r})"
 
-    def _inside(self, line: str, timeout_s: float) -> CommandResult:
-        return self.inner.run(self.spec.exec_argv(["sh", "-c", line]), timeout_s=timeout_s)
+    def _inside(
+        self, line: str, timeout_s: float, secret: dict[str, str] | None = None
+    ) -> CommandResult:
+        """Run `line` inside. `secret` variables reach the runtime's exec through the host
+        transport's environment (`-e NAME` passes a variable on by name), never through its
+        command line (`ps` on the host)."""
+        argv = self.spec.exec_argv(["sh", "-c", line], pass_env=sorted(secret or ()))
+        return self.inner.run(argv, timeout_s=timeout_s, env=secret or None)
 
     def _snippet(self, script: str, what: str, timeout_s: float = 30.0) -> str:
         r = self._inside(script, timeout_s)
@@ -87,8 +94,9 @@ class ContainerTransport(ShellProcesses):
     def run(self, argv: list[str], **opts: Unpack[RunOptions]) -> CommandResult:
         o = Run(**opts)
         where = self.resolve(o.cwd) if o.cwd is not None else None
-        line = commands.command_line(list(argv), env=o.env, cwd=where)
-        r = self._inside(line, o.timeout_s)
+        secret, env = commands.split_secret_env(o.env)
+        line = commands.command_line(list(argv), env=env, cwd=where)
+        r = self._inside(line, o.timeout_s, secret)
         return CommandResult(tuple(argv), r.exit_code, r.stdout, r.stderr)
 
     def put(self, path: str, content: bytes, *, mode: int = 0o644) -> None:
@@ -107,8 +115,9 @@ class ContainerTransport(ShellProcesses):
         self, argv: list[str], *, log: str, cwd: str, env: dict[str, str] | None = None
     ) -> Started:
         log_path, cwd_path = self.resolve(log), self.resolve(cwd)
-        line = commands.detached_command_line(list(argv), log=log_path, cwd=cwd_path, env=env)
-        r = self._inside(line, 30.0)
+        secret, rest = commands.split_secret_env(env)
+        line = commands.detached_command_line(list(argv), log=log_path, cwd=cwd_path, env=rest)
+        r = self._inside(line, 30.0, secret)
         lines = r.stdout.splitlines()
         if not r.ok or not lines or not lines[0].strip().isdigit():
             why = runtime_failure(self.spec, self.host, r)

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvpd.exec.local import private_dirs
+
 EVENTS_FILE = "events.jsonl"
 
 
@@ -42,9 +44,9 @@ class EventLog:
 
     def record(self, what: str, detail: str = "", **data: Any) -> Event:
         ev = Event(time.time(), who(), what, detail, data)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(self.path.parent)
         line = (json.dumps(asdict(ev), sort_keys=True) + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, line)
         finally:

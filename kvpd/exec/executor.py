@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
-from kvpd.exec import diagnose, logs, readiness
+from kvpd.exec import diagnose, logs, readiness, run_dirs
 from kvpd.exec.bundle import install_bundle
 from kvpd.exec.container_life import remove_containers, start_containers
 from kvpd.exec.fanout import Fanout
@@ -22,8 +22,8 @@ from kvpd.exec.transport import Transport
 from kvpd.plan.value import FileSpec, HostSpec, Plan, ProcessSpec
 
 DEFAULT_GRACE_S = 20.0
-# Written through bash's positional parameters so no value is ever parsed as shell code.
-LOG_HEADER_SH = 'mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
+# Through bash's positional parameters, so no value is parsed as shell code; private (0600).
+LOG_HEADER_SH = 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
 
 
 class _ProcessFailed(Exception):
@@ -166,6 +166,8 @@ class Executor:
         dirs = pool.map(lambda h: self.transports[h.name].resolve(h.run_dir), specs)
         state.run_dirs = {h.name: d for h, d in zip(specs, dirs, strict=True)}
         self._save(state)
+        pool.map(lambda h: run_dirs.mark(self.transports[h], state.run_dirs[h], state.deployment),
+                 sorted(state.run_dirs))  # fmt: skip
 
     def _write_files(self, state: DeploymentState, pool: Fanout) -> None:
         by_host: dict[str, list[FileSpec]] = {}

@@ -2,27 +2,31 @@
 
 Read-only on the hosts. Works from whatever the state file holds, so a half-started
 deployment, a crashed one and one whose `up` was killed half way are all covered (processes
-never started simply have no log). Secrets are masked: environment values by name (as in the
-plan), rendered files as the state stores them (masked already).
+never started simply have no log). Secrets are masked (kvpd.exec.redact): environment values
+unless their name is known safe, and secret shapes in every text. `shareable=True` builds an
+archive meant for others: masked log tails and the summary, host facts without sockets, disks
+or kernel log, and no state, environments, rendered files or events; host addresses, run dirs
+and key paths replaced by placeholders. The archive is created 0600.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import posixpath
 import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpd.exec import diagnose, supervised
+from kvpd.exec import diagnose, redact, supervised
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import probe
+from kvpd.exec.local import private_dirs
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.state import DeploymentState, ProcessRecord
 from kvpd.exec.stop import is_running
-from kvpd.plan.quoting import mask
 
 # One script per host; every value reaches it as a positional parameter, never as code.
 _HOST_FACTS_SH = r"""
@@ -91,12 +95,11 @@ def _process(pool: TransportPool, state: DeploymentState, rec: ProcessRecord, li
     files: dict[str, str] = {}
     r = t.run(["tail", "-n", str(lines), rec.log], timeout_s=30)
     log = r.stdout if r.ok else f"(cannot read {rec.log}: {r.stderr.strip()})"
-    files["log.txt"] = log
+    files["log.txt"] = redact.scrub(log)
     alive = is_running(t, rec)
     env = t.run(["cat", f"/proc/{rec.pid}/environ"], timeout_s=15) if alive else None
     if env is not None and env.ok:
-        pairs = [kv.partition("=") for kv in env.stdout.split("\0") if kv]
-        files["env.txt"] = "\n".join(f"{k}={mask(k, v)}" for k, _, v in sorted(pairs))
+        files["env.txt"] = redact.env_text(env.stdout)
     sup = supervised.read(t, state.run_dirs.get(rec.host, ""), rec.name, rec.pid)
     spec = next((p for p in state.plan.processes if p.name == rec.name), None)
     healthy = None
@@ -137,15 +140,62 @@ def _versions(facts: dict[str, str]) -> list[str]:
     ]
 
 
+SHAREABLE_SECTIONS = ("uname", "uptime", "memory", "npu-smi", "nvidia-smi", "packages of")
+SHAREABLE_LOG_LINES = 50
+SHAREABLE_FILES = ("log.txt", "state.txt")
+
+
+def _shareable_facts(text: str) -> str:
+    """Only the sections that describe the machine, not its sockets, disks or kernel log."""
+    keep, out = False, []
+    for line in text.splitlines():
+        if line.startswith("===== ") and line.endswith(" ====="):
+            keep = line[6:-6].startswith(SHAREABLE_SECTIONS)
+        if keep:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _placeholders(state: DeploymentState) -> list[tuple[str, str]]:
+    """Topology strings of the plan and what a shareable archive says instead (longest first,
+    so a path is replaced before an address it contains)."""
+    pairs = {d: f"<run dir of {h}>" for h, d in state.run_dirs.items() if d}
+    for h in state.plan.hosts:
+        pairs |= {h.run_dir: f"<run dir of {h.name}>", h.address: f"<address of {h.name}>"}
+        paths = (("key", h.key), ("known_hosts", h.known_hosts), ("jump", h.jump))
+        pairs |= {v: f"<{k} of {h.name}>" for k, v in paths if v}
+    return sorted(pairs.items(), key=lambda kv: -len(kv[0]))
+
+
+def _shareable(members: dict[str, bytes], state: DeploymentState) -> dict[str, bytes]:
+    subs = _placeholders(state)
+
+    def anon(data: bytes) -> bytes:
+        text = data.decode(errors="replace")
+        for real, shown in subs:
+            text = text.replace(real, shown)
+        return text.encode()
+
+    out = {}
+    for name, data in members.items():
+        if name == "summary.txt" or name.endswith(SHAREABLE_FILES):
+            if name.endswith("log.txt"):
+                data = b"\n".join(data.splitlines()[-SHAREABLE_LOG_LINES:]) + b"\n"
+            out[name] = anon(data)
+        elif name.endswith("facts.txt"):
+            out[name] = anon(_shareable_facts(data.decode(errors="replace")).encode())
+    return out
+
+
 def gather(pool: TransportPool, state: DeploymentState, out_dir: Path, *, lines: int = 200,
-           extra: dict[str, bytes] | None = None) -> Report:  # fmt: skip
+           extra: dict[str, bytes] | None = None, shareable: bool = False) -> Report:  # fmt: skip
     """Collect everything into `out_dir/<time>.tar.gz`; the report names a cause per process."""
     plan = state.plan
     pool.add_hosts(plan.hosts)
     members: dict[str, bytes] = dict(extra or {})
-    members["state.json"] = json.dumps(state.to_dict(), indent=1).encode()
-    for f in plan.files:
-        members[f"files/{f.host}/{f.path}"] = f.content.encode()  # masked in `state` already
+    members["state.json"] = redact.scrub(json.dumps(state.to_dict(), indent=1)).encode()
+    for f in plan.files:  # masked by name in `state` already; by shape here
+        members[f"files/{f.host}/{f.path}"] = redact.scrub(f.content).encode()
     hosts = sorted({h.name for h in plan.hosts})
 
     def host_job(h: str) -> tuple[str, str]:
@@ -166,7 +216,7 @@ def gather(pool: TransportPool, state: DeploymentState, out_dir: Path, *, lines:
         found = fan.map(proc_job, list(state.processes))
     report = Report(state.deployment, Path())
     for h, text in facts.items():
-        members[f"hosts/{h}/facts.txt"] = text.encode()
+        members[f"hosts/{h}/facts.txt"] = redact.scrub(text).encode()
     for finding, files in found:
         report.processes.append(finding)
         for fname, text in files.items():
@@ -179,14 +229,21 @@ def gather(pool: TransportPool, state: DeploymentState, out_dir: Path, *, lines:
     report.problems = _versions(facts)
     summary = [f"{f.name} on {f.host}: {f.state}" + (f" — {f.cause}" if f.cause else "")
                for f in report.processes] + report.problems  # fmt: skip
-    members["summary.txt"] = ("\n".join(summary) + "\n").encode()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    members["summary.txt"] = redact.scrub("\n".join(summary) + "\n").encode()
+    if shareable:
+        members = _shareable(members, state)
+    private_dirs(out_dir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    report.archive = out_dir / f"{stamp}.tar.gz"
-    with tarfile.open(report.archive, "w:gz") as tar:
+    report.archive = out_dir / f"{stamp}{'-shareable' if shareable else ''}.tar.gz"
+    _write_archive(report.archive, f"{state.deployment}-{stamp}", members)
+    return report
+
+
+def _write_archive(path: Path, top: str, members: dict[str, bytes]) -> None:
+    """A new gzip'd tar, 0600 from its creation (never an existing file or a symlink)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w:gz") as tar:
         for name, data in sorted(members.items()):
-            info = tarfile.TarInfo(posixpath.join(f"{state.deployment}-{stamp}", name))
+            info = tarfile.TarInfo(posixpath.join(top, name))
             info.size, info.mtime, info.mode = len(data), int(time.time()), 0o600
             tar.addfile(info, io.BytesIO(data))
-    report.archive.chmod(0o600)  # logs and environments may still say more than they should
-    return report

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from kvpd.exec.command_words import check_env
 from kvpd.exec.procfs import (
@@ -36,6 +37,27 @@ def reap_children() -> None:
         for pid, proc in list(_CHILDREN.items()):
             if proc.poll() is not None:
                 del _CHILDREN[pid]
+
+
+def private_dirs(path: Path) -> None:
+    """`path` and its missing parents, each created 0700 (Path.mkdir gives parents the
+    default mode): what kvpd creates for itself no other local user lists or reads."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+
+
+def open_log(path: Path) -> BinaryIO:
+    """Open a log for appending, created 0600; a regular file kept from an earlier run loses
+    its group/other bits (engine output may echo requests and secrets)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode) and st.st_mode & 0o077:
+        os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o700)
+    return os.fdopen(fd, "ab")
 
 
 def read_stat(pid: int, proc_root: str = "/proc") -> ProcStat | None:
@@ -111,7 +133,7 @@ class LocalTransport:
 
     def put(self, path: str, content: bytes, *, mode: int = 0o644) -> None:
         target = Path(self.resolve(path))
-        target.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(target.parent)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -138,8 +160,8 @@ class LocalTransport:
         inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         full_env = {**inherited, **check_env(env)}
         log_path = Path(self.resolve(log))
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as logf:
+        private_dirs(log_path.parent)
+        with open_log(log_path) as logf:
             proc = subprocess.Popen(
                 argv,
                 cwd=self.resolve(cwd),
@@ -165,11 +187,13 @@ class LocalTransport:
         reap_children()
         return sorted(st.pid for st in live_members(all_stats(), pgid))
 
-    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
-        """Signal the group unless it can no longer be ours (procfs.may_signal_group)."""
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int) -> bool:
+        """Signal the group unless it can no longer be ours (procfs.may_signal_group); never
+        this process's own group."""
         reap_children()
+        pgid = int(pgid)
         if not may_signal_group(
-            pgid, read_stat(pgid), live_members(all_stats(), pgid), start_ticks
+            pgid, read_stat(pgid), live_members(all_stats(), pgid), start_ticks, os.getpgrp()
         ):
             return False
         try:

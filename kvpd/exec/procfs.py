@@ -72,12 +72,25 @@ def live_members(stats: Iterable[ProcStat], pgid: int) -> list[ProcStat]:
     return [s for s in stats if s.pgid == pgid and not s.gone]
 
 
+def signalable(pgid: int, own_pgid: int | None = None) -> bool:
+    """Whether `pgid` may be named in a group signal at all: never 0 or 1 (`kill -9 -1` hits
+    every process of the user, `kill -- -0` the caller's own group), never negative (a
+    malformed number), never the caller's own process group."""
+    return pgid > 1 and pgid != own_pgid
+
+
 def may_signal_group(
-    pgid: int, leader: ProcStat | None, members: list[ProcStat], start_ticks: int | None
+    pgid: int,
+    leader: ProcStat | None,
+    members: list[ProcStat],
+    start_ticks: int,
+    own_pgid: int | None = None,
 ) -> bool:
     """Whether process group `pgid` can still be the one kvpd started (the PID-reuse guard).
 
-    `leader` is the process numbered `pgid` (if any), `members` the live processes of the group.
+    `leader` is the process numbered `pgid` (if any), `members` the live processes of the group,
+    `start_ticks` the leader's start time recorded when kvpd started it: an identity without a
+    start time (0 or less) is never signalled, nor is a group `signalable` refuses.
     While any member of a process group lives, the kernel does not hand out its number as a new
     PID. So if the leader's PID now belongs to a process with other start_ticks, our whole group
     is gone. If the leader has exited and been reaped while members live on (a common case: bash
@@ -86,13 +99,13 @@ def may_signal_group(
     leader; that rejects a foreign group that reused the number after ours ended, barring a
     wrap-around within one tick.
     """
+    if not signalable(pgid, own_pgid) or start_ticks <= 0:
+        return False
     if leader is not None:
-        if start_ticks is not None and leader.start_ticks != start_ticks:
+        if leader.start_ticks != start_ticks:
             return False
         # Only the zombie leader is left: nothing to signal.
         return not (leader.gone and not members)
     if not members:
         return False
-    return start_ticks is None or all(
-        s.sid == pgid and s.start_ticks >= start_ticks for s in members
-    )
+    return all(s.sid == pgid and s.start_ticks >= start_ticks for s in members)

@@ -1,11 +1,13 @@
 """`kvpd down --purge`: remove each host's run dir (node bundles, logs, rendered files) once the
-deployment is stopped. A plain `down` keeps them, so the next `up` reuses the installed bundle."""
+deployment is stopped. A plain `down` keeps them, so the next `up` reuses the installed bundle.
+Only a dir `up` marked as its own is touched, and in it only kvpd's entries (kvpd.exec.run_dirs)."""
 
 from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable
 
+from kvpd.exec import run_dirs
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.state import DeploymentState
 from kvpd.exec.transport import Transport
@@ -25,7 +27,7 @@ def unsafe_run_dir(path: str) -> str | None:
 def purge_run_dirs(
     state: DeploymentState, transports: Callable[[str], Transport]
 ) -> dict[str, str]:
-    """Remove every recorded run dir; returns host -> problem for those not removed."""
+    """Purge every recorded run dir; returns host -> problem for those not removed."""
 
     def one(item: tuple[str, str]) -> tuple[str, str]:
         host, path = item
@@ -33,10 +35,9 @@ def purge_run_dirs(
         if why:
             return host, f"kept {path}: {why}"
         try:
-            r = transports(host).run(["rm", "-rf", "--", path], timeout_s=300)
+            return host, run_dirs.purge(transports(host), path, state.plan, host)
         except Exception as e:  # noqa: BLE001 - reported per host
             return host, f"{path}: {e}"
-        return host, "" if r.ok else f"{path}: {r.stderr.strip()[-200:]}"
 
     items = sorted(state.run_dirs.items())
     with Fanout(max(1, min(16, len(items)))) as pool:

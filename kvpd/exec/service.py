@@ -8,7 +8,6 @@ renders. Nothing here prints.
 from __future__ import annotations
 
 import posixpath
-import signal
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -27,7 +26,7 @@ from kvpd.exec.purge import purge_run_dirs
 from kvpd.exec.rolling import CanaryCheck, CanaryOutcome, Roller, Step
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.status import ProcessStatus
-from kvpd.exec.stop import NullReporter, Reporter, StopOutcome
+from kvpd.exec.stop import NullReporter, Reporter
 from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import CommandResult, Transport
 from kvpd.plan.value import Plan
@@ -200,15 +199,10 @@ class Deployments:
         PDEATHSIG, which does not reach the engine's own children)."""
         for name, sup in children.items():
             rec = state.record(name)
-            if rec is None or not sup.child_pid:
-                continue
-            t = self._pool[rec.host]
-            if sup.child_pgid and t.group_alive(sup.child_pgid):
-                t.signal_group(sup.child_pgid, signal.SIGKILL)
-                gone = not t.group_alive(sup.child_pgid)
-                how = "killed" if gone else "still running"
-                detail = f"supervised child pgid {sup.child_pgid} outlived its supervisor"
-                result.stop.outcomes.append(StopOutcome(f"{name} (child)", rec.host, how, detail))
+            if rec is not None and sup.child_pid:
+                outcome = supervised.reap_child(self._pool[rec.host], name, rec.host, sup)
+                if outcome is not None:
+                    result.stop.outcomes.append(outcome)
 
     def purge(self, state: DeploymentState) -> dict[str, str]:
         """Remove every host's run dir of a stopped deployment (rendered files, logs, the node
@@ -281,14 +275,18 @@ class Deployments:
 
     # -- inspecting --------------------------------------------------------------------
 
-    def diagnose(self, deployment: str, *, lines: int = 200) -> gather.Report:
+    def diagnose(
+        self, deployment: str, *, lines: int = 200, shareable: bool = False
+    ) -> gather.Report:
         """Everything that explains `deployment`'s state, from every host in parallel, into
-        `<state root>/<deployment>/diagnose/<time>.tar.gz` (exec/gather.py)."""
+        `<state root>/<deployment>/diagnose/<time>.tar.gz` (exec/gather.py); `shareable`: the
+        masked, topology-free form meant for others."""
         state = self.store.require(deployment)
         ev = self.events(deployment)
         extra = {"events.jsonl": ev.path.read_bytes()} if ev.path.exists() else {}
         out = self.store.root / deployment / "diagnose"
-        report = gather.gather(self._pool, state, out, lines=lines, extra=extra)
+        report = gather.gather(self._pool, state, out, lines=lines, extra=extra,
+                               shareable=shareable)  # fmt: skip
         bad = [f.name for f in report.processes if f.state not in ("healthy", "running")]
         ev.record("diagnose", str(report.archive), not_ok=bad)
         return report

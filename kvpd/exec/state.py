@@ -12,6 +12,8 @@ from typing import Any
 
 from kvpd import __version__
 from kvpd.errors import StateError
+from kvpd.exec import state_check
+from kvpd.exec.local import private_dirs
 from kvpd.plan.value import Plan
 
 STATE_ENV = "KVPD_STATE_DIR"
@@ -109,17 +111,23 @@ class StateStore:
 
     def load(self, deployment: str) -> DeploymentState | None:
         p = self.path(deployment)
+        if not p.exists() and not p.is_symlink():
+            return None
+        for path, what in ((self.root, "state root"), (p.parent, "deployment dir"),
+                           (p, "state file")):  # fmt: skip
+            state_check.check_owner(path, what)
         try:
             raw = p.read_text()
         except FileNotFoundError:
             return None
         try:
-            return DeploymentState.from_dict(json.loads(raw))
-        except (ValueError, KeyError, TypeError) as e:
+            state = DeploymentState.from_dict(json.loads(raw))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise StateError(
                 f"{p}: state file is corrupt ({e}). Inspect it; if nothing of deployment "
                 f"{deployment!r} runs any more, delete it."
             ) from None
+        return state_check.check(state, deployment, p)
 
     def require(self, deployment: str) -> DeploymentState:
         """The state of `deployment`; StateError naming the known ones if there is none."""
@@ -138,7 +146,7 @@ class StateStore:
         sees either the old or the new state, never a torn one."""
         state.updated_at = time.time()
         p = self.path(state.deployment)
-        p.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(p.parent)  # the state says what kvpd may signal and purge: only ours
         data = json.dumps(state.to_dict(), indent=2).encode()
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".state.", suffix=".tmp")
         try:

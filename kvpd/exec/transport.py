@@ -78,10 +78,11 @@ class Transport(Protocol):
         closing."""
         ...
 
-    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
-        """Send `sig` to process group `pgid`; False if the group no longer exists. With
-        `start_ticks`, the group leader must still be the process kvpd started (PID reuse guard);
-        if it is not, nothing is signalled and False is returned."""
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int) -> bool:
+        """Send `sig` to process group `pgid` if it is still the group kvpd started: its leader
+        started at `start_ticks` (the PID-reuse guard, procfs.may_signal_group). Nothing is
+        signalled, and False returned, when the group is gone or can no longer be ours, when
+        `start_ticks` is unknown (<= 0), for pgid <= 1 and for the caller's own group."""
         ...
 
     def alive(self, pid: int, *, start_ticks: int | None = None) -> bool:

@@ -240,9 +240,12 @@ def build_plan(
             PortUse(host=p.host, port=port, owner=p.name, purpose=why) for port, why in p.ports
         ]
 
-    digest = hashlib.sha256(
-        (source.text + "".join(f.content for f in files.values())).encode()
-    ).hexdigest()[:16]
+    # Over the redacted text: the digest is shown (plan, state, status) and would let anyone
+    # who sees it test guesses of a short secret. A change of a secret alone keeps the digest.
+    digested = source.text + "".join(f.content for f in files.values())
+    for s in sorted(secrets, key=len, reverse=True):
+        digested = digested.replace(s, "****")
+    digest = hashlib.sha256(digested.encode()).hexdigest()[:16]
     proxy_url = ""
     if profile.proxy is not None:
         proxy_url = f"http://{by_host[profile.proxy.host].address}:{profile.proxy.port}"

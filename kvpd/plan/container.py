@@ -9,6 +9,7 @@ transport quotes them, kvpd.exec.ssh.commands).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +50,14 @@ class ContainerSpec:
     def standin(self) -> bool:
         return self.runtime == "standin"
 
-    def exec_argv(self, argv: list[str] | tuple[str, ...]) -> list[str]:
+    def exec_argv(
+        self, argv: list[str] | tuple[str, ...], pass_env: Sequence[str] = ()
+    ) -> list[str]:
         """`argv` run inside the container (what the runtime's exec does: enter its
-        namespaces; no TTY, no stdin: kvpd's commands read none)."""
-        return [self.command, "exec", self.name, *argv]
+        namespaces; no TTY, no stdin: kvpd's commands read none). `pass_env`: variables the
+        runtime passes on from its own environment by name (`-e NAME`, no value in argv)."""
+        env = [w for name in pass_env for w in ("-e", name)]
+        return [self.command, "exec", *env, self.name, *argv]
 
     def run_argv(self) -> list[str]:
         """The command that starts this container, detached, kept alive by a no-op command."""
@@ -118,17 +123,20 @@ def container_spec(
     npus: tuple[int, ...],
     shm_needed_gb: float,
     run_dir: str,
-    model_dirs: tuple[str, ...],
+    data_dirs: tuple[tuple[str, ...], tuple[str, ...]],
 ) -> ContainerSpec:
     """The container of one host: devices from the NPUs the plan assigns to it, the driver
-    mounts on Ascend hardware, the run dir and model folders at the same path inside."""
+    mounts on Ascend hardware, the run dir and data folders at the same path inside (`data_dirs`:
+    read-only ones, the model folders a compromised engine must not rewrite for its peers;
+    read-write ones, KV storage)."""
     devices: tuple[str, ...] = ()
     mounts: list[str] = []
     if hardware in ("a2", "a3", "950"):
         devices = tuple(f"/dev/davinci{n}" for n in sorted(set(npus))) + ASCEND_DEVICES
         mounts += [f"{src}:{src}:{opt}" for src, opt in ASCEND_MOUNTS]
-    for d in (*model_dirs, run_dir):
-        m = f"{d}:{d}"
+    read_only, writable = data_dirs
+    for d, opt in [(d, ":ro") for d in read_only] + [(d, "") for d in (*writable, run_dir)]:
+        m = f"{d}:{d}{opt}"
         if d.startswith("/") and m not in mounts:
             mounts.append(m)
     return ContainerSpec(

@@ -11,16 +11,7 @@ from kvpd.profile.container_schema import Container
 from kvpd.profile.schema import Profile
 
 
-def data_dirs(profile: Profile, rehearse: bool) -> tuple[str, ...]:
-    """Absolute folders the engines read or write outside the run dir: the model, the
-    tokenizer, KV storage (mounted at the same path inside)."""
-    m, kv = profile.model, profile.kv
-    paths = [profile.rehearsal.model] if rehearse else [m.path, m.tokenizer or m.path]
-    paths += [kv.example_path or "", profile.rehearsal.storage if rehearse else ""]
-    if kv.ucm is not None:
-        paths.append(kv.ucm.storage)
-    if kv.kvpd_store is not None:
-        paths.append(kv.kvpd_store.path)
+def _absolute(paths: list[str]) -> tuple[str, ...]:
     out: list[str] = []
     for p in paths:
         if p and posixpath.isabs(p):
@@ -28,6 +19,21 @@ def data_dirs(profile: Profile, rehearse: bool) -> tuple[str, ...]:
             if p not in out:
                 out.append(p)
     return tuple(out)
+
+
+def data_dirs(profile: Profile, rehearse: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Absolute folders the engines use outside the run dir, mounted at the same path inside:
+    (read only: the model and the tokenizer, which an engine never writes; read-write: KV
+    storage)."""
+    m, kv = profile.model, profile.kv
+    models = [profile.rehearsal.model] if rehearse else [m.path, m.tokenizer or m.path]
+    paths = [kv.example_path or "", profile.rehearsal.storage if rehearse else ""]
+    if kv.ucm is not None:
+        paths.append(kv.ucm.storage)
+    if kv.kvpd_store is not None:
+        paths.append(kv.kvpd_store.path)
+    writable = _absolute(paths)
+    return tuple(d for d in _absolute(models) if d not in writable), writable
 
 
 def host_container(profile: Profile, host: str) -> Container | None:
@@ -67,7 +73,7 @@ def with_containers(
             npus=npus,
             shm_needed_gb=req.shm_gb if req else 0.0,
             run_dir=h.run_dir,
-            model_dirs=data_dirs(profile, rehearse),
+            data_dirs=data_dirs(profile, rehearse),
         )
         out.append(dataclasses.replace(h, container=spec))
     return out

@@ -6,6 +6,7 @@ The guides tee each engine's output to `prefiller_dp_$dp_rank.log` / `decoder_dp
 
 from __future__ import annotations
 
+import re
 import string
 
 from kvpd.plan.layout import EnginePlacement
@@ -13,16 +14,30 @@ from kvpd.plan.layout import EnginePlacement
 PLACEHOLDERS = ("name", "role", "host", "instance", "dp_rank")
 LOG_DIR = "logs"
 EXAMPLE = "prefiller_dp_{dp_rank}.log"
+NUMBERS = ("instance", "dp_rank")
+NUMBER_SPEC = re.compile(r"0[1-9]d?|[1-9]d?|d")
 
 
 def template_problem(template: str) -> str | None:
     """What is wrong with a `log_name` template, or None."""
     try:
-        fields = [f for _, f, spec, conv in string.Formatter().parse(template) if f is not None]
+        parts = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(template)
+                 if f is not None]  # fmt: skip
     except ValueError as e:
         return (
             f"{template!r} is not a valid template ({e}); write e.g. prefiller_dp_{{dp_rank}}.log"
         )
+    fields = [f for f, _, _ in parts]
+    for f, spec, conv in parts:
+        # A format spec can pad a name to any width (`{name:>999999999}`) or fill it with '.';
+        # only zero-padding of a number, up to 2 digits wide, is useful in a file name.
+        if conv or (spec and not (f in NUMBERS and NUMBER_SPEC.fullmatch(spec))):
+            how = "!" + conv if conv else ":" + (spec or "")
+            return (
+                f"{template!r} formats {{{f}}} with {how}; a "
+                "placeholder takes no conversion, and only {dp_rank} and {instance} a "
+                "zero-padding such as {dp_rank:02d}."
+            )
     unknown = [f for f in fields if f not in PLACEHOLDERS]
     if unknown:
         return (

@@ -12,7 +12,7 @@ import shlex
 
 _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASS|CREDENTIAL|AUTH|COOKIE)", re.IGNORECASE)
 
 
 def quote(arg: str) -> str:

@@ -268,14 +268,26 @@ def read_profile_text(arg: str) -> tuple[str, str]:
     )
 
 
+INVENTORY_KEYS = ("hosts", "ssh", "rehearsal")
+
+
 def load_inventory(path: str) -> dict[str, Any]:
     """An inventory file: a partial profile (hosts, ssh, rehearsal, ...) merged over it."""
     p = Path(path)
     if not p.exists():
         raise ProfileError(f"{path}: no such inventory file. Check the --inventory path.")
-    data, _ = _compose(read_text_file(p, "inventory"), path)
+    data, lines = _compose(read_text_file(p, "inventory"), path)
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: an inventory is a YAML mapping (hosts:, ssh:, rehearsal:).")
+    # Machine facts only: an inventory (often kept apart from the reviewed profile, per site)
+    # must not change what is served or how (model, engine flags, env, bench, proxy ...).
+    for key in data:
+        if key not in INVENTORY_KEYS:
+            line = lines.get((key,))
+            raise ProfileError(
+                f"{path}{f':{line}' if line else ''}: {key}: an inventory holds machine facts "
+                f"only ({', '.join(INVENTORY_KEYS)}); set {key} in the profile or with --set."
+            )
     return data
 
 

@@ -126,6 +126,11 @@ def shared_folder(path: str) -> bool:
 def _run_dir(v: str) -> str:
     if not v.strip():
         raise ValueError("is empty; give the run dir a folder of its own, or leave the field out")
+    if ".." in v.split("/"):
+        raise ValueError(
+            f"{v!r} has a '..' component: a run dir is named directly (`kvpd down --purge` "
+            "empties it), e.g. /opt/kvpd/<name>; write the path without '..'"
+        )
     if shared_folder(v):
         raise ValueError(
             f"{v!r} is the root, a top-level or a home folder. kvpd writes conf/, logs/ and "

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvpd.errors import TransportError
-from kvpd.exec import procfs
+from kvpd.exec import procfs, run_dirs
 from kvpd.exec.command_words import check_env
 from kvpd.exec.executor import LOG_HEADER_SH
 from kvpd.exec.transport import CommandResult, Run, RunOptions, Started
@@ -182,7 +182,7 @@ class FakeTransport:
     def _members(self, pgid: int) -> list[procfs.ProcStat]:
         return procfs.live_members((p.stat for p in self.processes.values()), pgid)
 
-    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int) -> bool:
         self._check_reachable()
         with self._lock:
             leader = self.processes.get(pgid)
@@ -260,7 +260,32 @@ def _bash(t: FakeTransport, argv: list[str]) -> CommandResult:
     return _fail(argv, "bash: this script is not scripted in the fake", NOT_FOUND)
 
 
+def _under(t: FakeTransport, d: str) -> list[str]:
+    return [f for f in t.files if f.startswith(d.rstrip("/") + "/")]
+
+
+def _sh(t: FakeTransport, argv: list[str]) -> CommandResult:
+    # Only kvpd's run-dir scripts (kvpd.exec.run_dirs): sh -c SCRIPT NAME DIR MARKER TEXT ...
+    if argv[1:2] != ["-c"] or argv[2] not in (run_dirs.MARK_SH, run_dirs.PURGE_SH):
+        return _fail(argv, "sh: this script is not scripted in the fake", NOT_FOUND)
+    d, marker, text = t.resolve(argv[4]), argv[5], (argv[6] + "\n").encode()
+    mark = posixpath.join(d, marker)
+    if argv[2] == run_dirs.MARK_SH:
+        if not _under(t, d):
+            t.files[mark], t.modes[mark] = text, 0o600
+        return _ok(argv)
+    if not _under(t, d):
+        return _ok(argv)
+    if t.files.get(mark) != text:
+        return _fail(argv, "", 4)
+    for name in [*argv[7:], marker]:
+        _rm(t, ["rm", "-rf", "--", posixpath.join(d, name)])
+    left = sorted({f[len(d) + 1 :].split("/", 1)[0] for f in _under(t, d)})
+    return CommandResult(tuple(argv), 5, "\n".join(left), "") if left else _ok(argv)
+
+
 _BUILTINS: dict[str, Builtin] = {
+    "sh": _sh,
     "true": lambda t, argv: _ok(argv),
     "false": lambda t, argv: _fail(argv, ""),
     "mkdir": _mkdir,

@@ -315,7 +315,7 @@ def test_zombie_counts_as_dead(testbed, h1, workdir) -> None:
         assert not h1.alive(z)
         assert h1.group_alive(s.pgid) == [s.pid]  # the zombie is not listed
     finally:
-        h1.signal_group(s.pgid, 9)
+        h1.signal_group(s.pgid, 9, start_ticks=s.start_ticks)
     assert wait_until(lambda: not h1.alive(s.pid))
 
 

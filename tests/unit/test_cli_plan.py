@@ -178,3 +178,16 @@ def test_readme_annotated_example_plans(tmp_path: Path) -> None:
     r = kvpd("plan", str(tmp_path / "example.yaml"))
     assert r.returncode == 0, r.stderr
     assert "derived" in r.stdout
+
+
+def test_an_inventory_may_not_override_what_is_served(tmp_path: Path) -> None:
+    from kvpd.errors import ProfileError
+    from kvpd.profile.load import load_inventory
+
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  p1: {address: 10.9.9.1}\nengine:\n  args: [--trust-remote-code]\n")
+    with pytest.raises(ProfileError) as e:
+        load_inventory(str(inv))
+    assert f"{inv}:3: engine: an inventory holds machine facts only (hosts, ssh, rehearsal)" in str(
+        e.value
+    )

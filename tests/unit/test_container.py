@@ -249,7 +249,8 @@ def test_a_stopped_container_and_a_denied_socket_say_what_to_do(tmp_path: Path) 
         "socket at unix:///var/run/docker.sock"
     )  # fmt: skip
     msg = runtime_failure(spec("c"), "p1", denied) or ""
-    assert "cannot reach the runtime's socket. Fix: add the user to the `docker` group" in msg
+    assert "cannot reach the runtime's socket. Fix: run podman rootless" in msg
+    assert "root-equivalent on the host" in msg
     host = LocalTransport(base_dir=str(tmp_path))
     with standin_container(host) as t:
         netns = "".join(ch for ch in os.readlink("/proc/self/ns/net") if ch.isdigit())
@@ -285,3 +286,40 @@ def test_a_groups_container_applies_to_its_hosts_and_groups_sharing_a_host_must_
         "decode.container: host 'p1' runs prefill and decode with different containers; one "
         "host runs one container: give them the same one or set hosts.p1.container."
     ) in str(e.value)
+
+
+def test_model_folders_are_mounted_read_only_and_storage_read_write() -> None:
+    """An engine never writes its model: a compromised one must not rewrite the weights or the
+    tokenizer its peers load from the same folder."""
+    from types import SimpleNamespace
+
+    from kvpd.plan.container import container_spec
+
+    c = SimpleNamespace(runtime="docker", command=None, name="n", image="IMAGE", shm_gb=None)
+    dirs = (("/models/m",), ("/mnt/kv",))
+    spec = container_spec(c, deployment="d", hardware="cpu", npus=(), shm_needed_gb=0.0,
+                          run_dir="/data/run", data_dirs=dirs)  # fmt: skip
+    assert spec.mounts == ("/models/m:/models/m:ro", "/mnt/kv:/mnt/kv", "/data/run:/data/run")
+
+
+def test_secret_env_is_passed_by_name_not_on_the_runtime_command_line() -> None:
+    """`docker exec ... sh -c 'export VLLM_API_KEY=...'` would show the key in `ps` on the
+    host: the runtime gets `-e NAME` and the value through the host transport's environment."""
+    from kvpd.exec.transport import CommandResult
+    from tests.unit.standin import spec
+
+    calls: list[tuple[list[str], dict[str, str] | None]] = []
+
+    class Host(LocalTransport):
+        def run(self, argv, **opts):
+            calls.append((list(argv), opts.get("env")))
+            return CommandResult(tuple(argv), 0, "4242\n", "")
+
+    t = ContainerTransport(Host(), spec("c"))
+    t.run(["true"], env={"VLLM_API_KEY": "sk-secret-value", "MODE": "x"})
+    t.start_detached(["vllm"], log="/r/l.log", cwd="/r", env={"HF_TOKEN": "hf_secret"})
+    for (argv, env), name, value in zip(
+        calls, ("VLLM_API_KEY", "HF_TOKEN"), ("sk-secret-value", "hf_secret"), strict=True
+    ):
+        assert not any(value in w for w in argv)
+        assert argv[argv.index("-e") + 1] == name and env == {name: value}

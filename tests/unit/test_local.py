@@ -73,7 +73,9 @@ def test_zombie_counts_as_dead() -> None:
         assert wait_for(lambda: read_stat(proc.pid).state == "Z")  # type: ignore[union-attr]
         assert not t.alive(proc.pid)
         assert t.group_alive(proc.pid) == []
-        assert not t.signal_group(proc.pid, signal.SIGTERM)  # nothing left to signal
+        zombie = read_stat(proc.pid)
+        assert zombie is not None
+        assert not t.signal_group(proc.pid, signal.SIGTERM, start_ticks=zombie.start_ticks)
     finally:
         proc.kill()
         proc.wait()

@@ -4,6 +4,7 @@ unchecked. Each test is a hostile profile and the message (or the safe output) i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -154,3 +155,53 @@ def test_env_name_with_trailing_newline_is_refused() -> None:
 @pytest.mark.parametrize("field", ["model.path", "runtime.vllm", "rehearsal.python"])
 def test_commands_and_paths_are_not_empty(field: str) -> None:
     assert f"{field}: is empty; give the command or path" in error(LW, f"{field}=' '")
+
+
+def test_out_writes_through_new_private_temporaries_and_replaces_symlinks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A neighbour who planted the old predictable temporary name (a symlink to a file of
+    theirs) or a symlink at the target gets neither the secret nor a write through it."""
+    plan = load_plan("local")
+    script = next(f for f in plan.files if f.path.endswith(".sh"))
+    target = tmp_path / script.host / script.path
+    target.parent.mkdir(parents=True)
+    trap = tmp_path / "neighbour"
+    trap.write_text("")
+    target.with_name(target.name + ".tmp").symlink_to(trap)
+    target.symlink_to(trap)
+    seen: list[int] = []
+    real_fchmod = os.fchmod
+
+    def spy(fd: int, mode: int) -> None:  # the mode the file had while it was written
+        seen.append(os.fstat(fd).st_mode & 0o777)
+        real_fchmod(fd, mode)
+
+    monkeypatch.setattr(os, "fchmod", spy)
+    write_plan_dir(plan, tmp_path)
+    assert trap.read_text() == "" and not target.is_symlink()
+    assert target.read_text() == script.content
+    assert seen and all(m == 0o600 for m in seen)
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["d_{name:>999999999}.log", "d_{name!r}.log", "d_{dp_rank:.>9}.log", "d_{instance:x}.log"],
+)
+def test_log_name_format_specs_are_refused_with_the_field(template: str) -> None:
+    msg = error("local", f"decode.log_name={template}")
+    assert "decode.log_name: " in msg and "only {dp_rank} and {instance} a zero-padding" in msg
+
+
+def test_log_name_zero_padding_is_allowed() -> None:
+    plan = load_plan("local", sets=["decode.log_name=decoder_dp_{dp_rank:02d}.log"])
+    assert any(p.log == "logs/decoder_dp_00.log" for p in plan.processes)
+
+
+def test_the_plan_digest_does_not_depend_on_secret_values() -> None:
+    """The digest is shown in plans and state: it must not let anyone test guesses of a key."""
+    one = load_plan("local", sets=["env.VLLM_API_KEY=abc"])
+    two = load_plan("local", sets=["env.VLLM_API_KEY=xyz"])
+    assert one.profile_digest == two.profile_digest
+    other = load_plan("local", sets=["env.VLLM_API_KEY=abc", "env.OTHER=1"])
+    assert other.profile_digest != one.profile_digest

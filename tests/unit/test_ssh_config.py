@@ -109,3 +109,22 @@ def test_jump_host_uses_ssh_config_key_before_the_targets(tmp_path: Path) -> Non
     r = route(host, load_ssh_config(str(path)))
     assert r.jumps[0].keys == (str(personal),)
     assert r.target.keys == ("/keys/team",)
+
+
+@pytest.mark.parametrize("accept", [True, False])
+def test_known_hosts_dev_null_is_refused_not_silently_trusting(
+    accept: bool, tmp_path: Path
+) -> None:
+    """`UserKnownHostsFile /dev/null` in ssh_config records no key: with --accept-new-host-keys
+    every connection would accept whatever key a host (or a man in the middle) offers."""
+    from kvpd.errors import HostKeyError
+    from kvpd.exec.ssh.hostkeys import verify_with
+
+    cfg = tmp_path / "config"
+    cfg.write_text("Host lab\n  UserKnownHostsFile /dev/null\n")
+    r = route(HostSpec("n1", "lab", user="me"), load_ssh_config(str(cfg)))
+    assert r.known_hosts == "/dev/null"
+    with pytest.raises(HostKeyError) as e:
+        verify_with(paramiko.SSHClient(), r.known_hosts, "host n1", accept_unknown=accept)
+    assert "/dev/null is not a regular file" in str(e.value) and "Fix:" in str(e.value)
+    assert ("would accept any key" in str(e.value)) is accept

@@ -116,3 +116,45 @@ def test_parse_jump() -> None:
     assert parse_jump(None) == []
     with pytest.raises(PlanError):
         parse_jump("a@b:c")
+
+
+def test_secret_env_never_reaches_the_ssh_command_line(monkeypatch, tmp_path) -> None:
+    """A token in the command line sshd runs is in `ps` for every local user of the host: it
+    goes through a private file the command sources and deletes."""
+    import subprocess
+
+    from kvpd.exec.ssh import SSHTransport
+    from kvpd.plan.value import HostSpec
+
+    t = SSHTransport(HostSpec("h", "192.0.2.1", user="me"))
+    written: dict[str, tuple[bytes, int]] = {}
+    sent: list[str] = []
+    monkeypatch.setattr(t, "home", lambda: str(tmp_path))
+    monkeypatch.setattr(t, "put", lambda p, c, *, mode: written.__setitem__(p, (c, mode)))
+    monkeypatch.setattr(t, "_result", lambda argv, command, timeout_s: sent.append(command))
+    token = 'hf_abc\'; echo pwned $(id) "x"'
+    t.run(["sh", "-c", 'printf %s "$HF_TOKEN"'], env={"HF_TOKEN": token, "MODE": "fast"})
+    ((path, (content, mode)),) = written.items()
+    assert mode == 0o600 and token not in sent[0] and "export MODE='fast'" in sent[0]
+    (tmp_path / path.rsplit("/", 1)[1]).write_bytes(content)
+    out = subprocess.run(["sh", "-c", sent[0]], capture_output=True, text=True, cwd=tmp_path)
+    assert out.stdout == token and not (tmp_path / path.rsplit("/", 1)[1]).exists()
+
+
+def test_secret_env_of_a_detached_start_never_reaches_the_command_line(monkeypatch) -> None:
+    from kvpd.exec.ssh import SSHTransport
+    from kvpd.plan.value import HostSpec
+
+    t = SSHTransport(HostSpec("h", "192.0.2.1", user="me"))
+    written: list[bytes] = []
+    sent: list[str] = []
+    monkeypatch.setattr(t, "home", lambda: "/home/me")
+    monkeypatch.setattr(t, "put", lambda p, c, *, mode: written.append(c))
+
+    def exec_(command: str, timeout_s: float) -> tuple[int, bytes, bytes, bool]:
+        sent.append(command)
+        return 0, b"4242\n", b"", False
+
+    monkeypatch.setattr(t, "_exec", exec_)
+    t.start_detached(["vllm"], log="/r/l.log", cwd="/r", env={"VLLM_API_KEY": "sk-value"})
+    assert "sk-value" not in sent[0] and b"VLLM_API_KEY='sk-value'" in written[0]

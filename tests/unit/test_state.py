@@ -15,34 +15,42 @@ from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore, state_ro
 from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 
 
-def a_plan() -> Plan:
+def _spec(name: str) -> ProcessSpec:
+    return ProcessSpec(
+        name=name,
+        host="h1",
+        role="prefill",
+        stage=1,
+        script="run.sh",
+        command=("vllm", "serve"),
+        env=(("A", "1"),),
+        ports=(8000,),
+        health=HealthCheck("http://10.0.0.1:8000/health"),
+        devices=(0, 1),
+    )
+
+
+def a_plan(n: int = 1) -> Plan:
     return Plan(
         deployment="dep",
         profile_digest="sha256:abc",
         hosts=(HostSpec("h1", "10.0.0.1", user="me"),),
         files=(FileSpec("h1", "run.sh", "echo 'hi'\n", mode=0o755),),
-        processes=(
-            ProcessSpec(
-                name="p",
-                host="h1",
-                role="prefill",
-                stage=1,
-                script="run.sh",
-                command=("vllm", "serve"),
-                env=(("A", "1"),),
-                ports=(8000,),
-                health=HealthCheck("http://10.0.0.1:8000/health"),
-                devices=(0, 1),
-            ),
-        ),
+        processes=tuple(_spec(f"p{i}") for i in range(n)),
     )
 
 
+RUN = "/home/me/.kvpd/run"
+
+
 def a_state(n: int = 1) -> DeploymentState:
-    st = DeploymentState(deployment="dep", profile_digest="sha256:abc", plan=a_plan())
+    st = DeploymentState(
+        deployment="dep", profile_digest="sha256:abc", plan=a_plan(n), run_dirs={"h1": RUN}
+    )
     for i in range(n):
+        log = f"{RUN}/logs/p{i}.log"
         st.processes.append(
-            ProcessRecord(f"p{i}", "h1", 1, 100 + i, 100 + i, 5000 + i, [8000], "/x/p.log", 1.0)
+            ProcessRecord(f"p{i}", "h1", 1, 100 + i, 100 + i, 5000 + i, [8000], log, 1.0)
         )
     return st
 
@@ -50,7 +58,6 @@ def a_state(n: int = 1) -> DeploymentState:
 def test_round_trip(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     st = a_state(2)
-    st.run_dirs = {"h1": "/home/me/.kvpd/run"}
     store.save(st)
     back = store.load("dep")
     assert back is not None
@@ -119,3 +126,83 @@ def test_corrupt_state_is_a_clear_error(tmp_path: Path) -> None:
     store.path("dep").write_text("{not json")
     with pytest.raises(StateError, match=r"state\.json: state file is corrupt"):
         store.load("dep")
+
+
+def _tampered(tmp_path: Path, edit) -> str:
+    store = StateStore(tmp_path)
+    store.save(a_state(1))
+    p = store.path("dep")
+    d = json.loads(p.read_text())
+    edit(d)
+    p.write_text(json.dumps(d))
+    with pytest.raises(StateError) as e:
+        store.load("dep")
+    return str(e.value)
+
+
+def _rec(field: str, value: object):
+    return lambda d: d["processes"][0].__setitem__(field, value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (_rec("pid", 1), "processes['p0'].pid: 1 is not a process number"),
+        (_rec("pgid", -1), "processes['p0'].pgid: -1 is not a process number"),
+        (_rec("pgid", 4242), "differs from pid 100"),
+        (_rec("pid", "100; rm -rf /"), "processes['p0'].pid: '100; rm -rf /'"),
+        (_rec("host", "evil"), "processes['p0'].host: 'evil', but the plan runs it on 'h1'"),
+        (_rec("name", "stranger"), "processes['stranger']: no process of that name"),
+        (_rec("log", "/etc/passwd"), "processes['p0'].log: '/etc/passwd' is not its planned log"),
+        (_rec("ports", [22]), "processes['p0'].ports: [22] are not the planned ports"),
+        (
+            lambda d: d["run_dirs"].update(h1="/usr/lib"),
+            "run_dirs['h1']: '/usr/lib' is not the plan's run dir '.kvpd/run'",
+        ),
+        (lambda d: d["run_dirs"].update(h1="/srv/a/../../usr"), "without '..'"),
+        (lambda d: d["run_dirs"].update(evil="/srv/x"), "run_dirs['evil']: not a host of the plan"),
+        (lambda d: d["plan"].update(proxy_url="http://203.0.113.9:80"), "plan.proxy_url"),
+        (lambda d: d.update(deployment="other"), "deployment: 'other' is not the deployment"),
+        (
+            lambda d: d["plan"]["hosts"][0].update(
+                container={"runtime": "docker", "command": "docker", "name": "-v=/:/host"}
+            ),
+            "plan.hosts['h1'].container: 'docker' '-v=/:/host' is not a runtime",
+        ),
+    ],
+)
+def test_every_loaded_field_is_checked(tmp_path: Path, edit, says: str) -> None:
+    msg = _tampered(tmp_path, edit)
+    assert says in msg and "kvpd will not act on it" in msg and "Fix:" in msg
+
+
+@pytest.mark.parametrize("which", ["root", "deployment dir", "file"])
+def test_a_state_others_may_write_is_refused(tmp_path: Path, which: str) -> None:
+    store = StateStore(tmp_path / "state")
+    store.save(a_state(1))
+    path = {"root": store.root, "deployment dir": store.path("dep").parent}.get(
+        which, store.path("dep")
+    )
+    path.chmod(path.stat().st_mode | 0o002)
+    with pytest.raises(StateError) as e:
+        store.load("dep")
+    assert f"{path}: the state {which}" in str(e.value) or f"{path}: the {which}" in str(e.value)
+    assert "writable by group or others" in str(e.value) and "chmod go-w" in str(e.value)
+
+
+def test_a_state_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    store.save(a_state(1))
+    real = tmp_path / "elsewhere.json"
+    store.path("dep").rename(real)
+    store.path("dep").symlink_to(real)
+    with pytest.raises(StateError, match="is a symbolic link"):
+        store.load("dep")
+
+
+def test_the_state_dir_is_created_private(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "new" / "root")
+    store.save(a_state(1))
+    for p in (store.root, store.path("dep").parent):
+        assert p.stat().st_mode & 0o077 == 0
+    assert store.path("dep").stat().st_mode & 0o077 == 0

@@ -343,3 +343,18 @@ def test_get_into_reads_verified_blocks_into_caller_rows(tmp_path) -> None:
     assert store.get_into(keys[1], memoryview(bytearray(100))) is False  # other size: a miss,
     assert store.path_of(keys[1]).exists()  # but the block itself is fine and stays
     store.close()
+
+
+def test_blocks_are_readable_by_the_deployment_user_only(tmp_path: Path) -> None:
+    """Blocks are KV of users' prompts: no other local user reads them or plants new ones."""
+    old = os.umask(0o022)
+    try:
+        s = BlockStore(tmp_path, LAYOUT, dram_bytes=0, io_threads=2)
+        assert s.put(key(1), payload(1))
+    finally:
+        os.umask(old)
+    blocks = list((tmp_path / blockstore.DATA_DIR).rglob(f"*{blockstore.SUFFIX}"))
+    assert blocks and all(b.stat().st_mode & 0o077 == 0 for b in blocks)
+    assert (tmp_path / blockstore.DATA_DIR).stat().st_mode & 0o077 == 0
+    assert blocks[0].parent.stat().st_mode & 0o077 == 0
+    s.close()

@@ -129,3 +129,26 @@ def test_exit_before_ever_ready_is_not_restarted(tmp_path: Path) -> None:
     assert sup.wait(timeout=20) == 4
     st = _status(status)
     assert st["restarts"] == 0 and st["gave_up"] == "exited before it was ever ready"
+
+
+def test_status_records_the_childs_start_time_for_the_reuse_guard(tmp_path: Path) -> None:
+    sup, status = _start(tmp_path, "--", "sleep", "60")
+    try:
+        st = _wait(lambda: (s := _status(status)).get("child_pid") and s)
+        child = st["child_pid"]
+        ticks = int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        assert st["child_start_ticks"] == ticks > 0
+        assert os.getsid(child) == child == st["child_pgid"]  # the session the guard checks
+    finally:
+        os.kill(sup.pid, signal.SIGTERM)
+        sup.wait(timeout=10)
+
+
+def test_what_the_child_leaves_in_its_group_is_killed_before_it_is_reaped(
+    tmp_path: Path,
+) -> None:
+    pidfile = tmp_path / "grandchild"
+    sup, _ = _start(tmp_path, "--restart", "never", "--", "sh", "-c",
+                    f'sleep 60 & echo $! > {pidfile}; exit 4')  # fmt: skip
+    assert sup.wait(timeout=20) == 4
+    _wait(lambda: not _alive(int(pidfile.read_text())), timeout=10)

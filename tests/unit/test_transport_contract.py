@@ -139,3 +139,35 @@ def test_starting_a_missing_program_fails_loudly(host: Host) -> None:
         host.t.start_detached(
             ["kvpd-no-such-command-xyz"], log=f"{host.workdir}/x.log", cwd=host.workdir
         )
+
+
+def test_what_kvpd_creates_is_private_from_the_start(host: Host) -> None:
+    t = host.t
+    if isinstance(t, FakeTransport):
+        pytest.skip("the fake has no permissions")
+
+    def mode(path: str) -> str:
+        r = t.run(["stat", "-c", "%a", path])
+        assert r.ok, r.stderr
+        return r.stdout.strip()
+
+    t.put(f"{host.workdir}/new/sub/token", b"secret", mode=0o600)
+    assert [mode(f"{host.workdir}/{p}") for p in ("new", "new/sub", "new/sub/token")] == [
+        "700",
+        "700",
+        "600",
+    ]
+    log = f"{host.workdir}/newlogs/p.log"
+    s = t.start_detached(["sleep", "5"], log=log, cwd=host.workdir)
+    try:
+        assert (mode(f"{host.workdir}/newlogs"), mode(log)) == ("700", "600")
+    finally:
+        t.signal_group(s.pgid, signal.SIGKILL, start_ticks=s.start_ticks)
+
+
+def test_a_secret_in_env_reaches_the_command(host: Host) -> None:
+    if isinstance(host.t, FakeTransport):
+        pytest.skip("the fake runs no shell")
+    token = 'hf_x\'; $(id) "y"'
+    r = host.t.run(["sh", "-c", 'printf %s "$HF_TOKEN"'], env={"HF_TOKEN": token, "A": "1"})
+    assert r.ok and r.stdout == token

@@ -6,7 +6,9 @@ from __future__ import annotations
 import posixpath
 
 from kvpd.errors import PlanError
+from kvpd.exec import procfs
 from kvpd.exec.command_words import check_env, quote_word
+from kvpd.plan.quoting import SECRET_NAME
 
 # Exit code when the working directory or the command is unusable: what a shell gives for a
 # missing command and what LocalTransport returns for both.
@@ -38,6 +40,28 @@ def command_line(
     return "; ".join(parts)
 
 
+def split_secret_env(
+    env: dict[str, str] | None,
+) -> tuple[dict[str, str], dict[str, str] | None]:
+    """(the variables whose name says secret, the rest): a secret must not be in the command
+    line sshd runs, which any local user on the host sees in `ps`."""
+    if not env:
+        return {}, env
+    secret = {k: v for k, v in env.items() if SECRET_NAME.search(k)}
+    return secret, {k: v for k, v in env.items() if k not in secret}
+
+
+def env_file(env: dict[str, str]) -> bytes:
+    """A file of quoted assignments that `source_and_remove` reads into the environment."""
+    return "".join(f"{k}={quote_word(v)}\n" for k, v in check_env(env).items()).encode()
+
+
+def source_and_remove(path: str) -> str:
+    """Command-line prefix: export the assignments of `path` (an env_file), then delete it."""
+    q = quote_word(path)
+    return f"set -a; . {q} || exit {NOT_FOUND}; set +a; rm -f -- {q}; "
+
+
 def detached_command_line(
     argv: list[str], *, log: str, cwd: str, env: dict[str, str] | None = None
 ) -> str:
@@ -50,8 +74,13 @@ def detached_command_line(
     the new session and process group have that number.
     """
     check_argv(argv)
+    lq = quote_word(log)
     parts = [
-        f"mkdir -p -- {quote_word(posixpath.dirname(log) or '.')} || exit {NOT_FOUND}",
+        # The log (and a log dir made for it) is private from its creation: engine output may
+        # echo request text and secrets. A log kept from an earlier run loses group/other bits.
+        f"(umask 077 && mkdir -p -- {quote_word(posixpath.dirname(log) or '.')} && : >>{lq}) "
+        f"|| exit {NOT_FOUND}",
+        f"{{ [ ! -f {lq} ] || chmod go-rwx -- {lq}; }} 2>/dev/null",
         f"cd -- {quote_word(cwd)} || exit {NOT_FOUND}",
     ]
     parts += [f"export {k}={quote_word(v)}" for k, v in check_env(env).items()]
@@ -85,13 +114,58 @@ def group_stats_snippet(pgid: int) -> str:
     )
 
 
-def signal_snippet(pgid: int, sig: int) -> str:
-    """Signal process group `pgid`; print `sent` or `gone`."""
-    return f"kill -{int(sig)} -{int(pgid)} 2>/dev/null && echo sent || echo gone; exit 0"
+def _group_target(pgid: int, start_ticks: int) -> tuple[int, int]:
+    """The integers a kill snippet takes, refused unless they name a group kvpd may signal:
+    pgid > 1 (`kill -9 -1` is every process of the user) and a known start time."""
+    g, t = int(pgid), int(start_ticks)
+    if not procfs.signalable(g) or t <= 0:
+        raise ValueError(f"refusing to signal process group {g} (leader start time {t})")
+    return g, t
 
 
-def kill_later_snippet(pgid: int) -> str:
+def _same_leader(g: int, t: int) -> str:
+    """A shell test, true unless process `g` exists with a start time other than `t` (field
+    22 of its stat: the 20th word after the command name's closing ") ")."""
+    return (
+        f"{{ ! read -r _kvpd_s </proc/{g}/stat || "
+        '{ _kvpd_r=${_kvpd_s##*) }; set -- $_kvpd_r; [ "${20}" = ' + str(t) + " ]; }; } 2>/dev/null"
+    )
+
+
+def signal_snippet(pgid: int, sig: int, start_ticks: int) -> str:
+    """Signal process group `pgid` if its leader, when it still exists, started at
+    `start_ticks` (checked in the same shell just before the kill); print `sent` or `gone`."""
+    g, t = _group_target(pgid, start_ticks)
+    kill = f"kill -{int(sig)} -{g} 2>/dev/null"
+    return f"{_same_leader(g, t)} && {kill} && echo sent || echo gone; exit 0"
+
+
+def kill_later_snippet(pgid: int, start_ticks: int) -> str:
     """TERM the group now, KILL it after 2 s from a fully redirected background job (so the
-    channel running this closes at once)."""
-    g = int(pgid)
-    return f"kill -15 -{g} 2>/dev/null; (sleep 2; kill -9 -{g}) >/dev/null 2>&1 </dev/null & exit 0"
+    channel running this closes at once); each only while the leader, if it still exists, is
+    the process that started at `start_ticks`."""
+    g, t = _group_target(pgid, start_ticks)
+    same = _same_leader(g, t)
+    return (
+        f"{same} && kill -15 -{g} 2>/dev/null; "
+        f"(sleep 2; {same} && kill -9 -{g}) >/dev/null 2>&1 </dev/null & exit 0"
+    )
+
+
+# Prefixed to every command the SSH transport runs: its first stderr line names the login
+# shell's PID (which `exec` keeps: the session and group of the command) and that process's
+# start time, so a timed-out command's group is killed only while it is still that process.
+SELF_IDENTITY = (
+    "{ read -r _kvpd_s </proc/$$/stat; } 2>/dev/null; _kvpd_r=${_kvpd_s##*) }; "
+    'set -- $_kvpd_r; echo "$$ ${20:-0}" >&2; set --; '
+)
+
+
+def self_identity(line: bytes) -> tuple[int, int] | None:
+    """(pgid, start ticks) from the first stderr line SELF_IDENTITY prints; None if it is not
+    one (then nothing is killed)."""
+    words = line.split()
+    if len(words) != 2 or not all(w.isdigit() for w in words):
+        return None
+    g, t = int(words[0]), int(words[1])
+    return (g, t) if procfs.signalable(g) and t > 0 else None

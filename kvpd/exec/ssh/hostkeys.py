@@ -73,6 +73,21 @@ def verify_with(
     client: paramiko.SSHClient, known_hosts: str, label: str, *, accept_unknown: bool
 ) -> None:
     """Make `client` check host keys against `known_hosts` with kvpd's policy."""
+    if os.path.exists(known_hosts) and not os.path.isfile(known_hosts):
+        # /dev/null (a common ssh_config UserKnownHostsFile) records nothing: with
+        # --accept-new-host-keys every connection would trust whatever key a host offers.
+        raise HostKeyError(
+            f"{label}: known_hosts {known_hosts} is not a regular file (ssh_config's "
+            "UserKnownHostsFile or the host's known_hosts setting), so no host key can be "
+            "checked or recorded"
+            + (
+                " and --accept-new-host-keys would accept any key on every connection"
+                if accept_unknown
+                else ""
+            )  # fmt: skip
+            + ". Fix: set the host's known_hosts (or UserKnownHostsFile) to a file, e.g. "
+            "~/.ssh/known_hosts."
+        )
     if os.path.exists(known_hosts):
         try:
             client.get_host_keys().load(known_hosts)

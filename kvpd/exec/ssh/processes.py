@@ -8,6 +8,7 @@ guard and port listing then follow the procfs rules once (kvpd.exec.procfs).
 
 from __future__ import annotations
 
+from kvpd.errors import TransportError
 from kvpd.exec import procfs
 from kvpd.exec.ssh import commands
 from kvpd.exec.transport import Started
@@ -38,12 +39,16 @@ class ShellProcesses:
     def group_alive(self, pgid: int) -> list[int]:
         return sorted(s.pid for s in self._group(pgid)[1])
 
-    def signal_group(self, pgid: int, sig: int, *, start_ticks: int | None = None) -> bool:
-        """Signal the group unless it can no longer be ours (procfs.may_signal_group)."""
+    def signal_group(self, pgid: int, sig: int, *, start_ticks: int) -> bool:
+        """Signal the group unless it can no longer be ours (procfs.may_signal_group); the
+        snippet checks the leader's start time again just before the kill, so the window for
+        PID reuse is the shell's, not a round trip."""
         leader, members = self._group(pgid)
         if not procfs.may_signal_group(int(pgid), leader, members, start_ticks):
             return False
-        out = self._snippet(commands.signal_snippet(pgid, sig), f"signalling process group {pgid}")
+        out = self._snippet(
+            commands.signal_snippet(pgid, sig, start_ticks), f"signalling process group {pgid}"
+        )
         return out.strip() == "sent"
 
     def ports_listening(self, ports: list[int]) -> list[int]:
@@ -57,6 +62,8 @@ def started(lines: list[str], log_path: str) -> Started:
     """The process `detached_command_line` started, from its output: the PID on the first
     line, then its stat line (for the start time that guards against PID reuse)."""
     pid = int(lines[0])
+    if not procfs.signalable(pid):  # node output: kvpd would later signal this number's group
+        raise TransportError(f"the host reported PID {pid} for the process it started")
     st = procfs.parse_stat("\n".join(lines[1:])) if len(lines) > 1 else None
     ticks = st.start_ticks if st is not None and st.pid == pid else 0
     return Started(pid=pid, pgid=pid, start_ticks=ticks, log=log_path)

@@ -7,6 +7,7 @@ import stat as stat_mod
 import uuid
 
 import paramiko
+from paramiko.sftp import CMD_HANDLE, CMD_OPEN, SFTP_FLAG_CREATE, SFTP_FLAG_EXCL, SFTP_FLAG_WRITE
 
 
 def temp_name(target: str) -> str:
@@ -14,10 +15,26 @@ def temp_name(target: str) -> str:
     return f"{parent}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
 
 
+def open_new(sftp: paramiko.SFTPClient, path: str, mode: int) -> paramiko.SFTPFile:
+    """Create `path` for writing, new only (O_EXCL: never an existing file or a planted
+    symlink), with permissions `mode` & 0o700 in the OPEN request itself, so no other user can
+    read it while its content is written (SFTPClient.open sends no permissions: the server's
+    default, 0666 less its umask). The caller sets the final mode after writing."""
+    attrs = paramiko.SFTPAttributes()
+    attrs.st_mode = mode & 0o700
+    flags = SFTP_FLAG_WRITE | SFTP_FLAG_CREATE | SFTP_FLAG_EXCL
+    # SFTPClient.open has no way to send attributes: the request it makes, with them.
+    t, msg = sftp._request(CMD_OPEN, path, flags, attrs)  # type: ignore[attr-defined]
+    if t != CMD_HANDLE:
+        raise paramiko.SFTPError("expected a handle")
+    return paramiko.SFTPFile(sftp, msg.get_binary(), "wb")
+
+
 def write_temp(sftp: paramiko.SFTPClient, tmp: str, content: bytes, mode: int) -> None:
-    """Write `tmp` (creating its directories) with `mode`; the caller renames it into place."""
+    """Write `tmp` (creating its directories private) owner-only, then give it `mode`; the
+    caller renames it into place."""
     makedirs(sftp, posixpath.dirname(tmp))
-    with sftp.open(tmp, "wb") as f:
+    with open_new(sftp, tmp, mode) as f:
         f.set_pipelined(True)
         f.write(content)
     sftp.chmod(tmp, mode)
@@ -43,7 +60,7 @@ def makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
             d = posixpath.dirname(d)
     for d in reversed(missing):
         try:
-            sftp.mkdir(d)
+            sftp.mkdir(d, mode=0o700)  # kvpd's own dirs: no other user lists or reads them
         except OSError:
             # Another writer may have created it meanwhile; anything else shows on write.
             pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import posixpath
 import threading
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -111,8 +112,9 @@ class SSHTransport(ShellProcesses):
         """Run a shell command line; (exit code, stdout, stderr, timed out). On timeout the
         remote command's process group is killed: closing the channel alone leaves it running."""
         # sshd runs the login shell as the leader of a new session, and `exec` keeps that PID
-        # and group, so the first stderr line names the group to kill on timeout.
-        wrapped = "echo $$ >&2; " + command
+        # and group, so the first stderr line names the group to kill on timeout (and the
+        # start time that proves it is still that group).
+        wrapped = commands.SELF_IDENTITY + command
 
         def op(conn: Connection) -> tuple[int, bytes, bytes, bool]:
             with self._channels:
@@ -120,8 +122,8 @@ class SSHTransport(ShellProcesses):
                 try:
                     code, out, err, timed_out = drive(chan, wrapped, timeout_s)
                     first, _, err = err.partition(b"\n")
-                    if timed_out and first.strip().isdigit():
-                        self._kill_timed_out(int(first))
+                    if timed_out and (ident := commands.self_identity(first)) is not None:
+                        self._kill_timed_out(*ident)
                     return code, out, err, timed_out
                 except LINK_ERRORS as e:
                     raise TransportError(
@@ -134,17 +136,30 @@ class SSHTransport(ShellProcesses):
 
         return self._with_retry("running a command", op)
 
-    def _kill_timed_out(self, pgid: int) -> None:
+    def _kill_timed_out(self, pgid: int, start_ticks: int) -> None:
         try:  # a timed-out command is already a failure: best effort
             conn = self._connection()
-            drive(conn.session(self.connect_timeout_s), commands.kill_later_snippet(pgid), 10.0)
+            snippet = commands.kill_later_snippet(pgid, start_ticks)
+            drive(conn.session(self.connect_timeout_s), snippet, 10.0)
         except Exception:  # noqa: BLE001
             pass
 
     def run(self, argv: list[str], **opts: Unpack[RunOptions]) -> CommandResult:
         o = Run(**opts)
-        command = commands.command_line(list(argv), env=o.env, cwd=o.cwd)
+        secret, env = commands.split_secret_env(o.env)
+        command = self._secret_prefix(secret) + commands.command_line(
+            list(argv), env=env, cwd=o.cwd
+        )
         return self._result(tuple(argv), command, o.timeout_s)
+
+    def _secret_prefix(self, secret: dict[str, str]) -> str:
+        """Secret variables go through a private file the command sources and deletes, never
+        through the command line sshd runs (`ps` shows it to every local user)."""
+        if not secret:
+            return ""
+        path = posixpath.join(self.home(), f".kvpd-env-{uuid.uuid4().hex}")
+        self.put(path, commands.env_file(secret), mode=0o600)
+        return commands.source_and_remove(path)
 
     def shell(self, script: str, *, timeout_s: float = 60.0) -> CommandResult:
         """Run a trusted shell snippet written by kvpd itself (never built from plan values)."""
@@ -248,7 +263,10 @@ class SSHTransport(ShellProcesses):
     ) -> Started:
         log_path = self.resolve(log)
         cwd_path = self.resolve(cwd)
-        script = commands.detached_command_line(list(argv), log=log_path, cwd=cwd_path, env=env)
+        secret, rest = commands.split_secret_env(env)
+        script = self._secret_prefix(secret) + commands.detached_command_line(
+            list(argv), log=log_path, cwd=cwd_path, env=rest
+        )
         code, out, err, timed_out = self._exec(script, 30.0)
         text = out.decode(errors="replace")
         lines = text.splitlines()

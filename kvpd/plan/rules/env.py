@@ -4,7 +4,14 @@ environment variables kvpd manages, and addresses that must be numeric."""
 from __future__ import annotations
 
 from kvpd.plan.rules.base import Checker, Path_
-from kvpd.plan.rules.flags import OPAQUE_FLAGS, arg_value, flag_name, resolve
+from kvpd.plan.rules.flags import (
+    OPAQUE_FLAGS,
+    SECRET_FLAG,
+    SECRET_FLAG_WHY,
+    arg_value,
+    flag_name,
+    resolve,
+)
 from kvpd.profile.schema import ASCEND
 from kvpd.profile.types import HASHSEED_MAX, is_ip, is_ipv4
 
@@ -129,6 +136,12 @@ def _check_arg(c: Checker, where: Path_, arg: str) -> None:
     if opaque is not None:
         why, fix = OPAQUE_FLAGS[opaque]
         c.err(where, f"{opaque} in args {why}; {fix}.")
+    elif SECRET_FLAG.match(name):
+        c.err(
+            where,
+            f"{name} in args {SECRET_FLAG_WHY}; pass the secret through the group's env (a "
+            "variable named *_KEY, *_TOKEN or *_PASSWORD is masked in every plan and log).",
+        )
 
 
 def rule_env(c: Checker) -> None:

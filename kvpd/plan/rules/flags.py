@@ -9,6 +9,7 @@ A rule that compared raw strings would let each of those spellings past it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 
 # A flag that stands for other options kvpd cannot see -> why it is refused and what to do.
@@ -21,7 +22,18 @@ OPAQUE_FLAGS = {
         "would put a secret on the command line (in the plan, the launch script and `ps`)",
         "set VLLM_API_KEY in the group's env instead (masked in every plan and log)",
     ),
+    "--hf-token": (
+        "would put a secret on the command line (in the plan, the launch script and `ps`)",
+        "set HF_TOKEN in the group's env instead (masked in every plan and log)",
+    ),
 }
+
+# Any other flag named for a secret (--db-password, --auth-token, --s3-secret-key ...): the
+# value would show in the plan, the launch script and `ps` just the same.
+SECRET_FLAG = re.compile(
+    r"^--(?:[\w-]*-)?(?:key|token|secret|pass|passwd|password|credentials?)$", re.IGNORECASE
+)
+SECRET_FLAG_WHY = OPAQUE_FLAGS["--api-key"][0]
 
 
 def flag_name(arg: str) -> str:
