@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpd.bench import metrics, proof
+from kvpd.bench import metrics, output_check, outputs, proof
 from kvpd.plan.value import Plan
 from kvpd.profile.roles import ENGINE_ROLES
 
@@ -36,10 +36,12 @@ class CanaryResult:
     problems: list[str] = field(default_factory=list)
     delta: dict[str, Any] = field(default_factory=dict)
     requests: int = 0
+    outputs: dict[str, Any] = field(default_factory=dict)  # OutputReport.to_dict(); {}: off
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "line": self.line, "problems": self.problems,
-                "requests": self.requests, "delta": self.delta}  # fmt: skip
+                "requests": self.requests, "delta": self.delta,
+                "outputs": self.outputs}  # fmt: skip
 
 
 def prompt(blocks: int = 4) -> str:
@@ -53,6 +55,17 @@ def send(
 ) -> int:
     """POST one completion; the number of generated tokens (raises OSError/ValueError)."""
     body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0}
+    out = complete(base_url, body, timeout_s=timeout_s)
+    usage = out.get("usage") or {}
+    tokens = int(usage.get("completion_tokens") or 0)
+    if not tokens and any(c.get("text") for c in out.get("choices") or []):
+        tokens = 1
+    return tokens
+
+
+def complete(base_url: str, body: dict[str, Any], *, timeout_s: float = 120.0) -> dict[str, Any]:
+    """POST `body` to `base_url`/v1/completions; the JSON answer (raises OSError/ValueError).
+    Every request of the canary and of the output check goes through here."""
     req = urllib.request.Request(
         base_url.rstrip("/") + "/v1/completions",
         data=json.dumps(body).encode(),
@@ -60,11 +73,9 @@ def send(
     )
     with _OPENER.open(req, timeout=timeout_s) as resp:
         out = json.loads(resp.read() or b"{}")
-    usage = out.get("usage") or {}
-    tokens = int(usage.get("completion_tokens") or 0)
-    if not tokens and any(c.get("text") for c in out.get("choices") or []):
-        tokens = 1
-    return tokens
+    if not isinstance(out, dict):
+        raise ValueError("the answer is not a JSON object")
+    return out
 
 
 def applies(plan: Plan) -> bool:
@@ -74,8 +85,9 @@ def applies(plan: Plan) -> bool:
     return bool(engines and plan.proxy_url)
 
 
-def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
-    """Scrape, send (one request, or one per mixed instance), scrape, judge."""
+def run(plan: Plan, *, timeout_s: float = 120.0, verify_outputs: bool = True) -> CanaryResult:
+    """Scrape, send (one request, or one per mixed instance), scrape, judge; then, unless
+    `verify_outputs` is off, the output check (kvpd.bench.output_check)."""
     tgts = metrics.targets(plan)
     roles = {t.role for t in tgts}
     disaggregated = "prefill" in roles and "decode" in roles
@@ -92,8 +104,28 @@ def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
             errors.append(f"POST {plan.proxy_url}/v1/completions failed: {_reason(e)}")
     after = metrics.scrape(tgts, timeout_s=10)
     d = metrics.delta(tgts, before, after)
-    return judge(d, requests=n, generated=generated, errors=errors, disaggregated=disaggregated,
-                 layerwise=layerwise(plan))  # fmt: skip
+    result = judge(d, requests=n, generated=generated, errors=errors,
+                   disaggregated=disaggregated, layerwise=layerwise(plan))  # fmt: skip
+    if not verify_outputs or errors:
+        return result
+    return with_outputs(result, output_check.run(plan, complete, prompt, timeout_s=timeout_s))
+
+
+def with_outputs(result: CanaryResult, report: outputs.OutputReport) -> CanaryResult:
+    """The canary's verdict with the output check's: both must pass. A failed output check
+    says whether the /metrics proof passed, since that is what it catches that /metrics
+    cannot."""
+    summary = report.summary()
+    problems = list(result.problems) + report.problems("canary")
+    if not problems:
+        return CanaryResult(True, f"{result.line}; {summary}", [], result.delta,
+                            result.requests, report.to_dict())  # fmt: skip
+    if not result.ok:
+        return CanaryResult(False, result.line, problems, result.delta, result.requests,
+                            report.to_dict())  # fmt: skip
+    problems.append(f"the /metrics proof passed ({result.line}); only the output check sees this")
+    line = f"canary FAILED: {summary}. {problems[0]}"
+    return CanaryResult(False, line, problems, result.delta, result.requests, report.to_dict())
 
 
 def layerwise(plan: Plan) -> bool:

@@ -31,6 +31,7 @@ class Record:
     result: dict[str, Any] = field(default_factory=dict)  # results.summarize/merge output
     metrics: dict[str, Any] = field(default_factory=dict)  # metrics.Delta.to_dict()
     problems: list[str] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)  # OutputReport.to_dict(); {}: not run
     raw_file: str = ""
     log: str = ""
     seconds: float = 0.0
@@ -38,6 +39,11 @@ class Record:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def outputs_failed(self) -> bool:
+        """The output check ran and failed: its numbers measure wrong output."""
+        return bool(self.outputs) and not self.outputs.get("ok", False)
 
     @property
     def key(self) -> tuple[str, str, int, int, int | None]:
@@ -79,6 +85,10 @@ class BenchRun:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    def outputs_failed(self) -> list[str]:
+        """Labels of the records whose output check failed."""
+        return [r.label for r in self.records if r.outputs_failed]
 
     def scenario_names(self) -> list[str]:
         names = [s["name"] for s in self.scenarios]

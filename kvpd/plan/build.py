@@ -12,6 +12,7 @@ from kvpd.plan.bench import bench_spec
 from kvpd.plan.bundle import bundle_uses, with_bundle_paths
 from kvpd.plan.container_hosts import with_containers
 from kvpd.plan.facts import derive_facts
+from kvpd.plan.faults import warnings as fault_warnings
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
 from kvpd.plan.lognames import log_file
@@ -256,7 +257,7 @@ def build_plan(
         files=tuple(files.values()),
         processes=tuple(processes),
         ports=tuple(sorted(ports, key=lambda u: (u.host, u.port))),
-        warnings=tuple(warnings),
+        warnings=(*warnings, *fault_warnings(processes)),
         proxy_url=proxy_url,
         served_model=model.served_name or model.path,
         tokenizer=model.tokenizer or model.path,
