@@ -316,7 +316,7 @@ class Session:
                 result=result,
                 delta=delta,
             )
-            if target.verify:
+            if target.verify and ph.measured:  # not after seeding: keep its caches as left
                 self._check_outputs(where, target, rec)
         return rec
 
