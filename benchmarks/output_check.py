@@ -96,7 +96,8 @@ def canary_costs(repeats: int) -> None:
     print(f"canary with the output check:    median {med(checked):.3f} s; adds "
           f"{med(checked) - med(plain):.3f} s (check alone {med(alone):.3f} s, "
           f"{output_check.PROMPTS} prompts x 2 x {output_check.TOKENS} tokens)")  # fmt: skip
-    print(f"  last: {rv.line}")
+    deltas = [x["max_delta"] for x in rv.outputs.get("prompts", [])]
+    print(f"  last: {rv.line}; largest |logprob difference| {max(deltas, default=0):.5f}")
 
 
 def bench_cost() -> None:
@@ -122,10 +123,13 @@ def faults() -> None:
         kv = r.delta.get("summary", {}).get("decode_kv_received_tokens", 0)
         metrics_ok = not [p for p in r.problems if "outputs differ" not in p
                           and "/metrics proof passed" not in p]  # fmt: skip
-        where = f"token {first['diverged_at']} of prompt {first['index'] + 1}" if first else "-"
+        where = "-"
+        if first:
+            where = (f"token {first['diverged_at']} of prompt {first['index'] + 1} "
+                     f"({first['pair']}: {first['detail']})")  # fmt: skip
         print(f"{FAULT}={mode}: /metrics proof {'passed' if metrics_ok else 'FAILED'} "
               f"(decode received {kv:.0f} KV tokens); {got.get('summary')}; first divergence "
-              f"{where} ({first['pair'] if first else ''})")  # fmt: skip
+              f"{where}")  # fmt: skip
 
 
 def main() -> None:
