@@ -266,3 +266,12 @@ def test_standin_engine_outputs_compare_equal_unless_empty(empty: bool) -> None:
         assert outputs.compare(got, got, 16, SAME).detail == "no tokens came back"
     else:
         assert len(got.token_ids) == 16 and outputs.compare(got, got, 16, SAME).ok
+
+
+def test_canary_skips_the_output_check_when_its_request_failed(monkeypatch) -> None:  # noqa: ANN001
+    def refuse(*a: object, **kw: object) -> None:
+        raise AssertionError("the output check must not run")
+
+    monkeypatch.setattr(output_check, "run", refuse)
+    r = canary.run(_plan(), timeout_s=2)  # nothing listens on the plan's ports
+    assert not r.ok and r.outputs == {} and "failed" in r.line
