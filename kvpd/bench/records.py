@@ -101,6 +101,9 @@ class BenchRun:
         d = asdict(self)
         d["format"] = FORMAT
         d["ok"] = self.ok
+        # the output checks at a glance: "as-is/run 128/16 c=4: outputs: 4/4 identical (...)"
+        d["outputs"] = [f"{r.label}: {r.outputs.get('summary', '')}" for r in self.records
+                        if r.outputs]  # fmt: skip
         return d
 
     @classmethod
@@ -154,8 +157,8 @@ def save(run: BenchRun, out_dir: Path) -> tuple[Path, Path]:
     tmp.replace(j)
     c = out_dir / RESULTS_CSV
     head = ["scenario", "phase", "measured", "input_len", "output_len", "max_concurrency",
-            "request_rate", "num_prompts", *_CSV_RESULT_KEYS, *_CSV_METRIC_KEYS, "ok",
-            "problems"]  # fmt: skip
+            "request_rate", "num_prompts", *_CSV_RESULT_KEYS, *_CSV_METRIC_KEYS, "outputs",
+            "ok", "problems"]  # fmt: skip
     with open(c, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(head)
@@ -167,7 +170,7 @@ def save(run: BenchRun, out_dir: Path) -> tuple[Path, Path]:
                  r.num_prompts]
                 + [_cell(r.result.get(k)) for k in _CSV_RESULT_KEYS]
                 + [_cell(summary.get(k)) for k in _CSV_METRIC_KEYS]
-                + [r.ok, " | ".join(r.problems)]
+                + [r.outputs.get("summary", ""), r.ok, " | ".join(r.problems)]
             )  # fmt: skip
     return j, c
 

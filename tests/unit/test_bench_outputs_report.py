@@ -3,6 +3,7 @@ and refused by --compare and the regression gate when it failed."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -49,6 +50,12 @@ def test_results_json_keeps_the_output_check(tmp_path: Path) -> None:
     records.save(_run(GOOD), tmp_path)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["records"][0]["outputs"]["summary"] == "outputs: 4/4 identical (first 16 tokens)"
+    assert saved["outputs"] == [
+        "as-is/measured 128/16 c=4: outputs: 4/4 identical (first 16 tokens)"
+    ]
+    with open(tmp_path / "results.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["outputs"] == "outputs: 4/4 identical (first 16 tokens)"
     back = records.load(tmp_path)
     assert back.records[0].outputs == GOOD and back.outputs_failed() == []
 
