@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         verify_outputs: bool | None = typer.Option(
             None,
             "--verify-outputs/--no-verify-outputs",
-            help="After each phase, compare greedy completions through the proxy with a "
+            help="After each measured phase, compare greedy completions through the proxy with a "
             "prefill (or mixed) engine's own. Default: on for rehearsals, CPU deployments and "
             "scenarios bench restarts; off for a real cluster benched as it is (the canary of "
             "`kvpd up` checked it).",
