@@ -114,6 +114,8 @@ def latency_table(record: Record) -> Table:
         f"{_fmt(r.get('output_throughput'))} output tok/s, "
         f"{_fmt(r.get('total_token_throughput'))} total tok/s"
     )
+    if record.outputs:
+        t.caption += f"; {record.outputs.get('summary', '')}"
     return t
 
 
