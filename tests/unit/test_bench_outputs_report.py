@@ -44,7 +44,7 @@ def test_tables_and_lines_say_how_many_outputs_matched() -> None:
     tol = {**GOOD, "mode": "tolerance", "tolerance": 0.5}
     assert "4/4 ±0.5" in _text(report.proof_table(_run(tol)))
     assert report.outputs_lines(_run({})) == []  # not checked: no line, "-" in the table
-    detail = _text(report.latency_table(_run(GOOD).records[0]))
+    detail = " ".join(_text(report.latency_table(_run(GOOD).records[0])).split())  # wrapped
     assert "outputs: 4/4 identical (first 16 tokens)" in detail
 
 
