@@ -85,9 +85,12 @@ def applies(plan: Plan) -> bool:
     return bool(engines and plan.proxy_url)
 
 
-def run(plan: Plan, *, timeout_s: float = 120.0, verify_outputs: bool = True) -> CanaryResult:
+def run(
+    plan: Plan, *, timeout_s: float = 120.0, verify_outputs: bool = True, live_traffic: bool = False
+) -> CanaryResult:
     """Scrape, send (one request, or one per mixed instance), scrape, judge; then, unless
-    `verify_outputs` is off, the output check (kvpd.bench.output_check)."""
+    `verify_outputs` is off, the output check (kvpd.bench.output_check; `live_traffic`: other
+    requests may share its batches, so it compares within a tolerance)."""
     tgts = metrics.targets(plan)
     roles = {t.role for t in tgts}
     disaggregated = "prefill" in roles and "decode" in roles
@@ -108,7 +111,8 @@ def run(plan: Plan, *, timeout_s: float = 120.0, verify_outputs: bool = True) ->
                    disaggregated=disaggregated, layerwise=layerwise(plan))  # fmt: skip
     if not verify_outputs or errors:
         return result
-    return with_outputs(result, output_check.run(plan, complete, prompt, timeout_s=timeout_s))
+    report = output_check.run(plan, complete, prompt, timeout_s=timeout_s, live=live_traffic)
+    return with_outputs(result, report)
 
 
 def with_outputs(result: CanaryResult, report: outputs.OutputReport) -> CanaryResult:

@@ -275,3 +275,12 @@ def test_canary_skips_the_output_check_when_its_request_failed(monkeypatch) -> N
     monkeypatch.setattr(output_check, "run", refuse)
     r = canary.run(_plan(), timeout_s=2)  # nothing listens on the plan's ports
     assert not r.ok and r.outputs == {} and "failed" in r.line
+
+
+def test_a_check_under_live_traffic_compares_within_the_tolerance() -> None:
+    plan = _plan()
+    ref = output_check.reference_process(plan)
+    assert ref is not None
+    assert output_check.expectation_for(plan, ref).mode == "identical"
+    live = output_check.expectation_for(plan, ref, live=True)
+    assert live.mode == "tolerance" and live.reason == "live traffic shares batches"
