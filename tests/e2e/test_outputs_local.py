@@ -1,7 +1,7 @@
 """The output check on the real local CPU deployment: with kvpd's store connector corrupting
 the blocks decode loads (its fault injection switch, checksums still valid) the /metrics proof
-passes and the output check fails, in `kvpd up`'s canary and in `kvpd bench`; without the
-fault both pass."""
+passes and the output check fails, in `kvpd up`'s canary and in `kvpd bench` (a deployment of
+its own); without the fault both pass (the shared local deployment)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kvpd.exec.events import EventLog
 from tests.e2e.local_deploy import REPO, engine_missing, kvpd, local_sets, set_args
 
 pytestmark = pytest.mark.e2e
@@ -59,16 +60,18 @@ def test_corrupted_blocks_pass_metrics_and_fail_outputs(args, tmp_path: Path) ->
     assert r.returncode != 0 and "refusing to compare" in r.stderr
 
 
-def test_healthy_store_passes_both(args, tmp_path: Path) -> None:
-    r = kvpd("up", "local", "--yes", "--json", *args)
-    canary = json.loads(r.stdout)["canary"]
-    assert canary["ok"] and canary["outputs"]["ok"], canary
-    assert canary["outputs"]["summary"] == "outputs: 4/4 identical (first 16 tokens)"
+def test_healthy_store_passes_both(local_deployment, tmp_path: Path) -> None:  # noqa: ANN001
+    """The shared local deployment (its `up` ran the canary with the output check)."""
+    dep = local_deployment
+    canaries = [e for e in EventLog(REPO / ".kvpd", dep.name).read() if e.what == "canary"]
+    assert canaries and canaries[-1].data["ok"], canaries
+    assert canaries[-1].detail.endswith("; outputs: 4/4 identical (first 16 tokens)")
     out = tmp_path / "good"
-    r = kvpd("bench", "local", *args, "--results", str(out), *BENCH, check=False)
+    r = kvpd("bench", "local", *dep.args, "--results", str(out), *BENCH, check=False)
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
     rec = json.loads(r.stdout)["records"][0]
     assert rec["outputs"]["summary"] == "outputs: 4/4 identical (first 16 tokens)"
+    assert rec["metrics"]["summary"]["decode_kv_received_tokens"] > 0
     saved = json.loads((out / "results.json").read_text())
     assert saved["records"][0]["outputs"]["ok"] is True
     kvpd("bench", "--compare", str(out), str(out))
