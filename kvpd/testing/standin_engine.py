@@ -214,11 +214,12 @@ class Handler(BaseHTTPRequestHandler):
             data += b"\n\n"
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
-        for i in range(out):
-            last = i == out - 1
-            delta = {"content": " tok"} if chat else None
+        piece = " tok" if out else ""  # empty: one final chunk without text, as vLLM ends
+        for i in range(max(out, 1)):
+            last = i >= out - 1
+            delta = {"content": piece} if chat else None
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if last else None}
-            choice.update({"delta": delta} if chat else {"text": " tok"})
+            choice.update({"delta": delta} if chat else {"text": piece})
             event({**head, "choices": [choice]})
         if (body.get("stream_options") or {}).get("include_usage"):
             event({**head, "choices": [], "usage": usage})
