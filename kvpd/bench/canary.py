@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpd.bench import metrics, proof
+from kvpd.bench import metrics, output_check, outputs, proof
 from kvpd.errors import DeployError
 from kvpd.exec import client_key, nofollow
 from kvpd.plan.value import Plan
@@ -38,10 +38,12 @@ class CanaryResult:
     problems: list[str] = field(default_factory=list)
     delta: dict[str, Any] = field(default_factory=dict)
     requests: int = 0
+    outputs: dict[str, Any] = field(default_factory=dict)  # OutputReport.to_dict(); {}: off
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "line": self.line, "problems": self.problems,
-                "requests": self.requests, "delta": self.delta}  # fmt: skip
+                "requests": self.requests, "delta": self.delta,
+                "outputs": self.outputs}  # fmt: skip
 
 
 def prompt(blocks: int = 4) -> str:
@@ -62,6 +64,20 @@ def send(
     """POST one completion (with the proxy's client `key`, if any); the number of generated
     tokens (raises OSError/ValueError)."""
     body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0}
+    out = complete(base_url, body, timeout_s=timeout_s, key=key)
+    usage = out.get("usage") or {}
+    tokens = int(usage.get("completion_tokens") or 0)
+    if not tokens and any(c.get("text") for c in out.get("choices") or []):
+        tokens = 1
+    return tokens
+
+
+def complete(
+    base_url: str, body: dict[str, Any], *, timeout_s: float = 120.0, key: str = ""
+) -> dict[str, Any]:
+    """POST `body` to `base_url`/v1/completions (with the proxy's client `key`, if any); the
+    JSON answer (raises OSError/ValueError). Every request of the canary and of the output
+    check goes through here."""
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
@@ -70,11 +86,9 @@ def send(
     )
     with _OPENER.open(req, timeout=timeout_s) as resp:
         out = json.loads(resp.read() or b"{}")
-    usage = out.get("usage") or {}
-    tokens = int(usage.get("completion_tokens") or 0)
-    if not tokens and any(c.get("text") for c in out.get("choices") or []):
-        tokens = 1
-    return tokens
+    if not isinstance(out, dict):
+        raise ValueError("the answer is not a JSON object")
+    return out
 
 
 def applies(plan: Plan) -> bool:
@@ -84,8 +98,12 @@ def applies(plan: Plan) -> bool:
     return bool(engines and plan.proxy_url)
 
 
-def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
-    """Scrape, send (one request, or one per mixed instance), scrape, judge."""
+def run(
+    plan: Plan, *, timeout_s: float = 120.0, verify_outputs: bool = True, live_traffic: bool = False
+) -> CanaryResult:
+    """Scrape, send (one request, or one per mixed instance), scrape, judge; then, unless
+    `verify_outputs` is off, the output check (kvpd.bench.output_check; `live_traffic`: other
+    requests may share its batches, so it compares within a tolerance)."""
     tgts = metrics.targets(plan)
     roles = {t.role for t in tgts}
     disaggregated = "prefill" in roles and "decode" in roles
@@ -108,8 +126,34 @@ def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
             errors.append(f"POST {plan.proxy_url}/v1/completions failed: {_reason(e)}")
     after = metrics.scrape(tgts, timeout_s=10)
     d = metrics.delta(tgts, before, after)
-    return judge(d, requests=n, generated=generated, errors=errors, disaggregated=disaggregated,
-                 layerwise=layerwise(plan))  # fmt: skip
+    result = judge(d, requests=n, generated=generated, errors=errors,
+                   disaggregated=disaggregated, layerwise=layerwise(plan))  # fmt: skip
+    if not verify_outputs or errors:
+        return result
+
+    def post(url: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        # The client key is the proxy's: the reference request goes to an engine directly.
+        return complete(url, body, timeout_s=timeout_s, key=key if url == plan.proxy_url else "")
+
+    report = output_check.run(plan, post, prompt, timeout_s=timeout_s, live=live_traffic)
+    return with_outputs(result, report)
+
+
+def with_outputs(result: CanaryResult, report: outputs.OutputReport) -> CanaryResult:
+    """The canary's verdict with the output check's: both must pass. A failed output check
+    says whether the /metrics proof passed, since that is what it catches that /metrics
+    cannot."""
+    summary = report.summary()
+    problems = list(result.problems) + report.problems("canary")
+    if not problems:
+        return CanaryResult(True, f"{result.line}; {summary}", [], result.delta,
+                            result.requests, report.to_dict())  # fmt: skip
+    if not result.ok:
+        return CanaryResult(False, result.line, problems, result.delta, result.requests,
+                            report.to_dict())  # fmt: skip
+    problems.append(f"the /metrics proof passed ({result.line}); only the output check sees this")
+    line = f"canary FAILED: {summary}. {problems[0]}"
+    return CanaryResult(False, line, problems, result.delta, result.requests, report.to_dict())
 
 
 def layerwise(plan: Plan) -> bool:

@@ -40,7 +40,26 @@ def regressions(
     problems += [f"{label}: in the baseline but not in this run" for label in missing]
     bad = [r.label for r in current.measured if not r.ok]
     problems += [f"{label}: failed in this run (not a result)" for label in bad]
+    problems += [f"{label}: outputs failed in the baseline (not a baseline)"
+                 for label in baseline.outputs_failed()]  # fmt: skip
+    wrong = current.outputs_failed()
+    problems += [f"{label}: outputs differ from a single engine's (not a result)"
+                 for label in wrong]  # fmt: skip
     return problems
+
+
+def refuse_wrong_outputs(runs: dict[str, BenchRun]) -> None:
+    """A run whose output check failed measured wrong output: it is neither a baseline nor
+    something to compare (its latency may be that of garbage)."""
+    bad = {name: r.outputs_failed() for name, r in runs.items()}
+    bad = {name: labels for name, labels in bad.items() if labels}
+    if bad:
+        lines = [f"  - {name}: {', '.join(labels)}" for name, labels in bad.items()]
+        raise BenchError(
+            "refusing to compare: the output check failed in these runs (the P/D path "
+            "generated something else than a single engine), so their numbers are not "
+            "results:\n" + "\n".join(lines) + "\nFix the deployment and bench it again."
+        )
 
 
 def gate(baseline: BenchRun, current: BenchRun, max_regression: float) -> None:

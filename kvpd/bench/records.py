@@ -32,6 +32,7 @@ class Record:
     result: dict[str, Any] = field(default_factory=dict)  # results.summarize/merge output
     metrics: dict[str, Any] = field(default_factory=dict)  # metrics.Delta.to_dict()
     problems: list[str] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)  # OutputReport.to_dict(); {}: not run
     raw_file: str = ""
     log: str = ""
     seconds: float = 0.0
@@ -39,6 +40,11 @@ class Record:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def outputs_failed(self) -> bool:
+        """The output check ran and failed: its numbers measure wrong output."""
+        return bool(self.outputs) and not self.outputs.get("ok", False)
 
     @property
     def key(self) -> tuple[str, str, int, int, int | None]:
@@ -82,6 +88,10 @@ class BenchRun:
     def ok(self) -> bool:
         return not self.problems
 
+    def outputs_failed(self) -> list[str]:
+        """Labels of the records whose output check failed."""
+        return [r.label for r in self.records if r.outputs_failed]
+
     def scenario_names(self) -> list[str]:
         names = [s["name"] for s in self.scenarios]
         for r in self.records:
@@ -93,6 +103,9 @@ class BenchRun:
         d = asdict(self)
         d["format"] = FORMAT
         d["ok"] = self.ok
+        # the output checks at a glance: "as-is/run 128/16 c=4: outputs: 4/4 identical (...)"
+        d["outputs"] = [f"{r.label}: {r.outputs.get('summary', '')}" for r in self.records
+                        if r.outputs]  # fmt: skip
         return d
 
     @classmethod
@@ -147,8 +160,8 @@ def save(run: BenchRun, out_dir: Path) -> tuple[Path, Path]:
     tmp.replace(j)
     c = out_dir / RESULTS_CSV
     head = ["scenario", "phase", "measured", "input_len", "output_len", "max_concurrency",
-            "request_rate", "num_prompts", *_CSV_RESULT_KEYS, *_CSV_METRIC_KEYS, "ok",
-            "problems"]  # fmt: skip
+            "request_rate", "num_prompts", *_CSV_RESULT_KEYS, *_CSV_METRIC_KEYS, "outputs",
+            "ok", "problems"]  # fmt: skip
     with open(c, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(head)
@@ -160,7 +173,7 @@ def save(run: BenchRun, out_dir: Path) -> tuple[Path, Path]:
                  r.num_prompts]
                 + [_cell(r.result.get(k)) for k in _CSV_RESULT_KEYS]
                 + [_cell(summary.get(k)) for k in _CSV_METRIC_KEYS]
-                + [r.ok, " | ".join(r.problems)]
+                + [r.outputs.get("summary", ""), r.ok, " | ".join(r.problems)]
             )  # fmt: skip
     return j, c
 

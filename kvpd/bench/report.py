@@ -114,6 +114,8 @@ def latency_table(record: Record) -> Table:
         f"{_fmt(r.get('output_throughput'))} output tok/s, "
         f"{_fmt(r.get('total_token_throughput'))} total tok/s"
     )
+    if record.outputs:
+        t.caption += f"; {record.outputs.get('summary', '')}"
     return t
 
 
@@ -132,7 +134,8 @@ def proof_table(run: BenchRun) -> Table:
     """Per phase: who served the requests, KV received by decode, cache hits, verdict."""
     t = Table(title="Proof from /metrics (deltas over each phase)")
     for name in ("scenario", "phase", "point", "P reqs", "D reqs", "D KV in", "D cached",
-                 "D computed", "proxy P→D", "HBM hits", "ext. hits", "verdict"):  # fmt: skip
+                 "D computed", "proxy P→D", "HBM hits", "ext. hits", "outputs",
+                 "verdict"):  # fmt: skip
         t.add_column(name, justify="left" if name in ("scenario", "phase", "verdict") else "right")
     for r in run.records:
         s = r.metrics.get("summary", {})
@@ -152,6 +155,26 @@ def proof_table(run: BenchRun) -> Table:
             r.scenario, r.phase, point, reqs_p, n("decode_requests"),
             n("decode_kv_received_tokens"), n("decode_cached_tokens"), n("decode_computed_tokens"),
             n("proxy_handoffs"), n("prefix_cache_hits"),
-            n("external_prefix_cache_hits"), verdict,
+            n("external_prefix_cache_hits"), outputs_cell(r), verdict,
         )  # fmt: skip
     return t
+
+
+def outputs_cell(r: Record) -> str:
+    """`4/4 identical`, `3/4 FAILED` or `-` (not checked)."""
+    o = r.outputs
+    if not o:
+        return "-"
+    prompts = o.get("prompts") or []
+    passed = sum(1 for p in prompts if p.get("ok"))
+    total = len(prompts) + len(o.get("errors") or [])
+    if not o.get("ok"):
+        return f"[red]{passed}/{total} FAILED[/]"
+    how = "identical" if o.get("mode") == "identical" else f"±{o.get('tolerance')}"
+    return f"{passed}/{total} {how}"
+
+
+def outputs_lines(run: BenchRun) -> list[str]:
+    """One line per phase with an output check: `scenario/phase point: outputs: 4/4 identical
+    (first 16 tokens)` (its summary, as results.json has it)."""
+    return [f"{r.label}: {r.outputs.get('summary', '')}" for r in run.records if r.outputs]

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvpd.bench import logcheck, proof, runner, serve_output
+from kvpd.bench import canary, lengths, logcheck, output_check, proof, runner, serve_output
 from kvpd.bench import metrics as m
 from kvpd.bench.records import BenchRun, Record
 from kvpd.bench.settings import Point, Scenario, Settings
@@ -60,6 +60,7 @@ class Target:
     model: str
     tokenizer: str
     metrics: list[m.Target] = field(default_factory=list)
+    verify: bool = False  # run the output check after each phase
 
 
 @dataclass
@@ -78,6 +79,8 @@ class Session:
     keep_up: bool = False  # leave the last scenario running
     progress: Progress = field(default_factory=NullProgress)
     run_client: Callable[..., runner.RunOutput] = runner.run
+    verify_outputs: bool | None = None  # None: output_check.bench_default
+    post: output_check.Post = canary.complete  # the output check's HTTP
 
     def run(self) -> BenchRun:
         base = self.load(self.user_sets)
@@ -99,6 +102,7 @@ class Session:
         self.progress.start(n_scen * len(self.settings.points) * phases_per_point)
         if not self.scenarios:
             target = self._current_target(base)
+            target.verify = self._verify(target.plan, restarted=False)
             self._run_points("as-is", target, run, cache=None)
             self._confirm("as-is", target.plan, run, None)
             return run
@@ -120,6 +124,7 @@ class Session:
                         self.progress.advance()
                     continue
                 target = self._target(state.plan)
+                target.verify = self._verify(state.plan, restarted=True)
                 self._run_points(scn.name, target, run, cache=scn.cache)
                 self._confirm(scn.name, state.plan, run, scn.cache)
         finally:
@@ -133,6 +138,11 @@ class Session:
                     except KvpdError as e:
                         run.failures.append(f"could not restore the deployment: {e}")
         return run
+
+    def _verify(self, plan: Plan, *, restarted: bool) -> bool:
+        if self.verify_outputs is not None:
+            return self.verify_outputs
+        return output_check.bench_default(plan, restarted=restarted)
 
     def _stop(self, deployment: str) -> None:
         try:
@@ -298,6 +308,9 @@ class Session:
                 f"{out.returncode} (log: {out.log}):\n    {tail}"
             )
         else:
+            where = f"scenario {scenario!r}, phase {ph.name}"
+            rec.problems += lengths.problems(where, raw, output_len=ph.output_len,
+                                             ignore_eos=ph.ignore_eos)  # fmt: skip
             rec.problems += proof.check_phase(
                 scenario=scenario,
                 phase=ph.name,
@@ -308,4 +321,20 @@ class Session:
                 result=result,
                 delta=delta,
             )
+            if target.verify and ph.measured:  # not after seeding: keep its caches as left
+                self._check_outputs(where, target, rec)
         return rec
+
+    def _check_outputs(self, where: str, target: Target, rec: Record) -> None:
+        """After the phase (outside its /metrics window): P/D output vs a reference engine."""
+        self.progress.status(f"{where}: checking outputs")
+        key, proxy = client_key.read(target.plan), target.plan.proxy_url
+
+        def post(url: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+            # The client key is the proxy's: the reference request goes to an engine directly.
+            return self.post(url, body, timeout_s=timeout_s, key=key if url == proxy else "")
+
+        report = output_check.run(target.plan, post, canary.prompt,
+                                  timeout_s=min(120.0, self.phase_timeout_s))  # fmt: skip
+        rec.outputs = report.to_dict()
+        rec.problems += report.problems(where)

@@ -92,6 +92,14 @@ def register(app: typer.Typer) -> None:
             help="Largest allowed regression (default 10% with --baseline; with --compare it "
             "gates B against A).",
         ),
+        verify_outputs: bool | None = typer.Option(
+            None,
+            "--verify-outputs/--no-verify-outputs",
+            help="After each measured phase, compare greedy completions through the proxy with a "
+            "prefill (or mixed) engine's own. Default: on for rehearsals, CPU deployments and "
+            "scenarios bench restarts; off for a real cluster benched as it is (the canary of "
+            "`kvpd up` checked it).",
+        ),
         charts: bool = typer.Option(True, "--charts/--no-charts", help="Write PNG charts."),
         json_out: bool = typer.Option(False, "--json", help="Print the run as JSON."),
     ) -> None:
@@ -108,6 +116,7 @@ def register(app: typer.Typer) -> None:
             raise BenchError(f"--stat must be mean, median or p99, not {stat!r}.")
         if compare:
             a, b = records.load(compare[0]), records.load(compare[1])
+            gate.refuse_wrong_outputs({compare[0]: a, compare[1]: b})
             output.out.print(cmp.compare_table(a, b, compare[0], compare[1]))
             only_a, only_b = cmp.unmatched(a, b)
             for label in only_a:
@@ -138,6 +147,7 @@ def register(app: typer.Typer) -> None:
             keep_up=keep_up,
             restore=restore,
             quiet=json_out,
+            verify_outputs=verify_outputs,
         )
         out_dir = Path(run.out_dir)
         json_path, csv_path = records.save(run, out_dir)
@@ -151,6 +161,8 @@ def register(app: typer.Typer) -> None:
                 output.out.print(report.results_table(run, stat))
             if run.records:
                 output.out.print(report.proof_table(run))
+            for line in report.outputs_lines(run):
+                output.out.print(line)
             for note in run.notes:
                 output.out.print(f"log: {note}")
             output.out.print(f"Results: {json_path}, {csv_path}")
@@ -160,7 +172,9 @@ def register(app: typer.Typer) -> None:
         gate_problems: list[str] = []
         if baseline is not None:
             allowed = gate.parse_percent(max_regression or "10%")
-            gate_problems = gate.regressions(records.load(baseline), run, allowed)
+            base_run = records.load(baseline)
+            gate.refuse_wrong_outputs({str(baseline): base_run})
+            gate_problems = gate.regressions(base_run, run, allowed)
         if problems or gate_problems:
             lines = [f"  - {p}" for p in problems]
             if gate_problems:
@@ -190,6 +204,7 @@ def _run(
     keep_up: bool,
     restore: bool,
     quiet: bool,
+    verify_outputs: bool | None = None,
 ) -> BenchRun:
     from kvpd.bench.progress import RichProgress
     from kvpd.bench.session import NullProgress, Session
@@ -236,6 +251,7 @@ def _run(
         phase_timeout_s=phase_timeout,
         restore=restore,
         keep_up=keep_up,
+        verify_outputs=verify_outputs,
     )
     if client_host is not None:
         from kvpd.bench.remote import RemoteClient

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import typer
@@ -60,7 +61,9 @@ def register(app: typer.Typer) -> None:
                     output.err.print(f"  [yellow]note:[/] {note}")
 
             state = svc.store.require(name)
-            check = None if no_canary or not canary.applies(state.plan) else canary.run
+            # the service keeps answering during a restart: the check shares batches with it
+            live = functools.partial(canary.run, live_traffic=True)
+            check = None if no_canary or not canary.applies(state.plan) else live
             steps = svc.roll(name, names, canary=check, drain_timeout_s=drain_timeout,
                              on_step=show)  # fmt: skip
         output.out.print(f"{name}: {len(steps)} processes restarted, one at a time.")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import TYPE_CHECKING
 
@@ -112,6 +113,12 @@ def register(app: typer.Typer) -> None:
         keep_on_failure: bool = typer.Option(
             False, "--keep-on-failure", help="Leave the deployment up when the canary fails."
         ),
+        verify_outputs: bool = typer.Option(
+            True,
+            "--verify-outputs/--no-verify-outputs",
+            help="After the canary, compare greedy completions through the proxy with a "
+            "prefill (or mixed) engine's own: KV that moved with the wrong content fails `up`.",
+        ),
     ) -> None:
         """Start a deployment: write its files, start its stages in order, gate on health."""
         from rich.text import Text
@@ -165,7 +172,8 @@ def register(app: typer.Typer) -> None:
                     output.err.print(f"{tag} {text}")
             result = None
             if not no_canary and canary.applies(plan):
-                result = svc.canary(plan, canary.run, keep_on_failure=keep_on_failure)
+                check = functools.partial(canary.run, verify_outputs=verify_outputs)
+                result = svc.canary(plan, check, keep_on_failure=keep_on_failure)
         if json_out:
             data = output.state_json(state, str(svc.store.path(plan.deployment)))
             data["bundle"] = state.bundle

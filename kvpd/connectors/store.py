@@ -23,6 +23,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvpd.connectors import fault
 from kvpd.connectors.blockstore import BlockStore
 from kvpd.connectors.hashing import StoreIdentity, chain_keys, describe_layout
 from kvpd.connectors.settings import parse_settings
@@ -121,6 +122,11 @@ class KvpdStoreConnector(KVConnectorBase_V1):
         self._tp_rank = 0
         self._layers: list[torch.Tensor] = []
         self._failed_blocks: set[int] = set()
+        # FAULT INJECTION (test only): corrupt loaded blocks after their checksum passed.
+        self._fault = fault.from_env() if worker and self._loads else None
+        if self._fault is not None:
+            logger.warning("kvpd store: FAULT INJECTION %s=%s: loaded KV blocks are corrupted "
+                           "on purpose (test only)", fault.ENV, self._fault)  # fmt: skip
         if worker:
             from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
@@ -287,6 +293,9 @@ class KvpdStoreConnector(KVConnectorBase_V1):
             if ok:
                 if len(ok) < len(keys):
                     buf = buf[torch.tensor(ok, dtype=torch.long)]
+                if self._fault is not None:
+                    sizes = [t[0].numel() * t.element_size() for t in self._layers]
+                    fault.corrupt(buf.numpy(), self._fault, sizes, self._layers[0].element_size())
                 idx = torch.tensor([tr.block_ids[i] for i in ok], dtype=torch.long)
                 self._scatter(buf, idx)
             self._stats.add(

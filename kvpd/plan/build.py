@@ -14,6 +14,7 @@ from kvpd.plan.capacity import POOL_INIT_S_PER_GB, memcache_dram_need
 from kvpd.plan.container_hosts import with_containers
 from kvpd.plan.derived import derived_lines
 from kvpd.plan.facts import derive_facts
+from kvpd.plan.faults import warnings as fault_warnings
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
 from kvpd.plan.lognames import log_file
@@ -263,7 +264,7 @@ def build_plan(
         files=tuple(files.values()),
         processes=tuple(processes),
         ports=tuple(sorted(ports, key=lambda u: (u.host, u.port))),
-        warnings=tuple(warnings),
+        warnings=(*warnings, *fault_warnings(processes)),
         proxy_url=proxy_url,
         served_model=model.served_name or model.path,
         tokenizer=model.tokenizer or model.path,

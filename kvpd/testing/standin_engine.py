@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import signal
 import socket
 import sys
@@ -30,6 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+# FAULT INJECTION switch (test only): every completion carries zero tokens, as a P/D
+# deployment whose KV transfer failed can answer; the output checks must fail it.
+EMPTY = bool(os.environ.get("KVPD_FAULT_EMPTY_COMPLETIONS"))
 
 
 class Engine:
@@ -155,6 +159,8 @@ class Handler(BaseHTTPRequestHandler):
         tokens = prompt_tokens(body)
         e.admit(tokens, received=bool(kv.get("do_remote_prefill")))
         out = max(1, int(body.get("max_tokens") or body.get("max_completion_tokens") or 16))
+        if EMPTY:  # FAULT INJECTION: answer as if generation failed silently
+            out = 0
         rid = self.headers.get("x-request-id") or uuid.uuid4().hex
         usage = {"prompt_tokens": len(tokens), "completion_tokens": out}
         usage["total_tokens"] = len(tokens) + out
@@ -174,6 +180,8 @@ class Handler(BaseHTTPRequestHandler):
         choice.update(
             {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
         )
+        if body.get("logprobs") and not chat:
+            choice["logprobs"] = logprobs(tokens, out)
         answer: dict[str, Any] = {**head, "choices": [choice], "usage": usage}
         if kv.get("do_remote_decode"):  # the prefill half of the P/D handshake
             answer["kv_transfer_params"] = {
@@ -206,17 +214,29 @@ class Handler(BaseHTTPRequestHandler):
             data += b"\n\n"
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
-        for i in range(out):
-            last = i == out - 1
-            delta = {"content": " tok"} if chat else None
+        piece = " tok" if out else ""  # empty: one final chunk without text, as vLLM ends
+        for i in range(max(out, 1)):
+            last = i >= out - 1
+            delta = {"content": piece} if chat else None
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if last else None}
-            choice.update({"delta": delta} if chat else {"text": " tok"})
+            choice.update({"delta": delta} if chat else {"text": piece})
             event({**head, "choices": [choice]})
         if (body.get("stream_options") or {}).get("include_usage"):
             event({**head, "choices": [], "usage": usage})
         event(b"[DONE]")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+
+def logprobs(prompt: list[str], out: int) -> dict[str, Any]:
+    """Completion logprobs (token ids as `token_id:N`) that depend only on the prompt, so
+    every instance "generates" the same tokens for it, as greedy decoding of one model does."""
+    seed = hashlib.sha256("\x00".join(prompt).encode()).digest()
+    ids = [int.from_bytes(hashlib.sha256(seed + bytes([i % 256])).digest()[:2], "big") % 1000
+           for i in range(out)]  # fmt: skip
+    names = [f"token_id:{t}" for t in ids]
+    top = [{n: -0.5} for n in names]
+    return {"tokens": names, "token_logprobs": [-0.5] * out, "top_logprobs": top}
 
 
 def hold(host: str, ports: list[int]) -> list[socket.socket]:

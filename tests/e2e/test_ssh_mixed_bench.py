@@ -47,6 +47,11 @@ def test_mixed_bench_twice_hits_on_the_second_run(mixed: Rehearsal, tmp_path: Pa
     assert warm["result"]["completed"] == 4 and warm["result"]["failed"] == 0
     hits = sum(t["prefix_cache_hits"] for t in warm["metrics"]["per_target"].values())
     assert hits > 0, warm["metrics"]["per_target"]
+    # the output check ran after each phase (on by default in rehearsals): the proxy's
+    # completions equal those of mixed-0 asked directly, DP ranks and all
+    for rec in (cold, warm):
+        assert rec["outputs"]["summary"] == "outputs: 4/4 identical (first 16 tokens)", rec
+    assert mixed.up["canary"]["outputs"]["ok"], mixed.up["canary"]
 
 
 def test_mixed_down_leaves_nothing(mixed: Rehearsal) -> None:

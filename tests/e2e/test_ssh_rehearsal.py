@@ -302,6 +302,16 @@ def test_ucm4_each_instance_on_its_own_host(ucm4: Rehearsal) -> None:
     assert all(p["status"] == "healthy" for p in ucm4.up["processes"])
 
 
+def test_ucm4_canary_outputs_match_a_single_engine(ucm4: Rehearsal) -> None:
+    """The canary's output check ran on the rehearsal (ExampleConnector in place of UCM): the
+    proxy's P/D completions equal a prefill engine's own."""
+    outputs = ucm4.up["canary"]["outputs"]
+    assert outputs["ok"], outputs
+    assert outputs["summary"] == "outputs: 4/4 identical (first 16 tokens)"
+    pairs = {p["pair"] for p in outputs["prompts"]}
+    assert all(" -> decode-" in pair for pair in pairs), pairs
+
+
 def test_ucm4_request_through_proxy_hands_kv_over(ucm4: Rehearsal) -> None:
     decodes = [ucm4.url("decode-0"), ucm4.url("decode-1")]
     src = "vllm:prompt_tokens_by_source_total"

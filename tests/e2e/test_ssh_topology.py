@@ -228,6 +228,11 @@ def test_mooncake_full_size_bench_through_the_proxy(
     # the proxy may route a prompt to another prefiller the second time; decode caches it too
     hits = sum(t.get("prefix_cache_hits", 0) for t in warm["metrics"]["per_target"].values())
     assert hits > 0, warm["metrics"]["per_target"]
+    # the output check ran in the canary and after each phase: the stand-in's tokens depend
+    # only on the prompt, so every P/D pair returns what prefill-0 returns alone
+    assert mooncake_full.up["canary"]["outputs"]["ok"], mooncake_full.up["canary"]
+    for rec in (cold, warm):
+        assert rec["outputs"]["summary"] == "outputs: 4/4 identical (first 16 tokens)", rec
 
 
 def test_mooncake_full_size_down_leaves_nothing(mooncake_full: Rehearsal) -> None:

@@ -120,17 +120,24 @@ def test_failed_canary_stops_the_deployment_unless_kept(cli, monkeypatch) -> Non
     problem = "canary: decode received no KV: vllm:prompt_tokens_by_source_total{...} did not grow"
     failed = canary.CanaryResult(False, "canary FAILED: " + problem, [problem])
     monkeypatch.setattr(canary, "applies", lambda plan: True)
-    monkeypatch.setattr(canary, "run", lambda plan: failed)
+    asked: list[bool] = []
+
+    def run(plan: object, *, verify_outputs: bool = True) -> canary.CanaryResult:
+        asked.append(verify_outputs)
+        return failed
+
+    monkeypatch.setattr(canary, "run", run)
     r = cli("up", "demo.yaml", "--yes")
-    assert r.exit_code == 1
+    assert r.exit_code == 1 and asked == [True]  # the output check is on by default
     msg = str(r.exception)
     assert "the canary through the proxy failed" in msg and "prompt_tokens_by_source" in msg
     assert "The deployment was stopped" in msg
     st = json.loads(cli("status", "demo", "--json").stdout)
     assert not any(p["alive"] for p in st["processes"])
 
-    r = cli("up", "demo.yaml", "--yes", "--keep-on-failure")
+    r = cli("up", "demo.yaml", "--yes", "--keep-on-failure", "--no-verify-outputs")
     assert r.exit_code == 1 and "left up (--keep-on-failure)" in str(r.exception)
+    assert asked == [True, False]
     st = json.loads(cli("status", "demo", "--json").stdout)
     assert all(p["alive"] for p in st["processes"])
     events = json.loads(cli("status", "demo", "--events", "--json").stdout)["events"]
