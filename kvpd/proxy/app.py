@@ -13,6 +13,7 @@ import sys
 
 from kvpd.proxy.admin import Admin
 from kvpd.proxy.backends import Backend, BackendPool, HealthChecker
+from kvpd.proxy.cache_aware import clear_indexes, install_routing
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
 from kvpd.proxy.flows import BackendAuth, Generation, make_flow
 from kvpd.proxy.hostpool import HostPool, fetch
@@ -48,6 +49,7 @@ class ProxyApp:
         limits = Limits(cfg.client_timeout, cfg.idle_timeout, cfg.max_connections)
         self.state = ServerState(router, loop, cfg.access_log, limits)
         steps = Steps(cfg, self.prefillers, self.decoders, metrics, loop)
+        install_routing(cfg, self.prefillers, self.decoders, steps)
         self.flow = make_flow(
             cfg.flow, steps, metrics, self.state.spawn, cfg.prefill_timeout, cfg.metaserver
         )
@@ -160,6 +162,7 @@ class ProxyApp:
     async def reset_prefix_cache(self, client: ClientConnection, req: Request) -> None:
         extra = self.auth.header(req)
         backends = self.prefillers.backends + self.decoders.backends
+        clear_indexes(self.prefillers, self.decoders)  # the engines' caches are emptied
 
         async def one(b: Backend) -> str:
             try:

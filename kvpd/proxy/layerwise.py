@@ -107,6 +107,7 @@ class Layerwise:
                 extra,
                 request_id,
                 on_attempt,
+                self.steps.keys(body),  # used only with --decode-affinity
             )
         finally:
             for child in children:
@@ -165,7 +166,11 @@ class Layerwise:
         relay = record.relay
         try:
             await self.steps.prefill(
-                record.path, dumps(p_body).encode(), record.tokens, record.extra
+                record.path,
+                dumps(p_body).encode(),
+                record.tokens,
+                record.extra,
+                self.steps.keys(record.body),
             )
         except Failure as f:
             if not done.done():
