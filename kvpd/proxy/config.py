@@ -99,7 +99,10 @@ class ProxyConfig:
         "N",
     )
     prefix_block: int = _opt(
-        16, "tokens per indexed prompt chunk (token ids; text counts 4 characters a token)", "N"
+        64,
+        "tokens per indexed prompt chunk, the granularity of prefix matches (token ids; text "
+        "counts 4 characters a token); coarser costs less CPU per request",
+        "N",
     )
     balance_abs_tokens: int = _opt(
         2048,

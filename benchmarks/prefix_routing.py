@@ -1,0 +1,251 @@
+"""Cache-aware vs least-loaded routing of prefillers, side by side in one run, through `kvpd
+proxy` in front of stand-in engines (kvpd/testing/standin_engine.py: a block-hash prefix cache
+of limited capacity, LRU, with vLLM's prefix-cache counters on /metrics), with 2 and 4
+prefill instances and one decoder.
+
+- guide: the UCM guide's protocol: seed each prompt's first 80%, then send the full prompts;
+  the hit ratio of the second phase from the prefill engines' /metrics (ideal: 0.8);
+- random: no shared prefixes (every prompt random): throughput, p99 and the proxy's CPU
+  seconds per request, repetitions alternated between the policies;
+- skew: 80% of requests start with one of two long system prompts, the rest random: requests
+  per prefiller max/mean and the hit ratio.
+
+    .venv/bin/python benchmarks/prefix_routing.py [--prefill 2 4] [--prompts 96] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proxy_overhead import (  # noqa: E402 - the benchmarks' lean client, shared
+    ROOT,
+    connect,
+    free_port,
+    proc_cpu_seconds,
+    request_bytes,
+    stop_processes,
+    wait_http,
+)
+
+from kvpd.bench.metrics import parse, total  # noqa: E402
+
+ENGINE = ROOT / "kvpd" / "testing" / "standin_engine.py"
+POLICIES = ("least-loaded", "cache-aware")
+BLOCK = 16  # tokens per KV block (vLLM's default on CPU); the stand-in counts 4 chars a token
+ALPHABET = "abcdefghijklmnopqrstuvwxyz     "
+
+
+def text(rng: random.Random, chars: int) -> str:
+    return "".join(rng.choices(ALPHABET, k=chars))
+
+
+def start_engines(n: int, cache_blocks: int) -> tuple[list[int], int, list[subprocess.Popen]]:
+    procs, ports = [], []
+    for role in ["prefill"] * n + ["decode"]:
+        port = free_port()
+        procs.append(subprocess.Popen(
+            [sys.executable, str(ENGINE), "--host", "127.0.0.1", "--port", str(port), "--role",
+             role, "--block-size", str(BLOCK), "--cache-blocks", str(cache_blocks)],
+            stdout=subprocess.DEVNULL,
+        ))  # fmt: skip
+        ports.append(port)
+    for port in ports:
+        wait_http(f"http://127.0.0.1:{port}/health")
+    return ports[:-1], ports[-1], procs
+
+
+def start_proxy(policy: str, prefill: list[int], decode: int, cache_blocks: int) -> tuple:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvpd.proxy", "--port", str(port),
+         "--prefiller-hosts", *["127.0.0.1"] * len(prefill),
+         "--prefiller-ports", *map(str, prefill), "--decoder-ports", str(decode),
+         "--routing", policy,
+         "--prefix-capacity-tokens", str(cache_blocks * BLOCK), "--log-level", "WARNING"],
+        cwd=ROOT,
+    )  # fmt: skip
+    wait_http(f"http://127.0.0.1:{port}/health")
+    return port, proc
+
+
+def post(url: str) -> None:
+    req = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=10):
+        pass
+
+
+def scrape(ports: list[int]) -> tuple[float, float, list[float]]:
+    """Summed prefix-cache hits and queries (tokens) and the requests of each engine."""
+    hits = queries = 0.0
+    reqs = []
+    for port in ports:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            s = parse(r.read().decode())
+        hits += total(s, "vllm:prefix_cache_hits_total")
+        queries += total(s, "vllm:prefix_cache_queries_total")
+        reqs.append(total(s, "vllm:request_success_total"))
+    return hits, queries, reqs
+
+
+async def send_all(port: int, prompts: list[str], streams: int) -> list[float]:
+    """Every prompt once, `streams` at a time; the latency of each request."""
+    conns = [await connect(port) for _ in range(streams)]
+    queue = list(reversed(prompts))
+    lat: list[float] = []
+
+    async def worker(c) -> None:  # type: ignore[no-untyped-def]
+        while queue:
+            body = {"model": "standin", "prompt": queue.pop(), "max_tokens": 4, "stream": True}
+            t0 = time.perf_counter()
+            status = await c.call(request_bytes(port, "/v1/completions", body))
+            if status != 200:
+                raise SystemExit(f"the proxy answered HTTP {status}")
+            lat.append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(worker(c) for c in conns))
+    for c in conns:
+        c.transport.close()
+    return lat
+
+
+def phase(proxy: int, prefill: list[int], prompts: list[str], streams: int) -> dict:
+    h0, q0, r0 = scrape(prefill)
+    t0 = time.perf_counter()
+    lat = asyncio.run(send_all(proxy, prompts, streams))
+    wall = time.perf_counter() - t0
+    h1, q1, r1 = scrape(prefill)
+    per = [b - a for a, b in zip(r0, r1, strict=True)]
+    s = sorted(lat)
+    return {
+        "hit_ratio": (h1 - h0) / max(1.0, q1 - q0),
+        "rps": len(lat) / wall,
+        "p99_ms": s[min(len(s) - 1, int(len(s) * 0.99))] * 1e3,
+        "per_backend": per,
+        "max_over_mean": max(per) / max(1e-9, statistics.mean(per)),
+    }
+
+
+def scenario_prompts(kind: str, rng: random.Random, n: int, chars: int) -> list[list[str]]:
+    """The phases of a scenario, each a list of prompts."""
+    if kind == "guide":
+        full = [text(rng, chars) for _ in range(n)]
+        order = list(full)
+        rng.shuffle(order)
+        return [[p[: int(chars * 0.8)] for p in full], order]
+    if kind == "random":
+        return [[text(rng, chars) for _ in range(n)]]
+    systems = [text(rng, chars) for _ in range(2)]
+    out = []
+    for _ in range(n):
+        suffix = text(rng, chars // 8)
+        out.append(rng.choice(systems) + suffix if rng.random() < 0.8 else text(rng, chars))
+    return [out]
+
+
+def run_policy(policy: str, n: int, args: argparse.Namespace, kind: str, seed: int) -> dict:
+    cache_blocks = args.cache_blocks
+    prefill, decode, procs = start_engines(n, cache_blocks)
+    proxy, pproc = start_proxy(policy, prefill, decode, cache_blocks)
+    try:
+        count = {"guide": args.prompts, "random": args.random_prompts, "skew": args.skew_prompts}
+        phases = scenario_prompts(kind, random.Random(seed), count[kind], args.chars)
+        cpu0 = proc_cpu_seconds(pproc.pid)
+        results = [phase(proxy, prefill, p, args.streams) for p in phases]
+        cpu = proc_cpu_seconds(pproc.pid) - cpu0
+        out = results[-1]
+        out["proxy_cpu_ms_per_request"] = cpu / sum(len(p) for p in phases) * 1e3
+        if kind == "guide":
+            out["seed_hit_ratio"] = results[0]["hit_ratio"]
+        return out
+    finally:
+        stop_processes([pproc, *procs])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prefill", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--prompts", type=int, default=96, help="prompts per phase (guide)")
+    ap.add_argument("--random-prompts", type=int, default=1500)
+    ap.add_argument("--skew-prompts", type=int, default=400)
+    ap.add_argument("--chars", type=int, default=4096, help="characters a prompt (4 a token)")
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of the random scenario")
+    ap.add_argument(
+        "--cache-blocks",
+        type=int,
+        default=0,
+        help="blocks each engine's prefix cache holds (0: 1.25 x its share of the full "
+        "prompts of the guide scenario)",
+    )
+    ap.add_argument("--json", help="also write the results to this file")
+    args = ap.parse_args()
+    rows = []
+    given = args.cache_blocks
+    for n in args.prefill:
+        blocks_per_prompt = args.chars // 4 // BLOCK
+        args.cache_blocks = given or int(1.25 * args.prompts * blocks_per_prompt / n)
+        for kind in ("guide", "random", "skew"):
+            reps = args.reps if kind == "random" else 1
+            runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
+            for rep in range(reps):  # alternate so drift in machine load hits both
+                for policy in POLICIES if rep % 2 == 0 else reversed(POLICIES):
+                    runs[policy].append(run_policy(policy, n, args, kind, 1000 * n + rep))
+            for policy in POLICIES:
+                med = {k: statistics.median(r[k] for r in runs[policy])
+                       for k in ("hit_ratio", "rps", "p99_ms", "max_over_mean",
+                                 "proxy_cpu_ms_per_request")}  # fmt: skip
+                med["per_backend"] = runs[policy][0]["per_backend"]
+                rows.append({"prefill": n, "scenario": kind, "policy": policy,
+                             "cache_blocks": args.cache_blocks, **med})  # fmt: skip
+    report(rows, args)
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> None:
+    print(f"\nprefix routing: {args.prompts} prompts a phase of {args.chars} chars "
+          f"(~{args.chars // 4} tokens), {args.streams} streams, block {BLOCK}")  # fmt: skip
+    head = (f"{'P':>2} {'scenario':<8} {'policy':<13} {'cache':>6} {'hit':>6} {'rps':>7} "
+            f"{'p99 ms':>8} {'max/mean':>8} {'CPU ms/req':>10}  per prefiller")  # fmt: skip
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['prefill']:>2} {r['scenario']:<8} {r['policy']:<13} {r['cache_blocks']:>6} "
+              f"{r['hit_ratio']:>6.3f} {r['rps']:>7.1f} {r['p99_ms']:>8.1f} "
+              f"{r['max_over_mean']:>8.2f} {r['proxy_cpu_ms_per_request']:>10.3f}  "
+              f"{' '.join(str(int(x)) for x in r['per_backend'])}")  # fmt: skip
+    by = {(r["prefill"], r["scenario"], r["policy"]): r for r in rows}
+    checks = []
+    for n in args.prefill:
+        ca, ll = by[(n, "guide", "cache-aware")], by[(n, "guide", "least-loaded")]
+        checks.append((f"P={n} guide: cache-aware hit ratio {ca['hit_ratio']:.3f} >= 0.76",
+                       ca["hit_ratio"] >= 0.76))  # fmt: skip
+        ca, ll = by[(n, "random", "cache-aware")], by[(n, "random", "least-loaded")]
+        checks.append((f"P={n} random: throughput {ca['rps'] / ll['rps']:.3f} of least-loaded "
+                       ">= 0.97", ca["rps"] >= 0.97 * ll["rps"]))  # fmt: skip
+        checks.append((f"P={n} random: p99 {ca['p99_ms'] / ll['p99_ms']:.3f} of least-loaded "
+                       "<= 1.03", ca["p99_ms"] <= 1.03 * ll["p99_ms"]))  # fmt: skip
+        cpu = ca["proxy_cpu_ms_per_request"] / ll["proxy_cpu_ms_per_request"]
+        checks.append((f"P={n} random: proxy CPU per request {cpu:.3f} of least-loaded <= 1.10",
+                       cpu <= 1.10))  # fmt: skip
+        ca, ll = by[(n, "skew", "cache-aware")], by[(n, "skew", "least-loaded")]
+        checks.append((f"P={n} skew: requests max/mean {ca['max_over_mean']:.2f} <= 1.3",
+                       ca["max_over_mean"] <= 1.3))  # fmt: skip
+        checks.append((f"P={n} skew: hit ratio {ca['hit_ratio']:.3f} > least-loaded's "
+                       f"{ll['hit_ratio']:.3f}", ca["hit_ratio"] > ll["hit_ratio"]))  # fmt: skip
+    for name, ok in checks:
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "checks": checks}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
