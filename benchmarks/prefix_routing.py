@@ -7,8 +7,13 @@ prefill instances and one decoder.
   the hit ratio of the second phase from the prefill engines' /metrics (ideal: 0.8);
 - random: no shared prefixes (every prompt random): throughput, p99 and the proxy's CPU
   seconds per request, repetitions alternated between the policies;
-- skew: 80% of requests start with one of two long system prompts, the rest random: requests
-  per prefiller max/mean and the hit ratio.
+- skew: 80% of requests start with one of two long system prompts (then a random eighth),
+  the rest random, on engines whose cache holds 2.5 such prompts: requests per prefiller
+  max/mean and the hit ratio.
+
+Each run starts fresh engines and a fresh proxy; the guide's engine cache holds 1.25 times an
+engine's share of the full prompts (the proxy's index is sized the same: --prefix-capacity-
+tokens = cache blocks x block size).
 
     .venv/bin/python benchmarks/prefix_routing.py [--prefill 2 4] [--prompts 96] [--reps 3]
 """
@@ -64,14 +69,16 @@ def start_engines(n: int, cache_blocks: int) -> tuple[list[int], int, list[subpr
     return ports[:-1], ports[-1], procs
 
 
-def start_proxy(policy: str, prefill: list[int], decode: int, cache_blocks: int) -> tuple:
+def start_proxy(
+    policy: str, prefill: list[int], decode: int, cache_blocks: int, extra: list[str]
+) -> tuple:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvpd.proxy", "--port", str(port),
          "--prefiller-hosts", *["127.0.0.1"] * len(prefill),
          "--prefiller-ports", *map(str, prefill), "--decoder-ports", str(decode),
          "--routing", policy,
-         "--prefix-capacity-tokens", str(cache_blocks * BLOCK), "--log-level", "WARNING"],
+         "--prefix-capacity-tokens", str(cache_blocks * BLOCK), "--log-level", "WARNING", *extra],
         cwd=ROOT,
     )  # fmt: skip
     wait_http(f"http://127.0.0.1:{port}/health")
@@ -155,7 +162,7 @@ def scenario_prompts(kind: str, rng: random.Random, n: int, chars: int) -> list[
 def run_policy(policy: str, n: int, args: argparse.Namespace, kind: str, seed: int) -> dict:
     cache_blocks = args.cache_blocks
     prefill, decode, procs = start_engines(n, cache_blocks)
-    proxy, pproc = start_proxy(policy, prefill, decode, cache_blocks)
+    proxy, pproc = start_proxy(policy, prefill, decode, cache_blocks, args.proxy_arg)
     try:
         count = {"guide": args.prompts, "random": args.random_prompts, "skew": args.skew_prompts}
         phases = scenario_prompts(kind, random.Random(seed), count[kind], args.chars)
@@ -163,6 +170,12 @@ def run_policy(policy: str, n: int, args: argparse.Namespace, kind: str, seed: i
         results = [phase(proxy, prefill, p, args.streams) for p in phases]
         cpu = proc_cpu_seconds(pproc.pid) - cpu0
         out = results[-1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{proxy}/metrics", timeout=10) as r:
+            m = parse(r.read().decode())
+        out["decisions"] = {
+            why: int(total(m, "kvpd_proxy_routing_decisions_total", reason=why))
+            for why in ("prefix_match", "balance_override", "no_match")
+        }
         out["proxy_cpu_ms_per_request"] = cpu / sum(len(p) for p in phases) * 1e3
         if kind == "guide":
             out["seed_hit_ratio"] = results[0]["hit_ratio"]
@@ -187,14 +200,29 @@ def main() -> None:
         help="blocks each engine's prefix cache holds (0: 1.25 x its share of the full "
         "prompts of the guide scenario)",
     )
+    ap.add_argument(
+        "--skew-cache-blocks",
+        type=int,
+        default=160,
+        help="the skew scenario's engine cache: 2.5 system prompts, so that what an engine "
+        "is sent decides what it keeps",
+    )
+    ap.add_argument("--scenarios", nargs="+", default=["guide", "random", "skew"])
+    ap.add_argument(
+        "--proxy-arg", action="append", default=[], help="extra `kvpd proxy` flag (repeatable)"
+    )
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
     rows = []
     given = args.cache_blocks
     for n in args.prefill:
         blocks_per_prompt = args.chars // 4 // BLOCK
-        args.cache_blocks = given or int(1.25 * args.prompts * blocks_per_prompt / n)
-        for kind in ("guide", "random", "skew"):
+        for kind in args.scenarios:
+            args.cache_blocks = given or (
+                args.skew_cache_blocks
+                if kind == "skew"
+                else int(1.25 * args.prompts * blocks_per_prompt / n)
+            )
             reps = args.reps if kind == "random" else 1
             runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
             for rep in range(reps):  # alternate so drift in machine load hits both
@@ -205,6 +233,7 @@ def main() -> None:
                        for k in ("hit_ratio", "rps", "p99_ms", "max_over_mean",
                                  "proxy_cpu_ms_per_request")}  # fmt: skip
                 med["per_backend"] = runs[policy][0]["per_backend"]
+                med["decisions"] = runs[policy][0]["decisions"]
                 rows.append({"prefill": n, "scenario": kind, "policy": policy,
                              "cache_blocks": args.cache_blocks, **med})  # fmt: skip
     report(rows, args)
@@ -221,10 +250,12 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
         print(f"{r['prefill']:>2} {r['scenario']:<8} {r['policy']:<13} {r['cache_blocks']:>6} "
               f"{r['hit_ratio']:>6.3f} {r['rps']:>7.1f} {r['p99_ms']:>8.1f} "
               f"{r['max_over_mean']:>8.2f} {r['proxy_cpu_ms_per_request']:>10.3f}  "
-              f"{' '.join(str(int(x)) for x in r['per_backend'])}")  # fmt: skip
+              f"{' '.join(str(int(x)) for x in r['per_backend'])}"
+              + ("  match/override/none " + "/".join(map(str, r["decisions"].values()))
+                 if r["policy"] == "cache-aware" else ""))  # fmt: skip
     by = {(r["prefill"], r["scenario"], r["policy"]): r for r in rows}
     checks = []
-    for n in args.prefill:
+    for n in args.prefill if len({r["scenario"] for r in rows}) == 3 else ():
         ca, ll = by[(n, "guide", "cache-aware")], by[(n, "guide", "least-loaded")]
         checks.append((f"P={n} guide: cache-aware hit ratio {ca['hit_ratio']:.3f} >= 0.76",
                        ca["hit_ratio"] >= 0.76))  # fmt: skip

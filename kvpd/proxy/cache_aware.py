@@ -3,15 +3,19 @@ unless that would overload it.
 
 Each backend of a pool gets a PrefixIndex of the prompts it was sent (kvpd/proxy/prefix_index).
 A request goes to the usable backend with the longest match (equal matches: the less loaded);
-its keys then join that backend's index. The balance guard, as SGLang's cache-aware router
-has: when the best match's outstanding tokens exceed the least loaded backend's by more than
-`balance_abs` tokens *and* by more than the factor `balance_rel`, the request goes by load
-instead, so a prompt everyone shares (a system prompt) does not pin all traffic to one
-backend; the overflow backend then holds that prefix too, and later requests tie between the
-two and split by load. Only usable backends are considered (healthy, circuit not open, not
-draining), so a drained or open backend's index is not used; an index is emptied when its
-backend is found down (a restarted engine starts with an empty cache) and on
-/reset_prefix_cache."""
+its keys then join that backend's index. The balance guard, with an absolute and a relative
+bound as SGLang's cache-aware router has: when the best match's outstanding tokens exceed the
+least loaded backend's by more than `balance_abs / uses` tokens *and* by more than the factor
+`balance_rel`, the request goes by load instead. `uses` is how many requests with the matched
+prefix that backend was sent: a prefix one earlier request had (a conversation's last turn, the
+guide's seeded 80%) is followed up to the full bound, since moving it costs a whole recompute
+for nothing; a prefix many requests share (a system prompt) may unbalance the pool ever less,
+so it does not pin its traffic to one backend. The overflow backend then holds that prefix too,
+and later requests tie between the two and split by load.
+
+Only usable backends are considered (healthy, circuit not open, not draining), so a drained or
+open backend's index is not used; an index is emptied when its backend is found down (a
+restarted engine starts with an empty cache) and on /reset_prefix_cache."""
 
 from __future__ import annotations
 
@@ -61,7 +65,9 @@ class CacheAware:
         reason: Reason
         if best_len == 0:
             reason, chosen = "no_match", least
-        elif best is not least and self.overloaded(best.outstanding, least.outstanding):
+        elif best is not least and self.overloaded(
+            best.outstanding, least.outstanding, self.indexes[best.name].uses(keys[best_len - 1])
+        ):
             reason, chosen = "balance_override", least
         else:
             reason, chosen = "prefix_match", best
@@ -69,8 +75,9 @@ class CacheAware:
         self.indexes[chosen.name].insert(keys)
         return chosen
 
-    def overloaded(self, best: int, least: int) -> bool:
-        return best - least > self.balance_abs and best > least * self.balance_rel
+    def overloaded(self, best: int, least: int, uses: int) -> bool:
+        """Whether the best match is too loaded, for a prefix it was sent `uses` times."""
+        return best - least > self.balance_abs / max(1, uses) and best > least * self.balance_rel
 
     def _forget_restarted(self, pool: BackendPool) -> None:
         """Empty the index of a backend found unhealthy since the last request: whatever

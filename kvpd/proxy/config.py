@@ -105,9 +105,9 @@ class ProxyConfig:
         "N",
     )
     balance_abs_tokens: int = _opt(
-        2048,
+        4096,
         "cache-aware: route by load when the best match has this many outstanding tokens more "
-        "than the least loaded backend ...",
+        "than the least loaded backend, divided by the requests that shared its prefix ...",
         "N",
     )
     balance_rel: float = _opt(1.5, "... and more than this many times as many", "X")

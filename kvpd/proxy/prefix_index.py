@@ -68,8 +68,9 @@ def prefix_keys(body: dict[str, Any], block: int) -> tuple[int, ...]:
 
 
 class PrefixIndex:
-    """The keys routed to one backend, least recently used first; at most `capacity` keys
-    (chunks), the oldest evicted first, as the engine evicts its free blocks."""
+    """The keys routed to one backend, least recently used first, each with the number of
+    requests it was routed with; at most `capacity` keys (chunks), the oldest evicted first,
+    as the engine evicts its free blocks."""
 
     __slots__ = ("capacity", "_keys")
 
@@ -77,7 +78,7 @@ class PrefixIndex:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 chunk, not {capacity}")
         self.capacity = capacity
-        self._keys: OrderedDict[int, None] = OrderedDict()
+        self._keys: OrderedDict[int, int] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -92,17 +93,18 @@ class PrefixIndex:
             n += 1
         return n
 
+    def uses(self, key: int) -> int:
+        """How many requests with this prefix were routed here (0: none remembered)."""
+        return self._keys.get(key, 0)
+
     def insert(self, keys: tuple[int, ...]) -> None:
         """Record a prompt sent to this backend: its chunks become the most recently used.
         A prompt longer than the capacity keeps its last `capacity` chunks, like the engine
         whose cache it overflows."""
         held = self._keys
-        move = held.move_to_end
+        pop = held.pop
         for k in keys:
-            if k in held:
-                move(k)
-            else:
-                held[k] = None
+            held[k] = pop(k, 0) + 1
         while len(held) > self.capacity:
             held.popitem(last=False)
 

@@ -131,6 +131,18 @@ def test_balance_guard_needs_both_bounds() -> None:
     assert cache.indexes[b.name].match((1, 2)) == 2
 
 
+def test_the_bound_shrinks_as_more_requests_share_the_prefix() -> None:
+    pool, cache = _pool(2, abs_=100, rel=1.5)
+    a, b = pool.backends
+    cache.indexes[a.name].insert((1, 2))  # one earlier request had this prefix
+    b.begin(10)
+    a.begin(90)
+    assert pool.pick((), (1, 2, 3)) is a  # 80 more: within the bound of 100 / 1
+    assert cache.indexes[a.name].uses(2) == 2
+    assert pool.pick((), (1, 2, 4)) is b  # 80 more, now over 100 / 2: by load
+    assert cache.decisions["balance_override"] == 1
+
+
 @pytest.mark.parametrize("gate", ["drained", "open", "unhealthy"])
 def test_a_backend_that_may_not_serve_is_not_matched(gate: str) -> None:
     pool, cache = _pool(2)
