@@ -16,7 +16,7 @@ from kvpd.plan.kvconfig import (
     ucm_config_path,
 )
 from kvpd.plan.layout import EnginePlacement, Layout, hardware_of, merged
-from kvpd.plan.proxyargs import proxy_timeout_args
+from kvpd.plan.proxyargs import proxy_routing_args, proxy_timeout_args
 from kvpd.plan.sparse_planner import planner_env
 from kvpd.plan.value import Interpreter
 from kvpd.profile.roles import DECODING_ROLES, Role
@@ -347,7 +347,7 @@ def _proxy(
     argv += ["--decoder-hosts", *(addr(profile, p.host) for p in dec)]
     argv += ["--decoder-ports", *(str(p.ports[0][0]) for p in dec)]
     if flow is not None:  # kvpd's proxy
-        argv += ["--flow", flow, *proxy_timeout_args(px)]
+        argv += ["--flow", flow, *proxy_timeout_args(px), *proxy_routing_args(px)]
         # The token itself is written by `up` (kvpd/exec/admin_token.py), never in the plan.
         argv += ["--admin-token-file", ADMIN_TOKEN_FILE]
         # On SIGTERM (down, restart) in-flight requests finish; below `down`'s SIGKILL grace.

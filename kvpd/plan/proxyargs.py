@@ -1,8 +1,8 @@
-"""The `proxy:` timeouts of a profile as `kvpd proxy` flags (pure).
+"""The `proxy:` timeouts and routing options of a profile as `kvpd proxy` flags (pure).
 
 Only what the profile sets is rendered; unset fields leave kvpd's proxy at its defaults, which
 wait for a prefill and for a decoder's first byte without limit, as vLLM-Ascend's proxies do,
-and bound only the silence between a decoder's stream chunks."""
+bound only the silence between a decoder's stream chunks, and route prefills by cache."""
 
 from __future__ import annotations
 
@@ -29,3 +29,27 @@ def proxy_timeout_args(px: Proxy) -> list[str]:
 def set_timeouts(px: Proxy) -> list[str]:
     """The timeout fields the profile sets."""
     return [f for f, _ in PROXY_TIMEOUTS if getattr(px, f) is not None]
+
+
+# profile field -> `kvpd proxy` flag (a bool: the flag alone when true)
+PROXY_ROUTING: tuple[tuple[str, str], ...] = (
+    ("routing", "--routing"),
+    ("prefix_capacity_tokens", "--prefix-capacity-tokens"),
+    ("decode_affinity", "--decode-affinity"),
+)
+
+
+def proxy_routing_args(px: Proxy) -> list[str]:
+    out: list[str] = []
+    for fieldname, flag in PROXY_ROUTING:
+        v = getattr(px, fieldname)
+        if isinstance(v, bool):
+            out += [flag] if v else []
+        elif v is not None:
+            out += [flag, str(v)]
+    return out
+
+
+def set_routing(px: Proxy) -> list[str]:
+    """The routing fields the profile sets."""
+    return [f for f, _ in PROXY_ROUTING if getattr(px, f) is not None]

@@ -8,8 +8,8 @@ decoder given `do_remote_prefill` counts the prompt as received KV), `/health`, 
 `/reset_prefix_cache` and `/metrics` with the counters vLLM exports under vLLM's names (the ones
 kvpd's bench proof reads). Its prefix cache holds chained block hashes, so repeated prompts
 show as hits; with --cache-blocks it holds at most that many blocks, least recently used
-evicted first, as an engine's KV cache of limited capacity. It also holds the real process's other ports (KV side channels, DP RPC)
-so port checks see the real layout.
+evicted first, as an engine's KV cache of limited capacity. It also holds the real process's
+other ports (KV side channels, DP RPC) so port checks see the real layout.
 
 Stdlib only and run as a script (`python standin_engine.py --host A --port P --role R -- ARGV`):
 it runs on any host with a Python 3, without kvpd installed. Everything after `--` is the real
