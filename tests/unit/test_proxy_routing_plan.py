@@ -30,8 +30,8 @@ def test_routing_renders_only_what_the_profile_sets() -> None:
     assert not {"--routing", "--prefix-capacity-tokens", "--decode-affinity"} & set(
         _proxy_argv("large-ep")
     )
-    argv = _proxy_argv("large-ep", "proxy.routing=least-loaded",
-                       "proxy.prefix_capacity_tokens=65536", "proxy.decode_affinity=true")  # fmt: skip
+    sets = ("proxy.routing=least-loaded", "proxy.prefix_capacity_tokens=65536")
+    argv = _proxy_argv("large-ep", *sets, "proxy.decode_affinity=true")
     i = argv.index("--routing")
     assert argv[i : i + 5] == ["--routing", "least-loaded", "--prefix-capacity-tokens", "65536",
                                "--decode-affinity"]  # fmt: skip
