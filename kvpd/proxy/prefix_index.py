@@ -57,13 +57,18 @@ def prefix_keys(body: dict[str, Any], block: int) -> tuple[int, ...]:
     prompt = prompt_of(body)
     if not prompt:
         return ()
-    size = block * CHARS_PER_TOKEN if isinstance(prompt, str) else block
+    chunks: list[str] | list[tuple[int, ...]]
+    if isinstance(prompt, str):
+        size = block * CHARS_PER_TOKEN
+        chunks = [prompt[i : i + size] for i in range(0, len(prompt) - size + 1, size)]
+    else:
+        chunks = [tuple(prompt[i : i + block]) for i in range(0, len(prompt) - block + 1, block)]
     keys: list[int] = []
+    append = keys.append
     h = _START
-    for i in range(0, len(prompt) - size + 1, size):
-        chunk = prompt[i : i + size]
-        h = hash((h, chunk if isinstance(chunk, str) else tuple(chunk)))
-        keys.append(h)
+    for chunk in chunks:
+        h = hash((h, chunk))
+        append(h)
     return tuple(keys)
 
 
@@ -105,8 +110,9 @@ class PrefixIndex:
         pop = held.pop
         for k in keys:
             held[k] = pop(k, 0) + 1
-        while len(held) > self.capacity:
-            held.popitem(last=False)
+        evict = held.popitem
+        for _ in range(len(held) - self.capacity):
+            evict(last=False)
 
     def clear(self) -> None:
         self._keys.clear()
