@@ -347,7 +347,8 @@ def _proxy(
     argv += ["--decoder-hosts", *(addr(profile, p.host) for p in dec)]
     argv += ["--decoder-ports", *(str(p.ports[0][0]) for p in dec)]
     if flow is not None:  # kvpd's proxy
-        argv += ["--flow", flow, *proxy_timeout_args(px), *proxy_routing_args(px)]
+        routed = len(pre) or len(dec)  # prefillers, or the mixed engines
+        argv += ["--flow", flow, *proxy_timeout_args(px), *proxy_routing_args(profile, routed)]
         # The token itself is written by `up` (kvpd/exec/admin_token.py), never in the plan.
         argv += ["--admin-token-file", ADMIN_TOKEN_FILE]
         # On SIGTERM (down, restart) in-flight requests finish; below `down`'s SIGKILL grace.

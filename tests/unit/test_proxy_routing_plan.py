@@ -66,3 +66,21 @@ def test_large_ep_routes_over_each_prefill_dp_rank() -> None:
     argv = _proxy_argv("large-ep")
     hosts = argv[argv.index("--prefiller-hosts") + 1 : argv.index("--prefiller-ports")]
     assert len(hosts) > 1  # one backend per DP rank's process: the guide's large-EP case
+
+
+def _capacity(name: str, *sets: str) -> int | None:
+    argv = _proxy_argv(name, *sets)
+    flag = "--prefix-capacity-tokens"
+    return int(argv[argv.index(flag) + 1]) if flag in argv else None
+
+
+def test_the_index_capacity_comes_from_the_kv_cache_the_profile_sizes() -> None:
+    # local: 16 MiB of KV cache per engine; 2 layers x 2 KV heads x 32 x K,V x 2 bytes = 512 B
+    assert _capacity("local") == 16 * 2**20 // 512
+    assert _capacity("local", "prefill.instances=2", "hosts.localhost.devices=3") == 32768
+    assert _capacity("local", "proxy.prefix_capacity_tokens=1000") == 1000  # the profile's
+    assert _capacity("large-ep") is None  # sized by vLLM at start: the proxy's default
+    # a latent KV (MLA) is not split by TP; every DP rank's process is its own backend
+    per_token = plan("large-ep").sizing.kv_bytes_per_token
+    assert per_token
+    assert _capacity("large-ep", "engine.kv_cache_memory_bytes=1G") == 2**30 // per_token
