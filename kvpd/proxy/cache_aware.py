@@ -98,19 +98,21 @@ def install_routing(
     cfg: ProxyConfig, prefillers: BackendPool, decoders: BackendPool, steps: Steps
 ) -> None:
     """With --routing cache-aware: a policy for the prefillers, for the decoders when they are
-    the mixed engines (or with --decode-affinity), and the prompts' keys for the steps.
-    Otherwise nothing: every choice stays by load, as the pools make it."""
+    the mixed engines (or with --decode-affinity), and the prompts' keys for the steps; only
+    for pools of two or more backends (with one there is nothing to choose, and no CPU is
+    spent on keys). Otherwise nothing: every choice stays by load, as the pools make it."""
     if cfg.routing != "cache-aware":
         return
     capacity = max(1, cfg.prefix_capacity_tokens // cfg.prefix_block)
     pools = [prefillers] + ([decoders] if cfg.flow == "mixed" or cfg.decode_affinity else [])
     for pool in pools:
-        if pool.backends:
+        if len(pool.backends) > 1:
             pool.policy = CacheAware(
                 pool.backends, capacity, cfg.balance_abs_tokens, cfg.balance_rel
             )
-    block = cfg.prefix_block
-    steps.keys = lambda body: prefix_keys(body, block)
+    if prefillers.policy is not None or decoders.policy is not None:
+        block = cfg.prefix_block
+        steps.keys = lambda body: prefix_keys(body, block)
 
 
 def clear_indexes(*pools: BackendPool) -> None:
