@@ -99,7 +99,7 @@ class ProxyConfig:
         "N",
     )
     prefix_block: int = _opt(
-        64,
+        128,
         "tokens per indexed prompt chunk, the granularity of prefix matches (token ids; text "
         "counts 4 characters a token); coarser costs less CPU per request",
         "N",

@@ -214,7 +214,7 @@ def test_repeated_prompts_return_to_their_prefiller_with_metrics() -> None:
             assert c.metric(line) == n
         held = [c.metric(f'kvpd_proxy_prefix_index_chunks{{role="prefill",backend="{name}"}}')
                 for name in ("prefill-0", "prefill-1")]  # fmt: skip
-        assert sorted(held) == [0, len(PROMPT) // 256]  # 64-token chunks of 4 characters
+        assert sorted(held) == [0, len(PROMPT) // 512]  # 128-token chunks of 4 characters
         assert (await c.call("POST", "/reset_prefix_cache")).status == 200
         assert c.metric('kvpd_proxy_prefix_index_chunks{role="prefill",backend="prefill-0"}') == 0
 
