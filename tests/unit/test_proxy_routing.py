@@ -260,3 +260,22 @@ def test_layerwise_prefill_is_chosen_by_cache_after_the_decoder() -> None:
         assert sorted(_sent(c, "decode")) == [1, 2]  # the decoder, chosen first: by load
 
     run_cluster(t, n_prefill=2, n_decode=2, flow="layerwise")
+
+
+def test_decode_affinity_returns_a_conversations_turns_to_its_decoder() -> None:
+    def chat(*turns: str) -> dict[str, object]:
+        roles = ("user", "assistant")
+        messages = [{"role": roles[i % 2], "content": t} for i, t in enumerate(turns)]
+        return {"model": "fake", "messages": messages, "max_tokens": 2}
+
+    first, other = "Tell me about ships. " * 30, "Explain the tides. " * 30
+
+    async def t(c: Cluster) -> None:
+        for body in (chat(first), chat(other), chat(first, "Ships float.", "And boats?"),
+                     chat(other, "The moon.", "Why twice a day?")):  # fmt: skip
+            assert (await c.call("POST", "/v1/chat/completions", body)).status == 200
+        for d in c.d:  # each decoder got one conversation, both of its turns
+            contents = [body["messages"][0]["content"] for _, _, body in d.requests]
+            assert len(contents) == 2 and contents[0] == contents[1]
+
+    run_cluster(t, n_prefill=1, n_decode=2, decode_affinity=True)
