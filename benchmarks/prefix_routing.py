@@ -6,7 +6,8 @@ prefill instances and one decoder.
 - guide: the UCM guide's protocol: seed each prompt's first 80%, then send the full prompts;
   the hit ratio of the second phase from the prefill engines' /metrics (ideal: 0.8);
 - random: no shared prefixes (every prompt random): throughput, p99 and the proxy's CPU
-  seconds per request, repetitions alternated between the policies;
+  seconds per request; both proxies run at once in front of the same engines and every
+  stream alternates its requests between them, so machine load hits both alike;
 - skew: 80% of requests start with one of two long system prompts (then a random eighth),
   the rest random, on engines whose cache holds 2.5 such prompts: requests per prefiller
   max/mean and the hit ratio.
@@ -184,6 +185,77 @@ def run_policy(policy: str, n: int, args: argparse.Namespace, kind: str, seed: i
         stop_processes([pproc, *procs])
 
 
+async def send_interleaved(
+    ports: dict[str, int], prompts: list[str], streams: int
+) -> dict[str, list[float]]:
+    """Each stream sends its prompts alternately through each proxy (the order swapped every
+    time), so both see the same machine at the same moments; the latencies per proxy."""
+    conns = [{p: await connect(port) for p, port in ports.items()} for _ in range(streams)]
+    queue = list(reversed(prompts))
+    lat: dict[str, list[float]] = {p: [] for p in ports}
+
+    async def worker(cs: dict) -> None:  # type: ignore[type-arg]
+        turn = 0
+        while queue:
+            order = list(ports) if turn % 2 == 0 else list(reversed(ports))
+            turn += 1
+            for policy in order:
+                if not queue:
+                    return
+                body = {"model": "standin", "prompt": queue.pop(), "max_tokens": 4,
+                        "stream": True}  # fmt: skip
+                t0 = time.perf_counter()
+                status = await cs[policy].call(request_bytes(ports[policy], "/v1/completions",
+                                                             body))  # fmt: skip
+                if status != 200:
+                    raise SystemExit(f"the {policy} proxy answered HTTP {status}")
+                lat[policy].append(time.perf_counter() - t0)
+
+    await asyncio.gather(*(worker(c) for c in conns))
+    for cs in conns:
+        for c in cs.values():
+            c.transport.close()
+    return lat
+
+
+def run_interleaved(n: int, args: argparse.Namespace, seed: int) -> dict[str, dict]:
+    """The random scenario: both proxies in front of the same engines at once, requests
+    interleaved. Throughput per proxy: its requests over its time, by Little's law."""
+    prefill, decode, procs = start_engines(n, args.cache_blocks)
+    proxies = {p: start_proxy(p, prefill, decode, args.cache_blocks, args.proxy_arg)
+               for p in POLICIES}  # fmt: skip
+    try:
+        prompts = scenario_prompts("random", random.Random(seed), args.random_prompts * 2,
+                                   args.chars)[0]  # fmt: skip
+        cpu0 = {p: proc_cpu_seconds(proc.pid) for p, (_, proc) in proxies.items()}
+        lat = asyncio.run(send_interleaved({p: port for p, (port, _) in proxies.items()},
+                                           prompts, args.streams))  # fmt: skip
+        out = {}
+        for policy, (port, proc) in proxies.items():
+            cpu = proc_cpu_seconds(proc.pid) - cpu0[policy]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                m = parse(r.read().decode())
+            per = [total(m, "kvpd_proxy_backend_requests_total", role="prefill",
+                         backend=f"prefill-{i}") for i in range(n)]  # fmt: skip
+            ls = sorted(lat[policy])
+            out[policy] = {
+                "hit_ratio": float("nan"),
+                "rps": len(ls) * args.streams / 2 / sum(ls),
+                "p99_ms": ls[min(len(ls) - 1, int(len(ls) * 0.99))] * 1e3,
+                "p50_ms": statistics.median(ls) * 1e3,
+                "per_backend": per,
+                "max_over_mean": max(per) / max(1e-9, statistics.mean(per)),
+                "proxy_cpu_ms_per_request": cpu / len(ls) * 1e3,
+                "decisions": {
+                    why: int(total(m, "kvpd_proxy_routing_decisions_total", reason=why))
+                    for why in ("prefix_match", "balance_override", "no_match")
+                },
+            }
+        return out
+    finally:
+        stop_processes([proc for _, proc in proxies.values()] + procs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prefill", type=int, nargs="+", default=[2, 4])
@@ -226,6 +298,10 @@ def main() -> None:
             reps = args.reps if kind == "random" else 1
             runs: dict[str, list[dict]] = {p: [] for p in POLICIES}
             for rep in range(reps):  # alternate so drift in machine load hits both
+                if kind == "random":
+                    for policy, result in run_interleaved(n, args, 1000 * n + rep).items():
+                        runs[policy].append(result)
+                    continue
                 for policy in POLICIES if rep % 2 == 0 else reversed(POLICIES):
                     runs[policy].append(run_policy(policy, n, args, kind, 1000 * n + rep))
             for policy in POLICIES:
