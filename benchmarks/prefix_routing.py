@@ -308,6 +308,8 @@ def main() -> None:
                 med = {k: statistics.median(r[k] for r in runs[policy])
                        for k in ("hit_ratio", "rps", "p99_ms", "max_over_mean",
                                  "proxy_cpu_ms_per_request")}  # fmt: skip
+                for k in ("p99_ms", "rps", "proxy_cpu_ms_per_request"):
+                    med["all_" + k] = [round(r[k], 3) for r in runs[policy]]
                 med["per_backend"] = runs[policy][0]["per_backend"]
                 med["decisions"] = runs[policy][0]["decisions"]
                 rows.append({"prefill": n, "scenario": kind, "policy": policy,
@@ -350,6 +352,14 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
                        f"{ll['hit_ratio']:.3f}", ca["hit_ratio"] > ll["hit_ratio"]))  # fmt: skip
     for name, ok in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    for n in args.prefill:
+        if (n, "random", "cache-aware") not in by:
+            continue
+        ca, ll = by[(n, "random", "cache-aware")], by[(n, "random", "least-loaded")]
+        for k in ("p99_ms", "rps", "proxy_cpu_ms_per_request"):
+            per_rep = [f"{a / b:.3f}" for a, b in zip(ca["all_" + k], ll["all_" + k], strict=True)]
+            print(f"  P={n} random, cache-aware / least-loaded {k} per repetition: "
+                  f"{' '.join(per_rep)}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "checks": checks}, indent=2))
 
