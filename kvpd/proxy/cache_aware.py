@@ -40,9 +40,14 @@ class CacheAware:
     """The policy of one pool: an index per backend and the decisions it made, by reason."""
 
     def __init__(
-        self, backends: list[Backend], capacity: int, balance_abs: int, balance_rel: float
+        self,
+        backends: list[Backend],
+        capacity: int,
+        block: int,
+        balance_abs: int,
+        balance_rel: float,
     ) -> None:
-        self.indexes = {b.name: PrefixIndex(capacity) for b in backends}
+        self.indexes = {b.name: PrefixIndex(capacity, block) for b in backends}
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel
         self.decisions: Counter[Reason] = Counter({r: 0 for r in REASONS})
@@ -103,12 +108,15 @@ def install_routing(
     spent on keys). Otherwise nothing: every choice stays by load, as the pools make it."""
     if cfg.routing != "cache-aware":
         return
-    capacity = max(1, cfg.prefix_capacity_tokens // cfg.prefix_block)
     pools = [prefillers] + ([decoders] if cfg.flow == "mixed" or cfg.decode_affinity else [])
     for pool in pools:
         if len(pool.backends) > 1:
             pool.policy = CacheAware(
-                pool.backends, capacity, cfg.balance_abs_tokens, cfg.balance_rel
+                pool.backends,
+                cfg.prefix_capacity_tokens,
+                cfg.prefix_block,
+                cfg.balance_abs_tokens,
+                cfg.balance_rel,
             )
     if prefillers.policy is not None or decoders.policy is not None:
         block = cfg.prefix_block

@@ -99,9 +99,10 @@ class ProxyConfig:
         "N",
     )
     prefix_block: int = _opt(
-        128,
-        "tokens per indexed prompt chunk, the granularity of prefix matches (token ids; text "
-        "counts 4 characters a token); coarser costs less CPU per request",
+        32,
+        "tokens of the first indexed prompt chunks, the finest granularity of prefix matches "
+        "(chunks double every two, up to 8 times this; token ids, or text at 4 characters a "
+        "token); coarser costs less CPU per request",
         "N",
     )
     balance_abs_tokens: int = _opt(

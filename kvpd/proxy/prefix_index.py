@@ -1,14 +1,16 @@
-"""The prompt prefixes a backend was sent, as chained hashes of fixed-size chunks, in a bounded
-LRU: an approximation of what that backend's prefix cache holds.
+"""The prompt prefixes a backend was sent, as chained hashes of chunks, in a bounded LRU: an
+approximation of what that backend's prefix cache holds.
 
-The proxy does not tokenize. A prompt given as token ids is cut into chunks of `block` ids; a
-prompt given as text (or chat messages) into chunks of `block * CHARS_PER_TOKEN` characters,
-about `block` tokens of text. A chunk need not be an engine block: it is the granularity of a
-match, and coarser chunks cost less CPU: the default, 128 tokens (vLLM-Ascend's block size),
-takes about 2 us for the keys of a 1,000-token prompt. Chunk i's
-key hashes chunk i together with key i-1, so a key stands for the whole prefix up to its chunk,
-as the engine's block hashes do: two prompts share the first k keys exactly when they share
-the first k chunks (up to 64-bit hash collisions). The keys are Python's `hash()` of tuples:
+The proxy does not tokenize. A prompt given as token ids is cut into chunks of token ids; a
+prompt given as text (or chat messages) into chunks of CHARS_PER_TOKEN characters a token. The
+chunks grow along the prompt: two of `block` tokens, two of twice that, and so on up to
+MAX_GROWTH times `block`. The boundaries depend only on the position, so two prompts are cut
+alike where they agree; short prompts are matched finely, and a long prompt costs few chunks
+(CPU per request: a 1,000-token prompt has 8 chunks with the default block of 32 tokens). A
+chunk need not be an engine block: it is the granularity of a match. Chunk i's key hashes
+chunk i together with key i-1, so a key stands for the whole prefix up to its chunk, as the
+engine's block hashes do: two prompts share the first k keys exactly when they share the
+first k chunks (up to 64-bit hash collisions). The keys are Python's `hash()` of tuples:
 fast, and never leave the process (so hash randomization does not matter)."""
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import OrderedDict
 from typing import Any
 
 CHARS_PER_TOKEN = 4  # what rewrite.estimate_prompt_tokens also assumes
+MAX_GROWTH = 8  # the longest chunk, in blocks
 _START = hash("kvpd-prefix")  # the key before the first chunk
 # Between chat messages: the role and content of each message are hashed, in order.
 _ROLE_END, _MESSAGE_END = "\x1f", "\x1e"
@@ -52,39 +55,45 @@ def prompt_of(body: dict[str, Any]) -> str | list[int] | None:
     return None
 
 
+def chunk_tokens(i: int, block: int) -> int:
+    """The size of chunk i in tokens: block, block, 2 block, 2 block, 4 block, ..."""
+    return block << min(i // 2, MAX_GROWTH.bit_length() - 1)
+
+
 def prefix_keys(body: dict[str, Any], block: int) -> tuple[int, ...]:
     """The chained keys of the prompt's whole chunks (a partial last chunk is not cached by
     the engine either)."""
     prompt = prompt_of(body)
     if not prompt:
         return ()
-    chunks: list[str] | list[tuple[int, ...]]
-    if isinstance(prompt, str):
-        size = block * CHARS_PER_TOKEN
-        chunks = [prompt[i : i + size] for i in range(0, len(prompt) - size + 1, size)]
-    else:
-        chunks = [tuple(prompt[i : i + block]) for i in range(0, len(prompt) - block + 1, block)]
+    scale = CHARS_PER_TOKEN if isinstance(prompt, str) else 1
     keys: list[int] = []
-    append = keys.append
     h = _START
-    for chunk in chunks:
-        h = hash((h, chunk))
-        append(h)
-    return tuple(keys)
+    start, i, end = 0, 0, len(prompt)
+    while True:
+        stop = start + chunk_tokens(i, block) * scale
+        if stop > end:
+            return tuple(keys)
+        chunk = prompt[start:stop]
+        h = hash((h, chunk if isinstance(chunk, str) else tuple(chunk)))
+        keys.append(h)
+        start, i = stop, i + 1
 
 
 class PrefixIndex:
     """The keys routed to one backend, least recently used first, each with the number of
-    requests it was routed with; at most `capacity` keys (chunks), the oldest evicted first,
-    as the engine evicts its free blocks."""
+    requests it was routed with and its chunk's size; at most `capacity` tokens of chunks,
+    the oldest evicted first, as the engine evicts its free blocks."""
 
-    __slots__ = ("capacity", "_keys")
+    __slots__ = ("capacity", "block", "tokens", "_keys")
 
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be >= 1 chunk, not {capacity}")
+    def __init__(self, capacity: int, block: int) -> None:
+        if capacity < 1 or block < 1:
+            raise ValueError(f"capacity and block must be >= 1 token, not {capacity}, {block}")
         self.capacity = capacity
-        self._keys: OrderedDict[int, int] = OrderedDict()
+        self.block = block
+        self.tokens = 0  # the sizes of the chunks held
+        self._keys: OrderedDict[int, tuple[int, int]] = OrderedDict()  # key -> (uses, size)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -101,19 +110,26 @@ class PrefixIndex:
 
     def uses(self, key: int) -> int:
         """How many requests with this prefix were routed here (0: none remembered)."""
-        return self._keys.get(key, 0)
+        return self._keys.get(key, (0, 0))[0]
 
     def insert(self, keys: tuple[int, ...]) -> None:
         """Record a prompt sent to this backend: its chunks become the most recently used.
-        A prompt longer than the capacity keeps its last `capacity` chunks, like the engine
-        whose cache it overflows."""
+        A prompt longer than the capacity keeps its last chunks, like the engine whose cache
+        it overflows."""
         held = self._keys
         pop = held.pop
-        for k in keys:
-            held[k] = pop(k, 0) + 1
+        for i, k in enumerate(keys):
+            old = pop(k, None)
+            if old is None:
+                size = chunk_tokens(i, self.block)
+                self.tokens += size
+                held[k] = (1, size)
+            else:
+                held[k] = (old[0] + 1, old[1])
         evict = held.popitem
-        for _ in range(len(held) - self.capacity):
-            evict(last=False)
+        while self.tokens > self.capacity and held:
+            self.tokens -= evict(last=False)[1][1]
 
     def clear(self) -> None:
         self._keys.clear()
+        self.tokens = 0

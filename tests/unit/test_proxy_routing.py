@@ -11,35 +11,37 @@ from kvpd.proxy.backends import OPEN, Backend, BackendPool
 from kvpd.proxy.cache_aware import CacheAware
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
 from kvpd.proxy.hostpool import HostPool
-from kvpd.proxy.prefix_index import PrefixIndex, prefix_keys
+from kvpd.proxy.prefix_index import PrefixIndex, chunk_tokens, prefix_keys
 from tests.unit.proxy_cluster import Cluster, run_cluster
 
 pytestmark = pytest.mark.timeout(60)
 
-BLOCK = 4  # tokens per chunk here: 16 characters of text
+BLOCK = 4  # tokens of the first chunks here: 16 characters of text
 
 
 # --- keys --------------------------------------------------------------------------------------
 def test_keys_chain_whole_chunks_of_the_text() -> None:
-    shared = "a" * 32  # two chunks
-    one = prefix_keys({"prompt": shared + "b" * 16 + "tail"}, BLOCK)
-    two = prefix_keys({"prompt": shared + "c" * 16}, BLOCK)
-    assert len(one) == 3  # the partial last chunk ("tail") is not a key
-    assert one[:2] == two[:2] and one[2] != two[2]
+    # chunks of 4, 4, 8, 8, 16, 16, 32, 32, 32 ... tokens: 16, 16, 32, 32, 64 ... characters
+    assert [chunk_tokens(i, BLOCK) for i in range(10)] == [4, 4, 8, 8, 16, 16, 32, 32, 32, 32]
+    shared = "a" * 64  # three chunks: 16 + 16 + 32
+    one = prefix_keys({"prompt": shared + "b" * 32 + "tail"}, BLOCK)
+    two = prefix_keys({"prompt": shared + "c" * 32}, BLOCK)
+    assert len(one) == 4  # the partial last chunk ("tail") is not a key
+    assert one[:3] == two[:3] and one[3] != two[3]
     # a key stands for the whole prefix: the same chunk after a different start differs
-    assert prefix_keys({"prompt": "x" * 16 + shared}, BLOCK)[1:] != one[:2]
+    assert prefix_keys({"prompt": "x" * 16 + shared}, BLOCK)[1:3] != one[1:3]
     assert prefix_keys({"prompt": "short"}, BLOCK) == ()
 
 
 def test_keys_of_token_ids_chat_and_batches() -> None:
-    ids = prefix_keys({"prompt": list(range(10))}, BLOCK)
+    ids = prefix_keys({"prompt": list(range(10))}, BLOCK)  # chunks of 4 and 4 ids
     assert len(ids) == 2 and ids == prefix_keys({"prompt": list(range(8)) + [99]}, BLOCK)
     first = prefix_keys({"prompt": ["p" * 40, "q" * 40]}, BLOCK)
     assert first == prefix_keys({"prompt": "p" * 40}, BLOCK)
-    system = {"role": "system", "content": "s" * 64}
-    turn1 = prefix_keys({"messages": [system, {"role": "user", "content": "u" * 40}]}, BLOCK)
-    turn2 = prefix_keys({"messages": [system, {"role": "user", "content": "v" * 40}]}, BLOCK)
-    assert turn1[:4] == turn2[:4] and turn1[4:] != turn2[4:]
+    system = {"role": "system", "content": "s" * 90}
+    turn1 = prefix_keys({"messages": [system, {"role": "user", "content": "u" * 99}]}, BLOCK)
+    turn2 = prefix_keys({"messages": [system, {"role": "user", "content": "v" * 99}]}, BLOCK)
+    assert turn1[:3] == turn2[:3] and turn1[4:] != turn2[4:]
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "s" * 64}]}]}
     assert prefix_keys(parts, BLOCK) == prefix_keys(
         {"messages": [{"role": "user", "content": "s" * 64}]}, BLOCK
@@ -48,9 +50,15 @@ def test_keys_of_token_ids_chat_and_batches() -> None:
         assert prefix_keys(odd, BLOCK) == ()
 
 
+def test_a_1000_token_prompt_costs_8_chunks_by_default() -> None:
+    block = ProxyConfig().prefix_block
+    assert len(prefix_keys({"prompt": "x" * 4000}, block)) == 8
+    assert len(prefix_keys({"prompt": "x" * 600}, block)) == 3  # short ones: fine chunks
+
+
 # --- the index ---------------------------------------------------------------------------------
 def test_index_matches_leading_chunks_only() -> None:
-    index = PrefixIndex(100)
+    index = PrefixIndex(100, 1)
     index.insert((1, 2, 3))
     assert index.match((1, 2, 3, 4)) == 3
     assert index.match((1, 9, 3)) == 1
@@ -58,20 +66,23 @@ def test_index_matches_leading_chunks_only() -> None:
     assert index.match(()) == 0
 
 
-def test_index_is_bounded_and_evicts_the_least_recently_used() -> None:
-    index = PrefixIndex(4)
+def test_index_is_bounded_in_tokens_and_evicts_the_least_recently_used() -> None:
+    index = PrefixIndex(4, 1)  # chunks of 1, 1, 2, 2, 4 ... tokens
     index.insert((1, 2))
     index.insert((3, 4))
     index.insert((1, 2))  # used again: now the newest
     index.insert((5, 6))  # evicts 3 and 4, the oldest
-    assert len(index) == 4
+    assert (len(index), index.tokens) == (4, 4)
     assert index.match((1, 2)) == 2 and index.match((3, 4)) == 0 and index.match((5, 6)) == 2
-    index.insert(tuple(range(10, 20)))  # longer than the capacity: its last chunks stay
-    assert len(index) == 4 and index.match((15,)) == 0 and index.match((16, 17, 18, 19)) == 4
+    assert index.uses(1) == 2 and index.uses(5) == 1 and index.uses(3) == 0
+    index.insert((7, 8, 9))  # 1 + 1 + 2 tokens: all that fits
+    assert index.tokens == 4 and index.match((7, 8, 9)) == 3 and index.match((5,)) == 0
+    index.insert(tuple(range(10, 15)))  # 1+1+2+2+4 tokens, more than the capacity: its last
+    assert index.tokens == 4 and index.match((14,)) == 1 and index.match((13,)) == 0
     index.clear()
-    assert len(index) == 0
+    assert (len(index), index.tokens) == (0, 0)
     with pytest.raises(ValueError, match="capacity"):
-        PrefixIndex(0)
+        PrefixIndex(0, 1)
 
 
 # --- the policy --------------------------------------------------------------------------------
@@ -82,7 +93,7 @@ def _pool(n: int, abs_: int = 100, rel: float = 1.5) -> tuple[BackendPool, Cache
         pool = BackendPool("prefill", backends, loop)
     finally:
         loop.close()
-    pool.policy = CacheAware(pool.backends, 1000, abs_, rel)
+    pool.policy = CacheAware(pool.backends, 1000, 1, abs_, rel)
     return pool, pool.policy
 
 
@@ -214,7 +225,7 @@ def test_repeated_prompts_return_to_their_prefiller_with_metrics() -> None:
             assert c.metric(line) == n
         held = [c.metric(f'kvpd_proxy_prefix_index_chunks{{role="prefill",backend="{name}"}}')
                 for name in ("prefill-0", "prefill-1")]  # fmt: skip
-        assert sorted(held) == [0, len(PROMPT) // 512]  # 128-token chunks of 4 characters
+        assert sorted(held) == [0, 3]  # 580 characters: chunks of 128, 128, 256
         assert (await c.call("POST", "/reset_prefix_cache")).status == 200
         assert c.metric('kvpd_proxy_prefix_index_chunks{role="prefill",backend="prefill-0"}') == 0
 
