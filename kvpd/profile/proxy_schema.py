@@ -18,8 +18,8 @@ class ProxyRouting(_Model):
         "too loaded; least-loaded = the fewest outstanding tokens. Unset: cache-aware, as "
         "measured (benchmarks/prefix_routing.py, stand-in engines): the guide's "
         "seed-80%-then-full protocol hits 0.797 with 2 and 4 instances (ideal 0.8; "
-        "least-loaded 0.36 and 0.21), a shared system prompt stays balanced, and random "
-        "prompts cost 4-8% more proxy CPU at the same throughput",
+        "least-loaded 0.35 and 0.15), a shared system prompt stays balanced (requests max/mean "
+        "<= 1.10), and random prompts cost 5-9% more proxy CPU at the same throughput and p99",
     )
     prefix_capacity_tokens: int | None = Field(
         None,
