@@ -176,6 +176,13 @@ class Delta:
             s["decode_cached_tokens"] = self.role_sum("decode", "local_cache_hit_tokens")
             s["decode_computed_tokens"] = self.role_sum("decode", "local_compute_tokens")
         s["prefix_cache_hits"] = self.engines_sum("prefix_cache_hits")
+        # The guide's HBM figure: of the prompt tokens the prefilling engines (prefill, else
+        # mixed) looked up in their own prefix cache, the share they found there.
+        where = next((r for r in ("prefill", "mixed") if self.has_role(r)), None)
+        if where is not None:
+            looked_up = self.role_sum(where, "prefix_cache_queries")
+            hits = self.role_sum(where, "prefix_cache_hits")
+            s["prefix_hit_ratio"] = hits / looked_up if looked_up else None
         s["prefix_cache_queries"] = self.engines_sum("prefix_cache_queries")
         s["external_prefix_cache_hits"] = self.engines_sum("external_prefix_cache_hits")
         s["external_prefix_cache_queries"] = self.engines_sum("external_prefix_cache_queries")

@@ -144,6 +144,7 @@ _CSV_METRIC_KEYS = (
     "decode_computed_tokens",
     "prefix_cache_hits",
     "prefix_cache_queries",
+    "prefix_hit_ratio",
     "external_prefix_cache_hits",
     "local_cache_hit_tokens",
     "prompt_tokens",

@@ -130,11 +130,17 @@ def speedup(base: Record | None, other: Record | None, stat: str = "mean") -> st
     return " / ".join(parts)
 
 
+def ratio(v: float | None) -> str:
+    """The prefilling engines' prefix-cache hit ratio of a phase (0.800: the guide's ideal
+    for its seed-80%-then-full protocol)."""
+    return "-" if v is None else f"{v:.3f}"
+
+
 def proof_table(run: BenchRun) -> Table:
     """Per phase: who served the requests, KV received by decode, cache hits, verdict."""
     t = Table(title="Proof from /metrics (deltas over each phase)")
     for name in ("scenario", "phase", "point", "P reqs", "D reqs", "D KV in", "D cached",
-                 "D computed", "proxy P→D", "HBM hits", "ext. hits", "outputs",
+                 "D computed", "proxy P→D", "HBM hits", "hit ratio", "ext. hits", "outputs",
                  "verdict"):  # fmt: skip
         t.add_column(name, justify="left" if name in ("scenario", "phase", "verdict") else "right")
     for r in run.records:
@@ -154,7 +160,7 @@ def proof_table(run: BenchRun) -> Table:
         t.add_row(
             r.scenario, r.phase, point, reqs_p, n("decode_requests"),
             n("decode_kv_received_tokens"), n("decode_cached_tokens"), n("decode_computed_tokens"),
-            n("proxy_handoffs"), n("prefix_cache_hits"),
+            n("proxy_handoffs"), n("prefix_cache_hits"), ratio(s.get("prefix_hit_ratio")),
             n("external_prefix_cache_hits"), outputs_cell(r), verdict,
         )  # fmt: skip
     return t

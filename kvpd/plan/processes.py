@@ -16,7 +16,7 @@ from kvpd.plan.kvconfig import (
     ucm_config_path,
 )
 from kvpd.plan.layout import EnginePlacement, Layout, hardware_of, merged
-from kvpd.plan.proxyargs import proxy_timeout_args
+from kvpd.plan.proxyargs import proxy_routing_args, proxy_timeout_args
 from kvpd.plan.sparse_planner import planner_env
 from kvpd.plan.value import Interpreter
 from kvpd.profile.roles import DECODING_ROLES, Role
@@ -320,9 +320,8 @@ def proxy_proc(profile: Profile, engines: list[ProcessDraft], stage: int) -> Pro
 def kvpd_proxy(
     profile: Profile, engines: list[ProcessDraft], stage: int, python: str, flow: str
 ) -> ProcessDraft | None:
-    """kvpd's proxy with `flow`, in front of `engines`. It runs as `python -m kvpd.proxy` from
-    the node bundle in the run dir (PYTHONPATH, kvpd.plan.bundle): nothing of kvpd needs to be
-    installed on the host."""
+    """kvpd's proxy with `flow` in front of `engines`, as `python -m kvpd.proxy` from the node
+    bundle in the run dir (PYTHONPATH, kvpd.plan.bundle): nothing of kvpd installed on the host."""
     px = profile.proxy
     if px is None or px.host not in profile.hosts:
         return None
@@ -349,7 +348,8 @@ def _proxy(
     argv += ["--decoder-hosts", *(addr(profile, p.host) for p in dec)]
     argv += ["--decoder-ports", *(str(p.ports[0][0]) for p in dec)]
     if flow is not None:  # kvpd's proxy
-        argv += ["--flow", flow, *proxy_timeout_args(px)]
+        routing = proxy_routing_args(profile, len(pre) or len(dec))  # prefillers, else mixed
+        argv += ["--flow", flow, *proxy_timeout_args(px), *routing]
         # The token itself is written by `up` (kvpd/exec/admin_token.py), never in the plan.
         argv += ["--admin-token-file", ADMIN_TOKEN_FILE]
         argv += ["--client-key-file", CLIENT_KEY_FILE] if px.client_key_file else []

@@ -26,6 +26,7 @@ from kvpd.profile.kv_schema import KvServices
 from kvpd.profile.kv_schema import Memcache as Memcache
 from kvpd.profile.kv_schema import Memfabric as Memfabric
 from kvpd.profile.kv_schema import Mooncake as Mooncake
+from kvpd.profile.proxy_schema import ProxyRouting
 from kvpd.profile.types import (
     Address,
     ClientKeyFile,
@@ -279,7 +280,7 @@ class Group(ServeOptions):
         return v
 
 
-class Proxy(_Model):
+class Proxy(ProxyRouting):
     host: HostName = Field(description="host that runs the proxy")
     port: int = Field(8000, ge=1, le=65535)
     bind: Address | None = Field(None, description="listen address (default: the host's address)")
@@ -288,8 +289,7 @@ class Proxy(_Model):
     client_key_file: ClientKeyFile = None
     script: Line | None = Field(None, description="path of the vLLM-Ascend example proxy")
     python: Command = "python"
-    # kvpd's proxy only. Unset: its defaults, which wait for prefill and for a decoder's first
-    # byte without limit, as the upstream proxies do (the UCM guide's 128k rows take minutes).
+    # kvpd's proxy only; unset: no limit for prefill and first byte, as upstream (128k: minutes)
     prefill_timeout_s: float | None = Field(
         None, gt=0, description="longest wait for a prefiller's answer (unset: no limit)"
     )

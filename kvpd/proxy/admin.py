@@ -16,6 +16,7 @@ import hmac
 import json
 from typing import TYPE_CHECKING, Any
 
+from kvpd.proxy.cache_aware import clear_indexes
 from kvpd.proxy.hostpool import fetch
 from kvpd.proxy.relay import Failure, error_body
 from kvpd.proxy.rewrite import parse_body
@@ -145,6 +146,7 @@ class Admin:
         if not self._allowed(client, req):
             return
         backends = [b for p in self.pools for b in p.backends]
+        clear_indexes(*self.pools)  # the engines' caches are emptied: so is what routing knows
 
         async def one(b: Backend) -> str:
             try:

@@ -13,6 +13,7 @@ import sys
 
 from kvpd.proxy.admin import Admin
 from kvpd.proxy.backends import Backend, BackendPool, HealthChecker
+from kvpd.proxy.cache_aware import install_routing
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
 from kvpd.proxy.flows import BackendAuth, Generation, make_flow
 from kvpd.proxy.hostpool import HostPool, fetch
@@ -50,6 +51,7 @@ class ProxyApp:
                         cfg.max_buffered_bytes)  # fmt: skip
         self.state = ServerState(router, loop, cfg.access_log, limits)
         steps = Steps(cfg, self.prefillers, self.decoders, metrics, loop)
+        install_routing(cfg, self.prefillers, self.decoders, steps)
         self.flow = make_flow(
             cfg.flow, steps, metrics, self.state.spawn, cfg.prefill_timeout, cfg.metaserver
         )

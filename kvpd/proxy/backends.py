@@ -16,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from kvpd.proxy.hostpool import HostPool, fetch
 from kvpd.proxy.upstream import UpstreamError
+
+if TYPE_CHECKING:
+    from kvpd.proxy.cache_aware import CacheAware
 
 log = logging.getLogger("kvpd.proxy")
 
@@ -103,8 +107,17 @@ class BackendPool:
         self.breaker_failures = breaker_failures
         self.breaker_cooldown = breaker_cooldown
         self._next = 0
+        # routing by prompt prefix (kvpd/proxy/cache_aware.py); None: least loaded
+        self.policy: CacheAware | None = None
 
-    def pick(self, exclude: tuple[Backend, ...] = ()) -> Backend | None:
+    def pick(self, exclude: tuple[Backend, ...] = (), keys: tuple[int, ...] = ()) -> Backend | None:
+        """The backend for a request whose prompt has the prefix `keys`: the pool's policy
+        decides when it has one, else the least loaded."""
+        if keys and self.policy is not None:
+            return self.policy.choose(self, exclude, keys)
+        return self.least_loaded(exclude)
+
+    def least_loaded(self, exclude: tuple[Backend, ...] = ()) -> Backend | None:
         """The usable backend with the least outstanding tokens. The scan starts one place
         further on every call, so equal loads rotate instead of always landing on node 0."""
         backends = self.backends

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpd.errors import KvpdError
+from kvpd.proxy.cache_aware import ROUTING_POLICIES
 from kvpd.proxy.http1 import MAX_BODY_BYTES
 
 # mixed: no prefillers; requests are balanced over engines that prefill and decode themselves
@@ -106,6 +107,37 @@ class ProxyConfig:
     breaker_cooldown: float = _opt(
         10.0, "seconds a circuit stays open before a healthy backend is probed again", "S"
     )
+    routing: str = _opt(
+        "cache-aware",
+        "how a prefiller (or, with --flow mixed, an engine) is chosen: cache-aware = the one "
+        "already sent the longest prefix of the prompt, unless it is too loaded "
+        "(--balance-abs-tokens, --balance-rel); least-loaded = the fewest outstanding tokens",
+    )
+    prefix_capacity_tokens: int = _opt(
+        1 << 20,
+        "tokens of prompt prefixes remembered per backend, least recently used dropped first: "
+        "about its KV cache's capacity (number of GPU blocks x block size)",
+        "N",
+    )
+    prefix_block: int = _opt(
+        32,
+        "tokens of the first indexed prompt chunks, the finest granularity of prefix matches "
+        "(chunks double every two, up to 8 times this; token ids, or text at 4 characters a "
+        "token); coarser costs less CPU per request",
+        "N",
+    )
+    balance_abs_tokens: int = _opt(
+        4096,
+        "cache-aware: route by load when the best match has this many outstanding tokens more "
+        "than the least loaded backend, divided by the requests that shared its prefix ...",
+        "N",
+    )
+    balance_rel: float = _opt(1.5, "... and more than this many times as many", "X")
+    decode_affinity: bool = _opt(
+        False,
+        "with --routing cache-aware, choose decoders by prompt prefix too, so the turns of a "
+        "conversation return to the decoder that holds its earlier turns",
+    )
     drain_timeout: float = _opt(60.0, "default bound of an admin drain's wait", "S")
     shutdown_grace: float = _opt(1.0, "on SIGTERM, how long in-flight requests may finish", "S")
     admin_token_file: str = _opt(
@@ -170,6 +202,17 @@ class ProxyConfig:
                 f"proxy the key its clients send (--client-key-file PATH or {CLIENT_KEY_ENV}), "
                 f"or unset {BACKEND_KEY_ENV} to pass each client's own key to the backends"
             )
+        if self.routing not in ROUTING_POLICIES:
+            problems.append(
+                f"--routing must be one of {', '.join(ROUTING_POLICIES)}, not {self.routing!r}"
+            )
+        for name in ("prefix_capacity_tokens", "prefix_block"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')} must be >= 1")
+        if self.balance_abs_tokens < 0:
+            problems.append("--balance-abs-tokens must be >= 0")
+        if self.balance_rel < 1:
+            problems.append("--balance-rel must be >= 1")
         if self.log_level not in LOG_LEVELS:
             problems.append(f"--log-level must be one of {', '.join(LOG_LEVELS)}")
         if self.flow == "layerwise" and not self.metaserver_url and self.host in WILDCARD_HOSTS:
@@ -293,7 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
                    default=[h for h, _ in d.decoders])  # fmt: skip
     p.add_argument("--decoder-ports", nargs="+", type=int, metavar="PORT",
                    default=[pt for _, pt in d.decoders])  # fmt: skip
-    choices = {"flow": FLOWS, "log_level": LOG_LEVELS + tuple(x.lower() for x in LOG_LEVELS)}
+    choices = {
+        "flow": FLOWS,
+        "routing": ROUTING_POLICIES,
+        "log_level": LOG_LEVELS + tuple(x.lower() for x in LOG_LEVELS),
+    }
     for f in fields(ProxyConfig):
         if "help" not in f.metadata:
             continue

@@ -54,8 +54,9 @@ class PrefillFirst:
     async def handle(self, call: GenerationCall) -> None:
         client, req, body, extra = call.client, call.req, call.body, call.extra
         prompt_tokens = estimate_prompt_tokens(body)
+        keys = self.steps.keys(body)  # before the rewrites below: the client's prompt
         p_body = prefill_request_body(body, dict(PREFILL_KV_PARAMS))
-        answer = await self.steps.prefill(req.path, encode(p_body), prompt_tokens, extra)
+        answer = await self.steps.prefill(req.path, encode(p_body), prompt_tokens, extra, keys)
         kv = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
         if kv:
             d_data = encode(dict(body, kv_transfer_params=kv))
@@ -64,7 +65,7 @@ class PrefillFirst:
             self.metrics.prefill_without_params += 1
             d_data = encode(body)
         tokens = decode_tokens(body, prompt_tokens)
-        ok = await self.steps.decode(client, req, d_data, tokens, extra, call.request_id)
+        ok = await self.steps.decode(client, req, d_data, tokens, extra, call.request_id, keys=keys)
         if kv and ok:
             self.metrics.disaggregated += 1
 
@@ -78,8 +79,9 @@ class Mixed:
     async def handle(self, call: GenerationCall) -> None:
         tokens = decode_tokens(call.body, estimate_prompt_tokens(call.body))
         await self.steps.decode(
-            call.client, call.req, encode(call.body), tokens, call.extra, call.request_id
-        )
+            call.client, call.req, encode(call.body), tokens, call.extra, call.request_id,
+            keys=self.steps.keys(call.body),
+        )  # fmt: skip
 
 
 def make_flow(

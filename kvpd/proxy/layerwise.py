@@ -119,6 +119,7 @@ class Layerwise:
                 extra,
                 request_id,
                 on_attempt,
+                self.steps.keys(body),  # used only with --decode-affinity
             )
         finally:
             for child in children:
@@ -188,7 +189,10 @@ class Layerwise:
             p_body["batch_kv_transfer_params"] = dict(zip(record.children, params, strict=True))
         relay = record.relay
         try:
-            await self.steps.prefill(record.path, encode(p_body), record.tokens, record.extra)
+            await self.steps.prefill(
+                record.path, encode(p_body), record.tokens, record.extra,
+                self.steps.keys(record.body),
+            )  # fmt: skip
         except Failure as f:
             if not done.done():
                 done.set_result(f)

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from kvpd.proxy.backends import CLOSED, HALF_OPEN, OPEN, TRANSITIONS
+from kvpd.proxy.cache_aware import render as render_routing
 
 if TYPE_CHECKING:
     from kvpd.proxy.backends import BackendPool
@@ -170,6 +171,7 @@ class ProxyMetrics:
                         f'{name}{{role="{pool.role}",backend="{b.name}"}} {getattr(b, attr)}'
                     )
 
+        render_routing(pools, family, out)
         for name, hist, help_text in (
             ("kvpd_proxy_prefill_seconds", self.prefill_seconds, "Prefill round trip."),
             (

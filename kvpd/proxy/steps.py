@@ -42,8 +42,13 @@ class Steps:
         self.decoders = decoders
         self.metrics = metrics
         self.loop = loop
+        # A request body's prompt-prefix keys for the pools that route by cache (set by the
+        # app, kvpd/proxy/cache_aware.py); by default none, and every choice is by load.
+        self.keys: Callable[[dict[str, Any]], tuple[int, ...]] = _no_keys
 
-    async def prefill(self, path: bytes, data: bytes, tokens: int, extra: bytes) -> dict[str, Any]:
+    async def prefill(
+        self, path: bytes, data: bytes, tokens: int, extra: bytes, keys: tuple[int, ...] = ()
+    ) -> dict[str, Any]:
         """Run the prefill on some prefiller (retrying others on connection errors and 5xx);
         return its JSON answer or raise Failure. Nothing reaches the client before this
         returns, so a retry is always safe; a failure is never followed by a decode."""
@@ -54,7 +59,7 @@ class Steps:
         problems: list[str] = []
         kind = "prefill_error"
         for attempt in range(cfg.max_retries + 1):
-            backend = pool.pick(tried) or pool.pick()
+            backend = pool.pick(tried, keys) or pool.pick((), keys)
             if backend is None:
                 if not problems:
                     raise Failure(503, "no_prefiller", _none_usable(pool))
@@ -112,6 +117,7 @@ class Steps:
         extra: bytes,
         request_id: str,
         on_attempt: Callable[[DecodeRelay, int], None] | None = None,
+        keys: tuple[int, ...] = (),
     ) -> bool:
         """Relay a decoder's response; retry another decoder while nothing was sent. True when
         a complete answer went out. `on_attempt(relay, n)` runs before each attempt."""
@@ -122,7 +128,7 @@ class Steps:
         problems: list[str] = []
         kind = "decode_error"
         for attempt in range(cfg.max_retries + 1):
-            backend = pool.pick(tried) or pool.pick()
+            backend = pool.pick(tried, keys) or pool.pick((), keys)
             if backend is None:
                 if not problems:
                     raise Failure(503, "no_decoder", _none_usable(pool))
@@ -208,6 +214,10 @@ class Steps:
                 continue
             return outcome
         return None
+
+
+def _no_keys(body: dict[str, Any]) -> tuple[int, ...]:
+    return ()
 
 
 def _none_usable(pool: BackendPool) -> str:

@@ -6,9 +6,10 @@ It speaks what kvpd and its proxy need from a vLLM engine: the OpenAI API (`/v1/
 with `kv_transfer_params.do_remote_decode` answers with the parameters a decoder needs; a
 decoder given `do_remote_prefill` counts the prompt as received KV), `/health`, `/v1/models`,
 `/reset_prefix_cache` and `/metrics` with the counters vLLM exports under vLLM's names (the ones
-kvpd's bench proof reads). Its prefix cache is a set of chained block hashes, so repeated
-prompts show as hits. It also holds the real process's other ports (KV side channels, DP RPC)
-so port checks see the real layout.
+kvpd's bench proof reads). Its prefix cache holds chained block hashes, so repeated prompts
+show as hits; with --cache-blocks it holds at most that many blocks, least recently used
+evicted first, as an engine's KV cache of limited capacity. It also holds the real process's
+other ports (KV side channels, DP RPC) so port checks see the real layout.
 
 Stdlib only and run as a script (`python standin_engine.py --host A --port P --role R -- ARGV`):
 it runs on any host with a Python 3, without kvpd installed. Everything after `--` is the real
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -39,12 +41,15 @@ EMPTY = bool(os.environ.get("KVPD_FAULT_EMPTY_COMPLETIONS"))
 class Engine:
     """The stand-in's state: its prefix cache and vLLM's counters (thread-safe)."""
 
-    def __init__(self, role: str, model: str, block: int, host: str, port: int) -> None:
+    def __init__(
+        self, role: str, model: str, block: int, host: str, port: int, capacity: int = 0
+    ) -> None:
         self.role, self.model, self.block = role, model, block
         self.host, self.port = host, port
         self.engine_id = f"standin-{host}-{port}"
         self.lock = threading.Lock()
-        self.cache: set[str] = set()
+        self.cache: OrderedDict[str, None] = OrderedDict()  # block hashes, oldest use first
+        self.capacity = capacity  # blocks; 0: no limit
         self.counters: dict[str, float] = {}
 
     def count(self, name: str, value: float, **labels: str) -> None:
@@ -66,7 +71,11 @@ class Engine:
                 if x not in self.cache:
                     break
                 hit_blocks += 1
-            self.cache.update(hashes)
+            for x in hashes:
+                self.cache[x] = None
+                self.cache.move_to_end(x)
+            while self.capacity and len(self.cache) > self.capacity:
+                self.cache.popitem(last=False)
         n = len(tokens)
         hit = hit_blocks * self.block
         self.count("vllm:prefix_cache_queries_total", n)
@@ -272,8 +281,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--served-model-name", default="standin")
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--hold-port", type=int, action="append", default=[])
+    p.add_argument("--cache-blocks", type=int, default=0, help="prefix cache capacity (0: none)")
     a = p.parse_args(args)
-    engine = Engine(a.role, model_of(real, a.served_model_name), a.block_size, a.host, a.port)
+    model = model_of(real, a.served_model_name)
+    engine = Engine(a.role, model, a.block_size, a.host, a.port, a.cache_blocks)
     handler = type("BoundHandler", (Handler,), {"engine": engine})
     ThreadingHTTPServer.address_family = socket.AF_INET6 if ":" in a.host else socket.AF_INET
     ThreadingHTTPServer.daemon_threads = True

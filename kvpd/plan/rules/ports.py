@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 from kvpd.plan.processes import ProcessDraft
-from kvpd.plan.proxyargs import set_timeouts
+from kvpd.plan.proxyargs import set_routing, set_timeouts
 from kvpd.plan.rules.base import Checker, Path_
 from kvpd.profile.roles import ENGINE_ROLES
 from kvpd.profile.types import is_ip
@@ -43,6 +43,13 @@ def rule_proxy(c: Checker) -> None:
             c.err(
                 ("proxy", name),
                 "vLLM-Ascend's example proxy has no timeout options (it waits without limit); "
+                f"remove proxy.{name} or use kvpd's proxy (impl: kvpd).",
+                on_hardware=True,
+            )
+        for name in set_routing(px):
+            c.err(
+                ("proxy", name),
+                "vLLM-Ascend's example proxy balances by load only and has no routing options; "
                 f"remove proxy.{name} or use kvpd's proxy (impl: kvpd).",
                 on_hardware=True,
             )

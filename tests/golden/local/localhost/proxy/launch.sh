@@ -15,5 +15,6 @@ exec python3 \
     --decoder-hosts 127.0.0.1 \
     --decoder-ports 18200 \
     --flow prefill-first \
+    --prefix-capacity-tokens 32768 \
     --admin-token-file proxy/admin-token \
     --shutdown-grace 15
