@@ -16,6 +16,7 @@ from kvpd.plan.kvconfig import (
     ucm_config_path,
 )
 from kvpd.plan.layout import EnginePlacement, Layout, hardware_of, merged
+from kvpd.plan.memcache_compat import has_http, ready_line
 from kvpd.plan.proxyargs import proxy_timeout_args
 from kvpd.plan.sparse_planner import planner_env
 from kvpd.plan.value import Interpreter
@@ -250,8 +251,9 @@ def service_procs(profile: Profile) -> list[ProcessDraft]:
                     (mc.config_store_port, "memcache config store"),
                     (mc.metrics_port, "memcache metrics http"),
                 ),
-                health_url=f"http://{a}:{mc.metrics_port}/health",
-                ready=(mc.port, "Meta Service launched successfully"),
+                # Without HTTP (1.2) no URL: readiness is the port (+ the line if logged).
+                health_url=f"http://{a}:{mc.metrics_port}/health" if has_http(mc) else "",
+                ready=(mc.port, ready_line(mc)),
                 files=(MMC_META,),
             )
         )
