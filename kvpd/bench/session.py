@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvpd.bench import logcheck, proof, runner, serve_output
+from kvpd.bench import freshness, logcheck, proof, runner, serve_output
 from kvpd.bench import metrics as m
 from kvpd.bench.records import BenchRun, Record
 from kvpd.bench.settings import Point, Scenario, Settings
@@ -77,6 +77,7 @@ class Session:
     keep_up: bool = False  # leave the last scenario running
     progress: Progress = field(default_factory=NullProgress)
     run_client: Callable[..., runner.RunOutput] = runner.run
+    prompt_salt: int | None = None  # None: a new one per run (kvpd.bench.freshness)
 
     def run(self) -> BenchRun:
         base = self.load(self.user_sets)
@@ -93,6 +94,10 @@ class Session:
             ],
             out_dir=str(self.out_dir),
         )
+        if self.prompt_salt is None:
+            self.prompt_salt = freshness.new_salt()
+        run.settings["prompt_salt"] = self.prompt_salt
+        run.settings["prompt_seeds"] = {}
         phases_per_point = 2 if self.settings.protocol in ("prefix", "twice") else 1
         n_scen = max(1, len(self.scenarios))
         self.progress.start(n_scen * len(self.settings.points) * phases_per_point)
@@ -203,12 +208,14 @@ class Session:
 
         s = self.settings
         for point in s.points:
+            seed = freshness.fresh_seed(s.seed, self.prompt_salt or 0, scenario, point.key)
+            run.settings["prompt_seeds"][f"{scenario}/{point.key}"] = seed
             phases = protocol_phases(
                 s.protocol,
                 input_len=point.input_len,
                 output_len=point.output_len,
                 num_prompts=s.num_prompts,
-                seed=s.seed,
+                seed=seed,
                 request_rate=point.request_rate,
                 max_concurrency=point.max_concurrency,
                 ignore_eos=s.ignore_eos,
@@ -246,6 +253,7 @@ class Session:
                 "kvpd_plan_digest": target.plan.profile_digest,
                 "kvpd_scenario": scenario,
                 "kvpd_protocol": run.protocol,
+                "kvpd_prompt_seed": str(ph.seed),
             },
         )
         before = m.scrape(target.metrics)
@@ -302,5 +310,6 @@ class Session:
                 cache=cache,
                 result=result,
                 delta=delta,
+                prefix_ratio=self.settings.prefix_ratio,
             )
         return rec
