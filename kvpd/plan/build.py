@@ -12,6 +12,7 @@ from kvpd.plan.bench import bench_spec
 from kvpd.plan.bundle import bundle_uses, with_bundle_paths
 from kvpd.plan.container_hosts import with_containers
 from kvpd.plan.facts import derive_facts
+from kvpd.plan.hashseed import pin_hash_seed
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
 from kvpd.plan.lognames import log_file
@@ -135,7 +136,7 @@ def build_plan(
     one transform of its processes (`kvpd.plan.rehearse`)."""
     profile = _resolve_local_paths(profile, base_dir)
     layout = build_layout(profile)
-    procs = all_procs(profile, layout)
+    procs = pin_hash_seed(profile, all_procs(profile, layout))
     facts = derive_facts(profile, layout, procs)
     findings = check(facts)
     notes: dict[str, str] = {}
@@ -307,7 +308,7 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
         return profile
 
     def absolute(p: str | None) -> str | None:
-        if p is None or posixpath.isabs(p) or p.startswith(("~", "$")):
+        if not p or posixpath.isabs(p) or p.startswith(("~", "$")):  # "": a rule's
             return p
         return posixpath.normpath(posixpath.join(base_dir, p))
 

@@ -187,19 +187,25 @@ def rule_dp_layout(c: Checker) -> None:
     """Where DP ranks land: every listed host used, the DP master on the group's rank 0."""
     if c.layout.problems:
         return
+    busy = {ep.host for ep in c.layout.procs}  # a host some group runs on is not idle
+    warned: set[str] = set()  # one warning per idle host, even if several groups list it
     for role, g in c.groups():
         if any(h not in c.p.hosts for h in g.hosts):
             continue
         used = {ep.host for ep in c.layout.procs if ep.role == role}
-        idle = [h for h in g.hosts if h not in used]
+        idle = [h for h in g.hosts if h not in busy and h not in warned]
+        warned.update(idle)
         if idle:
+            also = sorted({r for r, o in c.groups() if r != role and set(idle) & set(o.hosts)})
             c.warn(
                 (role, "hosts"),
                 f"{role} lists {', '.join(idle)} but its {g.instances} instance(s) of dp {g.dp} "
                 f"x tp {g.tp} fit on {', '.join(h for h in g.hosts if h in used)}, so "
-                f"{'it stays' if len(idle) == 1 else 'they stay'} idle. Remove "
-                f"{'it' if len(idle) == 1 else 'them'} or raise dp/instances.",
-            )
+                f"{'it stays' if len(idle) == 1 else 'they stay'} idle"
+                + (f" ({' and '.join(also)} list{'s' if len(also) == 1 else ''} "
+                   f"{'it' if len(idle) == 1 else 'them'} too)" if also else "")
+                + f". Remove {'it' if len(idle) == 1 else 'them'} or raise dp/instances.",
+            )  # fmt: skip
         if g.dp_address and g.dp_address in c.p.hosts and g.dp > 1:
             first = next(
                 (ep.host for ep in c.layout.procs if ep.role == role and 0 in ep.dp_ranks), None

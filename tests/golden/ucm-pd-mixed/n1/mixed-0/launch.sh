@@ -4,6 +4,7 @@
 set -e
 cd "$(dirname "$0")/.."
 export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
+export PYTHONHASHSEED=0
 
 exec vllm serve /models/QwQ-32B \
     --host 0.0.0.0 \
