@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvpd.plan.requirements import ucm_shm_gb
 from kvpd.plan.rules.base import Checker
+from kvpd.profile.types import is_loopback
 
 TMPFS = ("/dev/shm", "/run/shm", "/tmp")  # per-host memory filesystems (tmp: often tmpfs)
 
@@ -29,7 +30,10 @@ def rule_store_sharing(c: Checker) -> None:
     if st is None:
         return
     users = sorted({h for _, g in c.groups() if "kvpd_store" in g.kv_connectors for h in g.hosts})
-    machines = {c.p.hosts[h].address for h in users if h in c.p.hosts}
+    machines = {  # hosts on this machine (local transport, loopback) share its filesystem
+        "this machine" if h.transport == "local" or is_loopback(h.address) else h.address
+        for h in (c.p.hosts[n] for n in users if n in c.p.hosts)
+    }
     if len(machines) > 1:
         c.warn(
             ("kv", "kvpd_store", "path"),
