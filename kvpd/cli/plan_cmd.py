@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kvpd.cli import bundle_view, container_view
+from kvpd.cli import bench_view, bundle_view, container_view
 from kvpd.errors import PlanError
 from kvpd.plan.value import Plan, ProcessSpec
 
@@ -109,6 +109,8 @@ def show_plan(plan: Plan) -> None:
 
         for line in sparse_sizing_lines(plan.sizing.sparse):
             con.print(line, highlight=False)
+    for line in bench_view.plan_lines(plan):
+        con.print(escape(line), highlight=False)
     for w in plan.warnings:
         con.print(f"[yellow]warning[/yellow]: {escape(w)}")
     con.print(f"plan digest {plan.profile_digest}; `kvpd plan ... --out DIR` writes every file.")

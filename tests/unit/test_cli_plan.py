@@ -127,3 +127,14 @@ def test_plan_table_port_column_keeps_unrelated_ports_apart() -> None:
     assert _ports_short(()) == []
     out = kvpd("plan", "large-ep").stdout
     assert "20001-13395" not in out and "20001-20008" in out
+
+
+def test_plan_shows_the_bench_protocol_and_its_commands() -> None:
+    r = kvpd("plan", "ucm-pd-mixed")
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())  # the console wraps long lines
+    assert "bench: protocol twice (the same run twice, cold then warm, both measured)" in out
+    assert "scenarios: recompute, hbm, ucm" in out
+    for phase in ("cold", "warm"):
+        assert f"{phase}: vllm bench serve --backend vllm --base-url" in out
+    assert "--random-input-len 8000" in out and "--seed '<SEED>'" in out
