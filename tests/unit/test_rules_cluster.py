@@ -204,3 +204,12 @@ def test_idle_host_is_reported_once() -> None:
 
 def test_every_set_reaches_the_plan_digest() -> None:
     assert plan(UCM).profile_digest != plan(UCM, "bench.num_prompts=20").profile_digest
+
+
+def test_instances_spanning_hosts_need_the_nic_kvpd_never_assumes() -> None:
+    msg = error("large-ep", "hosts.p2.nic=null")
+    assert "bundled:large-ep:11: hosts.p2.nic: prefill instances span p1, p2, p3, p4" in msg
+    assert "Set hosts.p2.nic to the interface of 192.168.10.2" in msg
+    # named in the group's own environment instead: fine
+    plan("large-ep", "hosts.p2.nic=null",
+         "prefill.env={GLOO_SOCKET_IFNAME: ens3, HCCL_SOCKET_IFNAME: ens3}")  # fmt: skip

@@ -22,6 +22,7 @@ from kvpd.plan.rules import (
     kvservices,
     logs,
     memcache,
+    nic,
     offload,
     passthrough,
     planner,
@@ -80,6 +81,7 @@ RULES: tuple[Rule, ...] = (
     audit_warnings.rule_prefix_seed,
     audit_warnings.rule_container_shm,
     audit_warnings.rule_proxy_waits,
+    nic.rule_nic,
 )
 
 
