@@ -19,6 +19,7 @@ from kvpd.errors import KvpdError
 from kvpd.exec import bundle_preflight, container_preflight
 from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout, HostOutcome
+from kvpd.exec.pinned_versions import pinned_checks
 from kvpd.exec.planner_gate import planner_checks
 from kvpd.exec.probe import PROBE
 from kvpd.exec.transport import Transport
@@ -200,6 +201,7 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
     reached_hosts = {c.host for c in checks if c.name == "reachable" and c.ok}
     checks += service_versions(plan, transports, reached_hosts)
     checks += planner_checks(plan, transports, reached_hosts)
+    checks += pinned_checks(plan, versions, transports, reached_hosts)
     for name, by_host in versions.items():
         found = {v for v in by_host.values() if v}
         if len(found) > 1:
