@@ -311,5 +311,6 @@ class Session:
                 result=result,
                 delta=delta,
                 prefix_ratio=self.settings.prefix_ratio,
+                input_len=ph.input_len,
             )
         return rec

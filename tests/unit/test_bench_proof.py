@@ -112,6 +112,12 @@ def test_hit_ratio_is_checked_against_the_protocol() -> None:
         assert "75% of the prompt tokens on the prefill/mixed engines were cached" in problem
         assert "expects none" in problem and "contaminated" in problem
     assert _check(measured, phase="warm", protocol="twice") == []  # warm may hit everything
+    # vllm bench serve's test request repeats the first prompt: with few prompts that prompt's
+    # hits are allowed (here: 4 prompts of 128 tokens, 2 of them hit in full, 50%)
+    few = _delta("pd_deltas.json", "seed")
+    few.per_target["prefill-0"].update(prefix_cache_queries=512.0, prefix_cache_hits=240.0)
+    assert _check(few, phase="seed", protocol="prefix", measured=False, input_len=128) == []
+    assert _check(few, phase="seed", protocol="prefix", measured=False, input_len=0)
     rerun = _delta("pd_deltas.json", "measured")
     rerun.per_target["prefill-0"]["prefix_cache_hits"] = 2048.0
     rerun.per_target["prefill-0"]["external_prefix_cache_hits"] = 480.0
