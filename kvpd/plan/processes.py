@@ -251,7 +251,6 @@ def service_procs(profile: Profile) -> list[ProcessDraft]:
                     (mc.config_store_port, "memcache config store"),
                     (mc.metrics_port, "memcache metrics http"),
                 ),
-                # Without HTTP (1.2) no URL: readiness is the port (+ the line if logged).
                 health_url=f"http://{a}:{mc.metrics_port}/health" if has_http(mc) else "",
                 ready=(mc.port, ready_line(mc)),
                 files=(MMC_META,),
