@@ -46,7 +46,7 @@ def pinned_checks(
     users: set[str] = set()
     for p in plan.processes:
         env = dict(p.env)
-        if p.host in reached and any(k in env for k in MEMFABRIC_USERS):
+        if p.host in reached and not p.substituted and any(k in env for k in MEMFABRIC_USERS):
             users.add(p.host)
             if "MEMFABRIC_HYBRID_EXTEND_LIB_PATH" in env:
                 lib_paths[p.host] = env["MEMFABRIC_HYBRID_EXTEND_LIB_PATH"]

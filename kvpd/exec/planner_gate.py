@@ -82,8 +82,8 @@ def planner_checks(
     seen: set[tuple[str, str]] = set()
     for p in plan.processes:
         want = _planner(p)
-        if want is None or p.host not in reached or not p.command:
-            continue
+        if want is None or p.host not in reached or not p.command or p.substituted:
+            continue  # a rehearsal's stand-in for the decode runs no vLLM-Ascend
         python = python_of(p.command[0])
         if (p.host, python.key()) in seen:
             continue

@@ -99,3 +99,11 @@ def test_missing_vllm_ascend_is_a_doubt(tmp_path: Path) -> None:
     got = _checks(_plan(vllm, "kvpd"))
     assert "not importable" in got["sparse planner"]
     assert got["clang + omp.h"].startswith("FAIL ")
+
+
+def test_a_rehearsals_stand_in_decode_is_not_judged(tmp_path: Path) -> None:
+    import dataclasses
+
+    plan = _plan(_host_python(tmp_path, with_clang=False), "kvpd")
+    proc = dataclasses.replace(plan.processes[0], substituted="CPU vllm serve of a tiny model")
+    assert _checks(dataclasses.replace(plan, processes=(proc,))) == {}
