@@ -18,6 +18,8 @@ def check_phase(
     cache: str | None,
     result: dict[str, Any],
     delta: Delta,
+    prefix_ratio: float = 0.8,
+    input_len: int = 0,
 ) -> list[str]:
     """Problems that make this phase's numbers not a result (empty list: it is one).
 
@@ -33,6 +35,7 @@ def check_phase(
       `none` (recompute) must show zero vLLM prefix-cache and zero external hits and `hbm` zero
       external hits, in every phase. In a P/D deployment decode's external hits are the P->D
       handoff, so only prefill (and mixed) engines count as external hits.
+    - The cache state the protocol assumes (`hit_ratio_problems`), whatever the scenario.
     """
     problems: list[str] = []
     where = f"scenario {scenario!r}, phase {phase}"
@@ -45,10 +48,13 @@ def check_phase(
         return problems
     if disaggregated:
         problems += handoff_problems(where, delta)
+    ext_roles = PREFILLING_ROLES if disaggregated else ENGINE_ROLES
+    problems += hit_ratio_problems(
+        where, protocol, phase, prefix_ratio, delta, ext_roles, input_len
+    )
     seeded_phase = (protocol == "prefix" and phase == "measured") or (
         protocol == "twice" and phase == "warm"
     )
-    ext_roles = PREFILLING_ROLES if disaggregated else ENGINE_ROLES
     if cache is None:
         return problems
     engines = [n for n, r in delta.roles.items() if r in ENGINE_ROLES]
@@ -127,4 +133,66 @@ def prefill_problems(where: str, delta: Delta) -> list[str]:
     return [
         f"{where}: vllm:request_success_total did not move on {', '.join(names)}: the proxy "
         "did not send the request to a prefiller first (check the proxy's flow and its log)."
+    ]
+
+
+# The prefix protocol's measured prompts repeat `prefix_ratio` of each prompt; a phase whose
+# prompts no earlier phase of this run sent (plain, seeding, cold) should find next to
+# nothing cached. Halfway between what the protocol gives and a full hit is contamination; a
+# cold phase may find a little (the captured P/D run: 96 of 2043 tokens, 5%). `vllm bench serve`
+# first sends the dataset's first prompt as a test request (again while its ready check retries),
+# so that prompt hits in the run itself: up to WARMUP_PROMPTS prompts' worth is allowed on top.
+COLD_MAX = 0.25
+WARMUP_PROMPTS = 2
+COLD_PHASES = {("plain", "run"), ("prefix", "seed"), ("twice", "cold")}
+
+
+def hit_counts(delta: Delta, roles: tuple[str, ...]) -> tuple[float, float] | None:
+    """(prefix-cache hits + external hits, prompt tokens queried) on the engines of `roles`
+    that compute prompts (None when they queried nothing or cannot be read)."""
+    names = [n for n, r in delta.roles.items() if r in roles]
+    if not names or any(n in delta.missing for n in names):
+        return None
+    queries = sum(delta.role_sum(r, "prefix_cache_queries") for r in roles)
+    if queries <= 0:  # prefix caching off: the connector's queries are every prompt token
+        queries = sum(delta.role_sum(r, "external_prefix_cache_queries") for r in roles)
+    if queries <= 0:
+        return None
+    hits = sum(
+        delta.role_sum(r, "prefix_cache_hits") + delta.role_sum(r, "external_prefix_cache_hits")
+        for r in roles
+    )
+    return hits, queries
+
+
+def hit_ratio_problems(
+    where: str, protocol: str, phase: str, prefix_ratio: float, delta: Delta,
+    roles: tuple[str, ...], input_len: int = 0,
+) -> list[str]:  # fmt: skip
+    """A phase that found more of its prompts cached than its protocol allows: the caches held
+    this run's prompts before it started (an earlier run or scenario), so its numbers are not
+    the protocol's."""
+    counts = hit_counts(delta, roles)
+    if counts is None:
+        return []
+    hits, queries = counts
+    if (protocol, phase) in COLD_PHASES:
+        limit, expect = COLD_MAX, "none (its prompts were never sent before)"
+        warmup: float = WARMUP_PROMPTS * input_len
+    elif (protocol, phase) == ("prefix", "measured"):
+        limit = prefix_ratio + (1 - prefix_ratio) / 2
+        expect = f"about {prefix_ratio:g} (the seeded prefix)"
+        warmup = WARMUP_PROMPTS * input_len * (1 - prefix_ratio)
+    else:
+        return []
+    ratio = hits / queries
+    if hits <= limit * queries + warmup:
+        return []
+    return [
+        f"{where}: {ratio:.0%} of the prompt tokens on the {'/'.join(roles)} engines were "
+        f"cached (vLLM prefix cache + external store) where the {protocol} protocol expects "
+        f"{expect}: the caches held these prompts before the phase began (an earlier run or "
+        "scenario), so the numbers are contaminated. Benchmark with fresh prompts (kvpd "
+        "bench derives a new seed per run and scenario) or restart the deployment and empty "
+        "its KV store."
     ]

@@ -10,7 +10,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvpd.bench import canary, lengths, logcheck, output_check, proof, runner, serve_output
+from kvpd.bench import (
+    canary,
+    freshness,
+    lengths,
+    logcheck,
+    output_check,
+    proof,
+    runner,
+    serve_output,
+)
 from kvpd.bench import metrics as m
 from kvpd.bench.records import BenchRun, Record
 from kvpd.bench.settings import Point, Scenario, Settings
@@ -81,6 +90,7 @@ class Session:
     run_client: Callable[..., runner.RunOutput] = runner.run
     verify_outputs: bool | None = None  # None: output_check.bench_default
     post: output_check.Post = canary.complete  # the output check's HTTP
+    prompt_salt: int | None = None  # None: a new one per run (kvpd.bench.freshness)
 
     def run(self) -> BenchRun:
         base = self.load(self.user_sets)
@@ -97,6 +107,10 @@ class Session:
             ],
             out_dir=str(self.out_dir),
         )
+        if self.prompt_salt is None:
+            self.prompt_salt = freshness.new_salt()
+        run.settings["prompt_salt"] = self.prompt_salt
+        run.settings["prompt_seeds"] = {}
         phases_per_point = 2 if self.settings.protocol in ("prefix", "twice") else 1
         n_scen = max(1, len(self.scenarios))
         self.progress.start(n_scen * len(self.settings.points) * phases_per_point)
@@ -214,12 +228,14 @@ class Session:
 
         s = self.settings
         for point in s.points:
+            seed = freshness.fresh_seed(s.seed, self.prompt_salt or 0, scenario, point.key)
+            run.settings["prompt_seeds"][f"{scenario}/{point.key}"] = seed
             phases = protocol_phases(
                 s.protocol,
                 input_len=point.input_len,
                 output_len=point.output_len,
                 num_prompts=s.num_prompts,
-                seed=s.seed,
+                seed=seed,
                 request_rate=point.request_rate,
                 max_concurrency=point.max_concurrency,
                 ignore_eos=s.ignore_eos,
@@ -257,6 +273,7 @@ class Session:
                 "kvpd_plan_digest": target.plan.profile_digest,
                 "kvpd_scenario": scenario,
                 "kvpd_protocol": run.protocol,
+                "kvpd_prompt_seed": str(ph.seed),
             },
         )
         env = runner.client_env(target.tokenizer, target.base_url, result_dir / ".cache")
@@ -320,6 +337,8 @@ class Session:
                 cache=cache,
                 result=result,
                 delta=delta,
+                prefix_ratio=self.settings.prefix_ratio,
+                input_len=ph.input_len,
             )
             if target.verify and ph.measured:  # not after seeding: keep its caches as left
                 self._check_outputs(where, target, rec)

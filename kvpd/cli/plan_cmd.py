@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from kvpd.cli import bundle_view, container_view, route_view
+from kvpd.cli import bench_view, bundle_view, container_view, route_view
 from kvpd.errors import PlanError
 from kvpd.exec.local import private_dirs
 from kvpd.plan.value import Plan, ProcessSpec
@@ -126,6 +126,8 @@ def show_plan(plan: Plan) -> None:
         con.print("[bold]derived[/bold] (formula and inputs):")
         for line in plan.derived:
             con.print(f"  {escape(line)}", highlight=False)
+    for line in bench_view.plan_lines(plan):
+        con.print(escape(line), highlight=False)
     for w in plan.warnings:
         con.print(f"[yellow]warning[/yellow]: {escape(w)}")
     con.print(f"plan digest {plan.profile_digest}; `kvpd plan ... --out DIR` writes every file.")

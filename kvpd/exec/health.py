@@ -19,7 +19,10 @@ class ProbeResult:
 
 
 def probe(check: HealthCheck, *, timeout_s: float = 2.0) -> ProbeResult:
-    """GET `check.url` once; ok when the status equals `check.expect_status`."""
+    """GET `check.url` once; ok when the status equals `check.expect_status`. A check without
+    a URL (a service without an HTTP endpoint) is never ok here: its port decides."""
+    if not check.url:
+        return ProbeResult(False, "no HTTP health endpoint")
     try:
         with _OPENER.open(check.url, timeout=timeout_s) as resp:
             status = resp.status

@@ -2,7 +2,8 @@
 
 It verifies what `Plan.requirements` lists (derived by the planner): the host is reachable and
 its key known; packages importable with versions identical across hosts; commands and model
-paths present; the plan's ports free; NPUs visible; Clang + OpenMP for the sparse planner;
+paths present; the plan's ports free; NPUs visible; Clang + OpenMP where vLLM-Ascend's sparse
+planner will be JIT-built (also where kvpd's plugin will not recognise the installed manager);
 shared storage really shared (a token written on one host must be read on the others); enough
 free memory and /dev/shm.
 """
@@ -18,6 +19,8 @@ from kvpd.errors import KvpdError
 from kvpd.exec import bundle_preflight, container_preflight
 from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout, HostOutcome
+from kvpd.exec.pinned_versions import pinned_checks
+from kvpd.exec.planner_gate import planner_checks
 from kvpd.exec.probe import PROBE
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import Plan
@@ -197,6 +200,8 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
 
     reached_hosts = {c.host for c in checks if c.name == "reachable" and c.ok}
     checks += service_versions(plan, transports, reached_hosts)
+    checks += planner_checks(plan, transports, reached_hosts)
+    checks += pinned_checks(plan, versions, transports, reached_hosts)
     for name, by_host in versions.items():
         found = {v for v in by_host.values() if v}
         if len(found) > 1:

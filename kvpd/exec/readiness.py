@@ -33,11 +33,15 @@ def log_lines_due(
 
 def ready_without_endpoint(t: Transport, health: HealthCheck, log: str) -> ProbeResult | None:
     """A build without the HTTP health endpoint is ready when its port listens and this
-    start's part of its log has the ready line (the versions preflight says which builds)."""
-    if not health.ready_log or health.ready_port is None:
+    start's part of its log has the ready line (the versions preflight says which builds).
+    Where no ready line can be printed (`ready_log` empty: memcache at `log_level = error`)
+    the port listening is the sign; the caller has checked that the process is alive."""
+    if health.ready_port is None:
         return None
     if not t.ports_listening([health.ready_port]):
         return None
+    if not health.ready_log:
+        return ProbeResult(True, f"port {health.ready_port} listens and the process is alive")
     try:
         tail = logs.tail(t, log, 200, timeout_s=10)
     except Exception:  # noqa: BLE001 - no fallback then; the HTTP probe's answer stands

@@ -48,8 +48,13 @@ def query_status(
         if st.alive:
             st.uptime_s = max(0.0, now - rec.started_at)
             spec = next((p for p in state.plan.processes if p.name == rec.name), None)
-            if spec is not None and spec.health is not None:
-                pr = probe(spec.health, timeout_s=probe_timeout_s)
+            h = spec.health if spec is not None else None
+            if h is not None and not h.url and h.ready_port is not None:  # no HTTP endpoint
+                up = h.ready_port in (t.ports_listening([h.ready_port]) or [])
+                st.healthy = up
+                st.detail = f"port {h.ready_port} {'listens' if up else 'does not listen'}"
+            elif h is not None:
+                pr = probe(h, timeout_s=probe_timeout_s)
                 st.healthy, st.detail = pr.ok, pr.detail
         return st
 

@@ -1,7 +1,9 @@
 """Preflight: the versions of the KV services, which decide how `up` knows they are ready.
 
 The MetaService serves HTTP `/health` on `ock.mmc.meta_service.metrics_url` from memcache-hybrid
-1.3 (older builds read that key differently); the Mooncake master's `/health` is documented for
+1.3; a plan for 1.2 (`kv.memcache.version`, the guide's release) renders no such key and waits
+for the meta port (kvpd/plan/memcache_compat.py). A 1.3 plan on an older build fails here, since
+that build refuses the key. The Mooncake master's `/health` is documented for
 0.3.13. With an older or unknown build `up` still starts them: it falls back to "the service
 port listens and the log has the ready line". These checks say which check each host gets.
 """
@@ -13,7 +15,7 @@ from collections.abc import Callable
 
 from kvpd.exec.checks import Check
 from kvpd.exec.transport import Transport
-from kvpd.plan.value import Plan
+from kvpd.plan.value import HealthCheck, Plan
 
 # role -> the first version with the HTTP health endpoint
 HTTP_HEALTH_SINCE = {"metaservice": (1, 3, 0), "mooncake": (0, 3, 13)}
@@ -45,14 +47,36 @@ def service_versions(
             found = _parse(r.stdout + r.stderr) if r.ok or r.stdout else None
         except Exception:  # noqa: BLE001 - reachability is its own check
             found = None
-        shown = ".".join(map(str, found)) if found else "unknown version"
-        if found is not None and found >= since:
-            detail = f"{what} {shown}: ready when GET {p.health.url} answers"
-        else:
-            detail = (
-                f"{what} {shown}: /health is documented from "
-                f"{'.'.join(map(str, since))}; `up` also accepts port {p.health.ready_port} "
-                f"listening with {p.health.ready_log!r} in the log"
-            )
-        checks.append(Check(p.host, f"{what} health check", True, detail))
+        checks.append(_judge(p.host, p.role, what, found, p.health, since))
     return checks
+
+
+def _judge(
+    host: str, role: str, what: str, found: tuple[int, ...] | None, h: HealthCheck,
+    since: tuple[int, ...],
+) -> Check:  # fmt: skip
+    shown = ".".join(map(str, found)) if found else "unknown version"
+    name = f"{what} health check"
+    if role == "metaservice" and not h.url:  # rendered for 1.2: no metrics_url, no /health
+        how = f"port {h.ready_port} listening" + (
+            f" with {h.ready_log!r} in the log" if h.ready_log else " while the process lives"
+        )
+        more = (
+            "; set kv.memcache.version: \"1.3\" for HTTP /health"
+            if found is not None and found >= since else ""
+        )  # fmt: skip
+        return Check(host, name, True, f"{what} {shown}, rendered for 1.2: ready when {how}{more}")
+    if found is not None and found >= since:
+        return Check(host, name, True, f"{what} {shown}: ready when GET {h.url} answers")
+    if role == "metaservice" and found is not None:  # 1.3 keys rendered for an older build
+        return Check(
+            host, name, False,
+            f"{what} {shown} does not accept ock.mmc.meta_service.metrics_url, which "
+            "kv.memcache.version 1.3 renders into mmc-meta.conf",
+            'set kv.memcache.version: "1.2" in the profile, or install memcache-hybrid 1.3',
+        )  # fmt: skip
+    return Check(
+        host, name, True,
+        f"{what} {shown}: /health is documented from {'.'.join(map(str, since))}; `up` also "
+        f"accepts port {h.ready_port} listening with {h.ready_log!r} in the log",
+    )  # fmt: skip

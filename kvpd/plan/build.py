@@ -15,6 +15,7 @@ from kvpd.plan.container_hosts import with_containers
 from kvpd.plan.derived import derived_lines
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.faults import warnings as fault_warnings
+from kvpd.plan.hashseed import pin_hash_seed
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
 from kvpd.plan.lognames import log_file
@@ -140,7 +141,7 @@ def build_plan(
     one transform of its processes (`kvpd.plan.rehearse`)."""
     profile = _resolve_local_paths(profile, base_dir)
     layout = build_layout(profile)
-    procs = all_procs(profile, layout)
+    procs = pin_hash_seed(profile, all_procs(profile, layout))
     facts = derive_facts(profile, layout, procs)
     findings = check(facts)
     notes: dict[str, str] = {}
@@ -317,7 +318,7 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
         return profile
 
     def absolute(p: str | None) -> str | None:
-        if p is None or posixpath.isabs(p) or p.startswith(("~", "$")):
+        if not p or posixpath.isabs(p) or p.startswith(("~", "$")):  # "": a rule's
             return p
         return posixpath.normpath(posixpath.join(base_dir, p))
 

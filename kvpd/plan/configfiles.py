@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from kvpd.plan.memcache_compat import has_http
 from kvpd.profile.kv_schema import UCM, Memcache
 
 HCOM_PROTOCOLS = ("host_rdma", "host_urma", "host_tcp")  # libhcom transports (not host_shm)
@@ -36,7 +37,11 @@ def memcache_meta(mc: Memcache, meta_address: str, deployment: str) -> str:
     items = [
         ("ock.mmc.meta_service_url", f"tcp://{host}:{mc.port}"),
         ("ock.mmc.meta_service.config_store_url", f"tcp://{host}:{mc.config_store_port}"),
-        ("ock.mmc.meta_service.metrics_url", f"http://{host}:{mc.metrics_port}"),
+        *(
+            [("ock.mmc.meta_service.metrics_url", f"http://{host}:{mc.metrics_port}")]
+            if has_http(mc)
+            else []
+        ),
         ("ock.mmc.meta.lease_ttl_ms", str(mc.lease_ttl_ms)),
         ("ock.mmc.log_level", mc.log_level),
         *mc.meta_extra.items(),

@@ -16,6 +16,7 @@ from kvpd.plan.kvconfig import (
     ucm_config_path,
 )
 from kvpd.plan.layout import EnginePlacement, Layout, hardware_of, merged
+from kvpd.plan.memcache_compat import has_http, ready_line
 from kvpd.plan.proxyargs import proxy_routing_args, proxy_timeout_args
 from kvpd.plan.sparse_planner import planner_env
 from kvpd.plan.value import Interpreter
@@ -251,8 +252,8 @@ def service_procs(profile: Profile) -> list[ProcessDraft]:
                     (mc.config_store_port, "memcache config store"),
                     (mc.metrics_port, "memcache metrics http"),
                 ),
-                health_url=f"http://{a}:{mc.metrics_port}/health",
-                ready=(mc.port, "Meta Service launched successfully"),
+                health_url=f"http://{a}:{mc.metrics_port}/health" if has_http(mc) else "",
+                ready=(mc.port, ready_line(mc)),
                 files=(MMC_META,),
             )
         )
@@ -371,9 +372,9 @@ def proxy_flow(profile: Profile) -> str:
     px = profile.proxy
     if px is not None and px.flow != "auto":
         return px.flow
-    d = profile.decode
     if profile.prefill is None and profile.mixed is not None:
         return "mixed"
+    d = profile.decode
     return "layerwise" if d is not None and "sfa_d2h" in d.kv_connectors else "prefill-first"
 
 
@@ -395,6 +396,4 @@ def all_procs(profile: Profile, layout: Layout) -> list[ProcessDraft]:
     out += engines
     last = max((p.stage for p in out), default=0)
     px = proxy_proc(profile, engines, last + 1)
-    if px is not None:
-        out.append(px)
-    return out
+    return out + ([px] if px is not None else [])

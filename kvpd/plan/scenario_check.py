@@ -54,7 +54,15 @@ def check_scenarios(
     for name, scn in profile.bench.scenarios.items():
         extra, _, blocked = detach_sets(connectors, tuple(scn.without))
         if blocked is not None:
-            continue  # `kvpd bench` refuses it with its own message
+            where = source.where(("bench", "scenarios", name, "without"))
+            gone = [k for k in connectors[blocked] if k in scn.without]
+            problems.append(
+                f"{where}: bench.scenarios.{name}.without: detaching {', '.join(gone)} leaves "
+                f"{blocked} without a KV connector: {' + '.join(connectors[blocked])} is the only "
+                "P->D path of this deployment, so decode would get no KV. Remove it from "
+                "`without` and compare what this deployment can (sets, cache: none|hbm|external)."
+            )
+            continue
         more = [*sets, *scn.sets, *extra, "bench.scenarios={}"]
         try:
             build(more)

@@ -14,8 +14,9 @@ from pydantic import Field
 from kvpd.profile.base import _Model
 from kvpd.profile.types import Command
 
-# Docker's own rule for container names (podman accepts the same set).
-CONTAINER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+# Docker's own rule for container names, `[a-zA-Z0-9][a-zA-Z0-9_.-]+`: at least two characters
+# (podman accepts the same set).
+CONTAINER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{1,127}$"
 # An image reference: [registry[:port]/]path[:tag][@sha256:digest] (docker's grammar, lower
 # case path components); anything else could be read as an option by the runtime.
 IMAGE = (
@@ -27,7 +28,7 @@ IMAGE = (
 # How profile messages describe these patterns (kvpd.profile.messages).
 PATTERN_TEXT = {
     CONTAINER_NAME: "a container name of letters, digits, '_', '.' and '-' that starts with a "
-    "letter or digit (at most 128 characters), e.g. vllm-ascend",
+    "letter or digit (2 to 128 characters), e.g. vllm-ascend",
     IMAGE: "an image reference [registry[:port]/]path[:tag][@sha256:digest] with a lower-case "
     "path, e.g. quay.io/ascend/vllm-ascend:v0.11.0rc1",
 }

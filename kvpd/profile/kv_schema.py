@@ -30,6 +30,11 @@ class Memcache(_Model):
     metrics_port: int = Field(8000, ge=1025, le=65535)
     lease_ttl_ms: int = Field(30000, ge=1, le=2**31 - 1)
     log_level: Literal["debug", "info", "warn", "error"] = "error"
+    version: Literal["1.2", "1.3"] = Field(
+        "1.2",
+        description="memcache-hybrid/memfabric-hybrid release installed (the guide's is 1.2); "
+        "1.3 adds metrics_url and the MetaService's HTTP /health",
+    )
     world_size: int = Field(256, ge=1, le=1024)
     protocol: Literal[
         "host_rdma",

@@ -208,7 +208,8 @@ def parse_profile(
         for key, value in facts_from_config(config_reader(str(model["config"]))).items():
             if model.get(key) is None:
                 model[key] = value
-        text = text + "".join(f"\n# --set {s}" for s in sets or [])  # part of the digest
+    # Every --set is part of the plan digest: bench results with other settings must differ.
+    text = text + "".join(f"\n# --set {s}" for s in sets or [])
     source = Source(name=name, text=text, lines=lines)
     try:
         profile = Profile.model_validate(data)

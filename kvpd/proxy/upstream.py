@@ -78,7 +78,10 @@ class UpstreamConnection(asyncio.Protocol):
         self._seen_ticks = -1
         self._timer: asyncio.TimerHandle | None = None
         self._timeout = 0.0
-        self._then_timeout: float | None = None  # the silence limit once the first byte came
+        self._then_timeout: float | None = None  # the silence limit once the body has begun
+        self._first_limit = 0.0  # the wait for the first body byte, from the send (0: none)
+        self._sent_at = 0.0
+        self._head_partial = False  # part of a head came: its rest may not stall either
         self._head_request = False
         self._paused = False
 
@@ -121,13 +124,6 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self._received += len(data)
         self._ticks += 1
-        if self._then_timeout is not None:
-            # the first byte: from now on the limit is the silence between chunks
-            self._cancel_timer()
-            self._timeout, self._then_timeout = self._then_timeout, None
-            self._seen_ticks = self._ticks
-            if self._timeout > 0:
-                self._timer = self.pool.loop.call_later(self._timeout, self._tick)
         if not self._in_body:
             head = self._head + data if self._head else data
             end = head.find(b"\r\n\r\n")
@@ -136,6 +132,9 @@ class UpstreamConnection(asyncio.Protocol):
                     self._fail(BadResponse(f"{self.pool.name} sent an oversized response head"))
                 else:
                     self._head = head
+                    if self._then_timeout is not None and not self._head_partial:
+                        self._head_partial = True  # a head that crawls: the silence limit
+                        self._rearm(self._then_timeout)
                 return
             self._head = b""
             try:
@@ -157,7 +156,13 @@ class UpstreamConnection(asyncio.Protocol):
                 self._finish()
                 return
             if not data:
+                if self._head_partial:  # the head is complete: back to the first-byte wait
+                    self._head_partial = False
+                    left = self._first_limit - (self.pool.loop.time() - self._sent_at)
+                    self._rearm(max(left, 1e-3) if self._first_limit > 0 else 0.0)
                 return
+        if self._then_timeout is not None:
+            self._first_body_byte()
         mode = self._mode
         if mode == _CHUNKED:
             try:
@@ -196,8 +201,9 @@ class UpstreamConnection(asyncio.Protocol):
         """Write a complete request; the response goes to `sink`. `timeout` is the longest
         silence allowed (the check runs every `timeout` seconds, so the effective limit is
         between one and two periods; this avoids re-arming a timer on every read); 0 is no
-        limit. `first_timeout`, if given, bounds the wait for the first byte instead (0: no
-        limit), and `timeout` applies from the first byte on."""
+        limit. `first_timeout`, if given, bounds the wait for the first body byte instead (a
+        deadline from the send; 0: no limit; a response head alone does not end it), and
+        `timeout` applies from the first body byte on."""
         self.sink = sink
         self._in_body = False
         self._head = b""
@@ -206,6 +212,9 @@ class UpstreamConnection(asyncio.Protocol):
         self._head_request = head_request
         self._timeout = timeout if first_timeout is None else first_timeout
         self._then_timeout = None if first_timeout is None else timeout
+        self._first_limit = first_timeout or 0.0
+        self._sent_at = self.pool.loop.time()
+        self._head_partial = False
         self._seen_ticks = -1
         if self._timeout > 0:
             self._timer = self.pool.loop.call_later(self._timeout, self._tick)
@@ -239,9 +248,33 @@ class UpstreamConnection(asyncio.Protocol):
         self._mode = _UNTIL_CLOSE
         self._keep_alive = False
 
+    def _first_body_byte(self) -> None:
+        """From the first body byte on, the limit is the silence between chunks. vLLM sends a
+        stream's head at once, so the head does not end the first-byte wait: in the layerwise
+        flow the first chunk waits for the whole remote prefill and its queue."""
+        self._head_partial = False
+        self._rearm(self._then_timeout or 0.0)
+        self._then_timeout = None
+
+    def _rearm(self, timeout: float) -> None:
+        self._cancel_timer()
+        self._timeout = timeout
+        self._seen_ticks = self._ticks
+        if timeout > 0:
+            self._timer = self.pool.loop.call_later(timeout, self._tick)
+
     def _tick(self) -> None:
         self._timer = None
         if self.sink is None:
+            return
+        if self._then_timeout is not None and not self._head_partial:  # the first-byte deadline
+            what = "sent nothing" if not self._received else "sent no response body"
+            self._fail(
+                ReadTimeout(
+                    f"{self.pool.name} {what} for {self._first_limit:g} s",
+                    bytes_received=self._received,
+                )
+            )
             return
         if self._ticks != self._seen_ticks or self._paused:
             # progress, or no reads because the client is slow (its own timeout covers that)

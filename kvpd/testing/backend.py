@@ -6,7 +6,9 @@ Fault switches, settable at any time: `healthy` (GET /health 200 or 503), `fail_
 every generation with that status), `hang` (accept generation requests and never answer),
 `silent` (never answer anything, health checks included), `trickle_s` (send a generation's
 answer one byte every `trickle_s` seconds), `body_200` (answer every generation 200 with these
-bytes: a backend that says OK with a body the proxy cannot use).
+bytes: a backend that says OK with a body the proxy cannot use), `first_chunk_after_s` (answer
+a streaming generation's head at once, as vLLM does, and its first chunk only this much later:
+a decoder waiting for a long remote prefill or a queue).
 
 In a process of its own (to SIGKILL it, or to give it its own CPU and open-files budget):
 `python -m kvpd.testing.backend --prefill-port P --decode-port D` prints `prefill=P decode=D`
@@ -62,6 +64,7 @@ class StandInBackend:
         self.silent = False
         self.trickle_s = 0.0
         self.body_200: bytes | None = None
+        self.first_chunk_after_s = 0.0
         self.served = 0
         self.server: asyncio.AbstractServer | None = None
         self._events: dict[tuple[bytes, int], list[bytes]] = {}
@@ -140,6 +143,13 @@ class StandInBackend:
         if self.role == "prefill":
             self._prefill_answer(client, req, body or {})
             return
+        streaming = b'"stream":true' in req.body.replace(b" ", b"")
+        head_sent = False
+        if self.first_chunk_after_s and streaming:
+            client.response_started = True
+            client.transport.write(_SSE_HEAD)  # type: ignore[union-attr]
+            head_sent = True
+            await asyncio.sleep(self.first_chunk_after_s)
         kv = (body or {}).get("kv_transfer_params") or {}
         if isinstance(kv, dict) and kv.get("metaserver"):
             # shielded: a decoder whose request is dropped still gets the metaserver's answer
@@ -152,8 +162,8 @@ class StandInBackend:
             await asyncio.sleep(self.delay_s)
         if client.closed:
             return
-        if b'"stream":true' in req.body.replace(b" ", b""):
-            await self._stream(client, req.path)
+        if streaming:
+            await self._stream(client, req.path, head_sent)
         else:
             self._complete(client, req.path)
 
@@ -208,11 +218,12 @@ class StandInBackend:
             self._events[(path, self.chunks)] = events
         return events
 
-    async def _stream(self, client: ClientConnection, path: bytes) -> None:
+    async def _stream(self, client: ClientConnection, path: bytes, head_sent: bool = False) -> None:
         client.response_started = True
         write = client.transport.write  # type: ignore[union-attr]
         events = self._event_chunks(path)
-        write(_SSE_HEAD)
+        if not head_sent:
+            write(_SSE_HEAD)
         for chunk in events:
             if self.chunk_gap_s:
                 await asyncio.sleep(self.chunk_gap_s)

@@ -15,8 +15,8 @@ CLUSTER = """\
 name: newcomer
 hardware: a3
 hosts:
-  npu-a: {address: 10.0.0.1}
-  npu-b: {address: 10.0.0.2}
+  npu-a: {address: 10.0.0.1, nic: eth0}
+  npu-b: {address: 10.0.0.2, nic: eth0}
 model:
   path: /data/models/QwQ-32B
   attention: gqa

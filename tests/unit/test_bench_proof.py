@@ -74,7 +74,7 @@ def test_external_scenario_without_external_hits_fails() -> None:
     d.per_target["prefill-0"]["external_prefix_cache_hits"] = 96.0
     assert _check(d, **kw) == []
     # seeding and cold phases are not expected to hit
-    assert _check(_delta("pd_deltas.json", "measured"), **{**kw, "phase": "seed"}) == []
+    assert _check(_delta("pd_deltas.json", "seed"), **{**kw, "phase": "seed"}) == []
 
 
 def test_recompute_and_hbm_caches_are_checked_whatever_the_name() -> None:
@@ -98,6 +98,31 @@ def test_recompute_and_hbm_caches_are_checked_whatever_the_name() -> None:
     d.per_target["decode-0"]["prefix_cache_hits"] = 0.0
     d.per_target["decode-0"]["external_prefix_cache_hits"] = 500.0
     assert _check(d, scenario="x", cache="none") == []
+
+
+def test_hit_ratio_is_checked_against_the_protocol() -> None:
+    """The real P/D capture: 5% cached while seeding, 75% in the measured phase of the prefix
+    protocol (0.8). A re-run whose caches still hold the prompts shows ~100% (measured) or the
+    measured ratio in a cold phase: contaminated, a failure, whatever the scenario's cache."""
+    seed, measured = _delta("pd_deltas.json", "seed"), _delta("pd_deltas.json", "measured")
+    assert _check(seed, phase="seed", protocol="prefix", measured=False) == []
+    assert _check(measured, phase="measured", protocol="prefix") == []
+    for protocol, phase in (("prefix", "seed"), ("twice", "cold"), ("plain", "run")):
+        (problem,) = _check(measured, phase=phase, protocol=protocol)
+        assert "75% of the prompt tokens on the prefill/mixed engines were cached" in problem
+        assert "expects none" in problem and "contaminated" in problem
+    assert _check(measured, phase="warm", protocol="twice") == []  # warm may hit everything
+    # vllm bench serve's test request repeats the first prompt: with few prompts that prompt's
+    # hits are allowed (here: 4 prompts of 128 tokens, 2 of them hit in full, 50%)
+    few = _delta("pd_deltas.json", "seed")
+    few.per_target["prefill-0"].update(prefix_cache_queries=512.0, prefix_cache_hits=240.0)
+    assert _check(few, phase="seed", protocol="prefix", measured=False, input_len=128) == []
+    assert _check(few, phase="seed", protocol="prefix", measured=False, input_len=0)
+    rerun = _delta("pd_deltas.json", "measured")
+    rerun.per_target["prefill-0"]["prefix_cache_hits"] = 2048.0
+    rerun.per_target["prefill-0"]["external_prefix_cache_hits"] = 480.0
+    (problem,) = _check(rerun, phase="measured", protocol="prefix", cache="external")
+    assert "98% of the prompt tokens" in problem and "expects about 0.8" in problem
 
 
 def test_failed_requests_fail() -> None:
@@ -174,8 +199,9 @@ def test_session_fails_when_decode_receives_no_kv(
 ) -> None:
     read = lambda n: (FIX / n).read_text()  # noqa: E731
     servers = {
-        "prefill-0": _MetricsServer([read("metrics_pd_prefill_before.txt"),
-                                     read("metrics_pd_prefill_after.txt")]),
+        # the prefill capture spans a whole prefix run (seed + measured: 44% cached), which a
+        # plain run would rightly call contaminated; this test is about decode's counters
+        "prefill-0": _MetricsServer([read("metrics_pd_prefill_before.txt")]),
         "decode-0": _MetricsServer([read(n) for n in decode_texts]),
         "proxy": _MetricsServer([read("metrics_pd_proxy_before.txt"),
                                  read("metrics_pd_proxy_after.txt")]),
@@ -202,3 +228,35 @@ def test_session_fails_when_decode_receives_no_kv(
     assert run.ok is ok
     if not ok:
         assert "decode received no KV" in run.problems[0]
+
+
+def test_every_run_and_sweep_point_gets_prompts_no_cache_has_seen(tmp_path: Path) -> None:
+    """Re-runs with the profile's seed would find their prompts in the caches an earlier run
+    filled; each run (and each scenario and sweep point) draws its own seed, and the phases of
+    one protocol share theirs (the prefix protocol's seeding and measured phases)."""
+    servers = {n: _MetricsServer(["vllm:request_success_total 0\n"])
+               for n in ("prefill-0", "decode-0", "proxy")}  # fmt: skip
+    seeds: list[list[int]] = []
+    try:
+        plan = _plan({k: s.port for k, s in servers.items()})
+        for _ in range(2):
+            used: list[int] = []
+
+            def client(argv: list[str], used: list[int] = used, **kw: object) -> runner.RunOutput:
+                used.append(int(argv[argv.index("--seed") + 1]))
+                return _fake_client("seed")(argv, **kw)
+
+            settings = make_settings(plan.bench, protocol="prefix", input_lens=[128, 256])
+            run = Session(
+                profile="fake-pd", settings=settings, scenarios=[], out_dir=tmp_path / "out",
+                service=Deployments(StateStore(tmp_path / "state")), load=lambda sets: plan,
+                vllm="vllm", run_client=client,
+            ).run()  # fmt: skip
+            assert sorted(run.settings["prompt_seeds"].values()) == sorted(set(used))
+            seeds.append(used)
+    finally:
+        for s in servers.values():
+            s.close()
+    for used in seeds:  # seed, measured per point: shared within a point, not across points
+        assert len(used) == 4 and used[0] == used[1] and used[2] == used[3] != used[0]
+    assert not set(seeds[0]) & set(seeds[1])  # a re-run never repeats the earlier prompts

@@ -191,3 +191,14 @@ def test_an_inventory_may_not_override_what_is_served(tmp_path: Path) -> None:
     assert f"{inv}:3: engine: an inventory holds machine facts only (hosts, ssh, rehearsal)" in str(
         e.value
     )
+
+
+def test_plan_shows_the_bench_protocol_and_its_commands() -> None:
+    r = kvpd("plan", "ucm-pd-mixed")
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())  # the console wraps long lines
+    assert "bench: protocol twice (the same run twice, cold then warm, both measured)" in out
+    assert "scenarios: recompute, hbm, ucm" in out
+    for phase in ("cold", "warm"):
+        assert f"{phase}: vllm bench serve --backend vllm --base-url" in out
+    assert "--random-input-len 8000" in out and "--seed '<SEED>'" in out

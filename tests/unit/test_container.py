@@ -79,7 +79,7 @@ def test_plan_json_round_trips_and_hosts_without_container_keep_their_form() -> 
     ("sets", "message"),
     [
         (
-            ["hosts.p1.container={runtime: lxc, name: a}"],
+            ["hosts.p1.container={runtime: lxc, name: ca}"],
             "hosts.p1.container.runtime: runtime must be one of 'docker', 'podman' or "
             "'standin', not 'lxc'.",
         ),
@@ -91,10 +91,10 @@ def test_plan_json_round_trips_and_hosts_without_container_keep_their_form() -> 
             ["hosts.p1.container={image: 'Vllm Ascend'}"],
             "hosts.p1.container.image: image must be an image reference",
         ),
-        (["hosts.p1.container={shm_gb: 0, name: a}"], "hosts.p1.container.shm_gb:"),
+        (["hosts.p1.container={shm_gb: 0, name: ca}"], "hosts.p1.container.shm_gb:"),
         (["hosts.p1.container={runtime: docker}"], "hosts.p1.container: give `name`"),
         (
-            ["hosts.p1.container={name: a, runtime: standin}"],
+            ["hosts.p1.container={name: ca, runtime: standin}"],
             "hosts.p1.container.runtime: standin is kvpd's namespace stand-in for tests",
         ),
         (["hosts.p1.container={nme: a}"], "hosts.p1.container.nme"),
@@ -215,7 +215,7 @@ def test_preflight_names_a_missing_container_and_a_missing_runtime(tmp_path: Pat
         assert "start it (`kvpd plan` shows the standin run line)" in check.fix
     finally:
         pool.close()
-    plan = _standin_plan(tmp_path, "x", command="/nonexistent/docker")
+    plan = _standin_plan(tmp_path, "cx", command="/nonexistent/docker")
     pool = TransportPool(plan.hosts)
     try:
         (check,) = preflight_checks(plan, pool.__getitem__)
@@ -273,12 +273,12 @@ def test_a_groups_container_applies_to_its_hosts_and_groups_sharing_a_host_must_
     plan = _plan("decode.container={name: vllm-ascend}")
     c = plan.host("d1").container
     assert c is not None and c.name == "vllm-ascend" and plan.host("p1").container is None
-    own = _plan("decode.container={name: a}", "hosts.d1.container={name: b}")
-    assert own.host("d1").container.name == "b"  # type: ignore[union-attr]
+    own = _plan("decode.container={name: ca}", "hosts.d1.container={name: cb}")
+    assert own.host("d1").container.name == "cb"  # type: ignore[union-attr]
     with pytest.raises(ProfileError) as e:
         _plan(
-            "prefill.container={name: a}",
-            "decode.container={name: b}",
+            "prefill.container={name: ca}",
+            "decode.container={name: cb}",
             "decode.hosts=[p1]",
             "hosts.p1.devices=16",
         )

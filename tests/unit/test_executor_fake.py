@@ -147,20 +147,53 @@ def test_service_without_a_health_endpoint_is_ready_by_port_and_log_line(hosts, 
         executor(hosts, tmp_path / "b", probe_timeout_s=0.2).up(plan(PROCS[:1], health=no_http))
 
 
-def test_versions_preflight_says_which_readiness_check_a_service_gets() -> None:
+def test_metaservice_at_log_level_error_is_ready_by_its_port(hosts, tmp_path) -> None:
+    """memcache 1.2 (no HTTP endpoint) at the guide's `log_level = error` (no ready line):
+    ready when the meta port listens while the process lives."""
+    no_http = HealthCheck("", timeout_s=60, interval_s=1, ready_port=9000)
+    hosts["h1"].script("p00.sh", FakeProgram(output="", ports=(9000,)))
+    rec = Recorder()
+    state = executor(hosts, tmp_path, probe_timeout_s=0.2, reporter=rec).up(
+        plan(PROCS[:1], health=no_http)
+    )
+    assert state.status == "up"
+    assert any(p == "healthy" and "port 9000 listens and the process is alive" in d
+               for _, p, d in rec.events)  # fmt: skip
+    fresh = {h: FakeTransport(h) for h in HOSTS}
+    fresh["h1"].script("p00.sh", FakeProgram(output="", ports=()))  # alive, never listens
+    with pytest.raises(HealthTimeout):
+        executor(fresh, tmp_path / "b", probe_timeout_s=0.2).up(plan(PROCS[:1], health=no_http))
+
+
+def _versions(sets: list[str], installed: str) -> list[Any]:
     from kvpd.exec.versions import service_versions
     from kvpd.plan.build import load_plan
 
-    p = load_plan("layerwise-sparse-1p1d")  # a MetaService on p1
+    p = load_plan("layerwise-sparse-1p1d", sets=sets)  # a MetaService on p1
     t = FakeTransport("p1")
     meta = p.process("metaservice")
     t.commands[meta.command[0].rsplit("/", 1)[-1]] = lambda self, argv: CommandResult(
-        tuple(argv), 0, "1.2.1\n", ""
+        tuple(argv), 0, installed + "\n", ""
     )
-    (c,) = service_versions(p, lambda h: t, {"p1"})
-    assert c.ok and "memcache-hybrid 1.2.1: /health is documented from 1.3.0" in c.detail
-    assert "Meta Service launched successfully" in c.detail
     assert service_versions(p, lambda h: t, set()) == []
+    return service_versions(p, lambda h: t, {"p1"})
+
+
+def test_versions_preflight_says_which_readiness_check_a_service_gets() -> None:
+    (c,) = _versions([], "1.2.1")  # the guide's release and log level
+    assert c.ok and "memcache-hybrid 1.2.1, rendered for 1.2" in c.detail
+    assert "port 5000 listening while the process lives" in c.detail
+    (c,) = _versions(["kv.memcache.log_level=info"], "1.3.0")
+    assert c.ok and "with 'Meta Service launched successfully' in the log" in c.detail
+    assert 'set kv.memcache.version: "1.3" for HTTP /health' in c.detail
+    (c,) = _versions(['kv.memcache.version="1.3"'], "1.3.0")
+    assert c.ok and "ready when GET http://" in c.detail
+
+
+def test_versions_preflight_fails_a_1_3_config_on_a_1_2_build() -> None:
+    (c,) = _versions(['kv.memcache.version="1.3"'], "1.2.1")
+    assert not c.ok and "does not accept ock.mmc.meta_service.metrics_url" in c.detail
+    assert 'kv.memcache.version: "1.2"' in c.fix
 
 
 def test_stubborn_process_is_killed_after_the_grace(hosts, tmp_path) -> None:

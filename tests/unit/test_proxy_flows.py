@@ -254,6 +254,36 @@ def test_slow_first_byte_is_not_cut_by_the_read_timeout() -> None:
     run_cluster(t, read_timeout=0.2)
 
 
+@pytest.mark.parametrize("flow", ["prefill-first", "layerwise"])
+def test_head_at_once_and_a_late_first_chunk_is_not_cut_by_the_read_timeout(flow: str) -> None:
+    """vLLM sends a stream's head at once; in the layerwise flow its first chunk waits for the
+    whole remote prefill (and its queue). The read timeout is the silence between body chunks
+    only: the wait before the first body byte is bounded by --first-byte-timeout alone (0: none),
+    so neither a 504 nor an open circuit comes of a long request."""
+
+    async def t(c: Cluster) -> None:
+        c.d[0].first_chunk_after_s = 0.8
+        for _ in range(3):  # three in a row would open the circuit if they failed
+            r = await c.call("POST", "/v1/completions", COMPLETION)
+            assert r.status == 200 and r.complete, r.body
+            assert r.events()[-1] == "[DONE]"
+        assert c.metric('kvpd_proxy_failures_total{kind="decode_timeout"}') == 0
+
+    run_cluster(t, flow=flow, read_timeout=0.2, breaker_failures=3)
+
+
+def test_head_at_once_then_nothing_is_bounded_by_the_first_byte_timeout() -> None:
+    async def t(c: Cluster) -> None:
+        c.d[0].first_chunk_after_s = 5.0
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        r = await c.call("POST", "/v1/completions", COMPLETION)
+        assert loop.time() - started < 3.0  # 0.5 s first-byte limit, not the 30 s read limit
+        assert "sent no response body for 0.5 s" in r.body.decode(), r.body
+
+    run_cluster(t, first_byte_timeout=0.5, read_timeout=30.0, max_retries=0)
+
+
 def test_hung_prefiller_times_out() -> None:
     async def t(c: Cluster) -> None:
         c.p[0].hang = True

@@ -11,20 +11,27 @@ from collections.abc import Callable
 
 from kvpd.plan.facts import Facts
 from kvpd.plan.rules import (
+    audit_warnings,
     bench,
     capacity,
     connectors,
     containers,
     env,
+    files,
+    flow,
+    host_memory,
     kvservices,
     logs,
     memcache,
+    nic,
     offload,
+    passthrough,
     placement,
     planner,
     ports,
     settings,
     topology,
+    vllm_limits,
 )
 from kvpd.plan.rules.base import Checker, Finding
 
@@ -71,6 +78,22 @@ RULES: tuple[Rule, ...] = (
     settings.rule_attention_name,
     logs.rule_log_names,
     containers.rule_containers,
+    # what a real cluster would still hit (each module says why)
+    passthrough.rule_mooncake_passthrough,
+    passthrough.rule_ucm_pipeline,
+    host_memory.rule_host_memory,
+    vllm_limits.rule_batched_tokens,
+    vllm_limits.rule_platform_plugin,
+    flow.rule_proxy_placement,
+    flow.rule_proxy_script,
+    files.rule_store_path,
+    files.rule_hash_seed,
+    audit_warnings.rule_store_sharing,
+    audit_warnings.rule_model_lengths,
+    audit_warnings.rule_prefix_seed,
+    audit_warnings.rule_container_shm,
+    audit_warnings.rule_proxy_waits,
+    nic.rule_nic,
 )
 
 

@@ -196,10 +196,11 @@ def rule_numeric_ips(c: Checker) -> None:
                     on_hardware=True,
                 )
             elif not is_ip(ip):
+                field = "ip" if host.ip else "address"
                 c.err(
-                    ("hosts", h, "address"),
+                    ("hosts", h, field),
                     f"{', '.join(needs)} of {gf.role} on '{h}' needs a numeric IP, but the "
-                    f"address is the name {ip!r} (kvpd does not resolve names while "
+                    f"{field} is the name {ip!r} (kvpd does not resolve names while "
                     f"planning). Set `hosts.{h}.ip` to its IP address.",
                     on_hardware=True,
                 )

@@ -16,7 +16,11 @@ def rule_log_names(c: Checker) -> None:
                 bad.add(role)
     if c.layout.problems:
         return
-    seen: dict[tuple[str, str], str] = {}
+    # The other processes' logs (services, proxy: logs/<name>.log) on their hosts first.
+    engines = {ep.name for ep in c.layout.procs}
+    seen: dict[tuple[str, str], str] = {
+        (p.host, f"logs/{p.name}.log"): p.name for p in c.procs if p.name not in engines
+    }
     for ep in c.layout.procs:
         g = getattr(c.p, ep.role)
         if ep.role in bad:
@@ -24,9 +28,13 @@ def rule_log_names(c: Checker) -> None:
         key = (ep.host, log_file(g.log_name, ep))
         other = seen.setdefault(key, ep.name)
         if other != ep.name:
+            fix = (
+                "put {dp_rank} or {name} into log_name so each process has its own log."
+                if other in engines
+                else f"that is {other}'s log; choose another log_name, e.g. {{name}}.log."
+            )
             c.err(
                 (ep.role, "log_name"),
-                f"{other} and {ep.name} on {ep.host} would both write {key[1]}; put "
-                "{dp_rank} or {name} into log_name so each process has its own log.",
+                f"{other} and {ep.name} on {ep.host} would both write {key[1]}; {fix}",
             )
             bad.add(ep.role)

@@ -157,13 +157,17 @@ def _extra_values(c: Checker) -> None:
     assert mc is not None
     meta, local = mc.meta_extra, mc.local_extra
     path = ("kv", "memcache")
-    hi = _int(meta.get("ock.mmc.evict_threshold_high"))
-    lo = _int(meta.get("ock.mmc.evict_threshold_low"))
+    hi_s, lo_s = meta.get("ock.mmc.evict_threshold_high"), meta.get("ock.mmc.evict_threshold_low")
+    # One given: the other is memcache's default (high 90, low 80), which it is checked against.
+    hi = _int(hi_s) if hi_s is not None else (90 if lo_s is not None else None)
+    lo = _int(lo_s) if lo_s is not None else (80 if hi_s is not None else None)
     if hi is not None and lo is not None and not 1 <= lo < hi <= 99:
+        key = "high" if hi_s is not None else "low"
         c.err(
-            (*path, "meta_extra", "ock.mmc.evict_threshold_high"),
-            f"evict thresholds low {lo} / high {hi}: memcache needs 1 <= low < high <= 99. "
-            "Raise high above low (e.g. 90 / 80).",
+            (*path, "meta_extra", f"ock.mmc.evict_threshold_{key}"),
+            f"evict thresholds low {lo}{'' if lo_s is not None else ' (the default)'} / high "
+            f"{hi}{'' if hi_s is not None else ' (the default)'}: memcache needs 1 <= low < "
+            "high <= 99 (it refuses to start otherwise). Raise high above low (e.g. 90 / 80).",
         )
     shards = meta.get("ock.mmc.meta_service.lru_shard_count")
     n = _int(shards)

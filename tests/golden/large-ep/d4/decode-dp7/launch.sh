@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # decode-dp7 on d4 (decode) for deployment large-ep.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/decoder_dp_7.log.
+cd "$(dirname "$0")/.." || exit 1
 set -e
-cd "$(dirname "$0")/.."
 export MOONCAKE_CONFIG_PATH=conf/mooncake.json
 export PYTHONHASHSEED=0
 export LD_LIBRARY_PATH=/usr/local/lib:/usr/local/Ascend/ascend-toolkit/latest/python/site-packages:"${LD_LIBRARY_PATH}"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # decode-0 on d1 (decode) for deployment layerwise-sparse-1p1d.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/decode-0.log.
-set -e
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 source /usr/local/memfabric_hybrid/set_env.sh
+set -e
 export MEMFABRIC_HYBRID_EXTEND_LIB_PATH=/usr/local/memfabric_hybrid/1.2.0/aarch64-linux/lib64
 export KVPD_SPARSE_PLANNER=kvpd
 export VLLM_USE_V2_MODEL_RUNNER=0

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # prefill-0 on p1 (prefill) for deployment layerwise-sparse-1p1d.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/prefill-0.log.
-set -e
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 source /usr/local/memcache_hybrid/set_env.sh
 source /usr/local/memfabric_hybrid/set_env.sh
+set -e
 export MMC_LOCAL_CONFIG_PATH=conf/mmc-local.conf
 export MEMFABRIC_HYBRID_EXTEND_LIB_PATH=/usr/local/memfabric_hybrid/1.2.0/aarch64-linux/lib64
 export PYTHONHASHSEED=0

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # decode-0 on localhost (decode) for deployment local.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/decode-0.log.
+cd "$(dirname "$0")/.." || exit 1
+mkdir -p cache rpc tmp || exit 1
 set -e
-cd "$(dirname "$0")/.."
-mkdir -p cache rpc tmp
 export PYTHONHASHSEED=0
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # prefill-0 on localhost (prefill) for deployment local.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/prefill-0.log.
+cd "$(dirname "$0")/.." || exit 1
+mkdir -p cache rpc tmp || exit 1
 set -e
-cd "$(dirname "$0")/.."
-mkdir -p cache rpc tmp
 export PYTHONHASHSEED=0
 export HF_HUB_OFFLINE=1
 export TRANSFORMERS_OFFLINE=1

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # proxy on localhost (proxy) for deployment local.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/proxy.log.
+cd "$(dirname "$0")/.." || exit 1
+mkdir -p cache rpc tmp || exit 1
 set -e
-cd "$(dirname "$0")/.."
-mkdir -p cache rpc tmp
 export PYTHONPATH="$PWD"/bundle/proxy${PYTHONPATH:+:"$PYTHONPATH"}
 
 exec python3 \

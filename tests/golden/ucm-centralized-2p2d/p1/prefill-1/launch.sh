@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # prefill-1 on p1 (prefill) for deployment ucm-centralized-2p2d.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/prefill-1.log.
+cd "$(dirname "$0")/.." || exit 1
 set -e
-cd "$(dirname "$0")/.."
 export PYTHONHASHSEED=123456
 export ASCEND_RT_VISIBLE_DEVICES=4,5,6,7
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # proxy on p1 (proxy) for deployment ucm-centralized-2p2d.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/proxy.log.
+cd "$(dirname "$0")/.." || exit 1
 set -e
-cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD"/bundle/proxy${PYTHONPATH:+:"$PYTHONPATH"}
 
 exec python3 \

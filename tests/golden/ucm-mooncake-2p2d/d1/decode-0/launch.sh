@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # decode-0 on d1 (decode) for deployment ucm-mooncake-2p2d.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/decode-0.log.
+cd "$(dirname "$0")/.." || exit 1
 set -e
-cd "$(dirname "$0")/.."
 export MOONCAKE_CONFIG_PATH=conf/mooncake.json
 export PYTHONHASHSEED=0
 export LD_LIBRARY_PATH=/usr/local/lib:/usr/local/Ascend/ascend-toolkit/latest/python/site-packages:"${LD_LIBRARY_PATH}"

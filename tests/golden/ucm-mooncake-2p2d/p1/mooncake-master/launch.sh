@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # mooncake-master on p1 (mooncake) for deployment ucm-mooncake-2p2d.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/mooncake-master.log.
+cd "$(dirname "$0")/.." || exit 1
 set -e
-cd "$(dirname "$0")/.."
 export LD_LIBRARY_PATH=/usr/local/lib:"${LD_LIBRARY_PATH}"
 
 exec mooncake_master \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # prefill-0 on p1 (prefill) for deployment ucm-mooncake-2p2d.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/prefill-0.log.
+cd "$(dirname "$0")/.." || exit 1
 set -e
-cd "$(dirname "$0")/.."
 export MOONCAKE_CONFIG_PATH=conf/mooncake.json
 export PYTHONHASHSEED=0
 export LD_LIBRARY_PATH=/usr/local/lib:/usr/local/Ascend/ascend-toolkit/latest/python/site-packages:"${LD_LIBRARY_PATH}"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # mixed-0 on n1 (mixed) for deployment ucm-pd-mixed.
 # Rendered by kvpd; `kvpd up` runs it with its output in logs/mixed-0.log.
+cd "$(dirname "$0")/.." || exit 1
 set -e
-cd "$(dirname "$0")/.."
 export ASCEND_RT_VISIBLE_DEVICES=0,1,2,3,4,5,6,7
+export PYTHONHASHSEED=0
 
 exec vllm serve /models/QwQ-32B \
     --host 0.0.0.0 \
