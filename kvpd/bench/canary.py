@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import secrets
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvpd.bench import metrics, proof
+from kvpd.exec.http_wire import endpoint
+from kvpd.exec.transport import ChannelError, Transport, Transports
 from kvpd.plan.value import Plan
 from kvpd.profile.roles import ENGINE_ROLES
 
-# Endpoints are cluster nodes; an http_proxy from the environment must not apply.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 # Long enough to span several KV blocks of any engine (block sizes 16..128 tokens).
 _TEXT = (
     "The operators of a disaggregated serving cluster want to know right after start that "
@@ -49,17 +47,29 @@ def prompt(blocks: int = 4) -> str:
 
 
 def send(
-    base_url: str, model: str, text: str, *, max_tokens: int = 4, timeout_s: float = 120.0
+    t: Transport,
+    base_url: str,
+    model: str,
+    text: str,
+    *,
+    max_tokens: int = 4,
+    timeout_s: float = 120.0,
 ) -> int:
-    """POST one completion; the number of generated tokens (raises OSError/ValueError)."""
+    """POST one completion from `t`'s host; the number of generated tokens (raises
+    ChannelError, or ValueError for an error status or an answer that is not JSON)."""
     body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0}
-    req = urllib.request.Request(
-        base_url.rstrip("/") + "/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+    req = endpoint(base_url, "/v1/completions").request(
+        "POST",
+        body=json.dumps(body).encode(),
+        headers=(("Content-Type", "application/json"),),
+        timeout_s=timeout_s,
     )
-    with _OPENER.open(req, timeout=timeout_s) as resp:
-        out = json.loads(resp.read() or b"{}")
+    resp = t.http(req)
+    if resp.status != 200:
+        raise ValueError(f"HTTP {resp.status} {resp.body.decode('utf-8', 'replace')[:300]}")
+    out = json.loads(resp.body or b"{}")
+    if not isinstance(out, dict):
+        raise ValueError("the answer is not a JSON object")
     usage = out.get("usage") or {}
     tokens = int(usage.get("completion_tokens") or 0)
     if not tokens and any(c.get("text") for c in out.get("choices") or []):
@@ -74,8 +84,9 @@ def applies(plan: Plan) -> bool:
     return bool(engines and plan.proxy_url)
 
 
-def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
-    """Scrape, send (one request, or one per mixed instance), scrape, judge."""
+def run(plan: Plan, transports: Transports, *, timeout_s: float = 120.0) -> CanaryResult:
+    """Scrape, send (one request, or one per mixed instance), scrape, judge; every exchange
+    through the transport of the host it goes to."""
     tgts = metrics.targets(plan)
     roles = {t.role for t in tgts}
     disaggregated = "prefill" in roles and "decode" in roles
@@ -83,14 +94,17 @@ def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
     if not plan.proxy_url:
         return CanaryResult(False, "canary: the plan has no proxy/serving URL to send to.",
                             ["no proxy URL"])  # fmt: skip
-    before = metrics.scrape(tgts, timeout_s=10)
+    before = metrics.scrape(tgts, transports, timeout_s=10)
     generated, errors = 0, []
     for _ in range(n):
         try:
-            generated += send(plan.proxy_url, plan.served_model, prompt(), timeout_s=timeout_s)
-        except (OSError, ValueError) as e:
-            errors.append(f"POST {plan.proxy_url}/v1/completions failed: {_reason(e)}")
-    after = metrics.scrape(tgts, timeout_s=10)
+            t = transports[plan.proxy_host]
+            generated += send(t, plan.proxy_url, plan.served_model, prompt(), timeout_s=timeout_s)
+        except ChannelError as e:
+            errors.append(f"POST {plan.proxy_url}/v1/completions failed: {e.detail}")
+        except (KeyError, ValueError) as e:
+            errors.append(f"POST {plan.proxy_url}/v1/completions failed: {e}")
+    after = metrics.scrape(tgts, transports, timeout_s=10)
     d = metrics.delta(tgts, before, after)
     return judge(d, requests=n, generated=generated, errors=errors, disaggregated=disaggregated,
                  layerwise=layerwise(plan))  # fmt: skip
@@ -99,16 +113,6 @@ def run(plan: Plan, *, timeout_s: float = 120.0) -> CanaryResult:
 def layerwise(plan: Plan) -> bool:
     """The proxy runs the decode-first flow, where the decoder calls its /v1/metaserver."""
     return any(p.role == "proxy" and "layerwise" in p.command for p in plan.processes)
-
-
-def _reason(e: BaseException) -> str:
-    if isinstance(e, urllib.error.HTTPError):
-        try:
-            body = e.read().decode("utf-8", "replace")[:300]
-        except OSError:
-            body = ""
-        return f"HTTP {e.code} {body}".strip()
-    return str(getattr(e, "reason", e))
 
 
 def judge(

@@ -185,7 +185,8 @@ class Session:
         proxy = next((p for p in plan.processes if p.role == "proxy" and p.health), None)
         if proxy is not None and proxy.health is not None:
             health = proxy.health
-        pr = probe(health, timeout_s=5.0)
+        host = plan.proxy_host or (plan.hosts[0].name if plan.hosts else "")
+        pr = probe(self.service.transports(plan)[host], health, timeout_s=5.0)
         if not pr.ok:
             raise BenchError(
                 f"deployment {base.deployment!r} is not serving: {health.url} -> {pr.detail}. "
@@ -248,7 +249,8 @@ class Session:
                 "kvpd_protocol": run.protocol,
             },
         )
-        before = m.scrape(target.metrics)
+        hosts = self.service.transports(target.plan)
+        before = m.scrape(target.metrics, hosts)
         t0 = time.monotonic()
         out = self.run_client(
             argv,
@@ -256,7 +258,7 @@ class Session:
             log=result_dir / f"{stem}.log",
             timeout_s=self.phase_timeout_s,
         )
-        after = m.scrape(target.metrics)
+        after = m.scrape(target.metrics, hosts)
         delta = m.delta(target.metrics, before, after)
         raw_path = result_dir / f"{stem}.json"
         raw: dict[str, Any] = {}

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING
 from kvpd.errors import TransportError
 from kvpd.exec.ssh import commands
 from kvpd.exec.ssh.processes import ShellProcesses, started
-from kvpd.exec.transport import CommandResult, Run, RunOptions, Started, Transport
+from kvpd.exec.transport import (
+    CommandResult,
+    HttpRequest,
+    HttpResponse,
+    Run,
+    RunOptions,
+    Started,
+    Transport,
+)
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
     from typing_extensions import Unpack
@@ -96,6 +104,9 @@ class ContainerTransport(ShellProcesses):
 
     def read(self, path: str) -> bytes:
         return self.inner.read(path)
+
+    def http(self, request: HttpRequest) -> HttpResponse:
+        return self.inner.http(request)  # the container shares the host's network
 
     def resolve(self, path: str) -> str:
         # Relative paths mean the host's login directory, as for files: one meaning for both.

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvpd.exec import http_wire
 from kvpd.exec.command_words import check_env
 from kvpd.exec.procfs import (
     ProcStat,
@@ -18,7 +19,14 @@ from kvpd.exec.procfs import (
     may_signal_group,
     parse_stat,
 )
-from kvpd.exec.transport import CommandResult, Run, RunOptions, Started
+from kvpd.exec.transport import (
+    CommandResult,
+    HttpRequest,
+    HttpResponse,
+    Run,
+    RunOptions,
+    Started,
+)
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
     from typing_extensions import Unpack
@@ -181,6 +189,9 @@ class LocalTransport:
     def ports_listening(self, ports: list[int]) -> list[int]:
         listening = listening_ports()
         return [p for p in ports if p in listening]
+
+    def http(self, request: HttpRequest) -> HttpResponse:
+        return http_wire.direct(request, self.host)  # this machine: a plain socket
 
     def close(self) -> None:
         # Detached processes must outlive the transport: nothing to stop here.

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvpd.errors import KvpdError
 from kvpd.exec import bundle_preflight, container_preflight
+from kvpd.exec.channel_preflight import channel_checks
 from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout, HostOutcome
 from kvpd.exec.probe import PROBE
@@ -197,6 +198,8 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
 
     reached_hosts = {c.host for c in checks if c.name == "reachable" and c.ok}
     checks += service_versions(plan, transports, reached_hosts)
+    with Fanout(min(16, max(1, len(reached_hosts)))) as fan:
+        checks += channel_checks(sorted(reached_hosts), transports, fan)
     for name, by_host in versions.items():
         found = {v for v in by_host.values() if v}
         if len(found) > 1:

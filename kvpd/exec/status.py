@@ -49,7 +49,7 @@ def query_status(
             st.uptime_s = max(0.0, now - rec.started_at)
             spec = next((p for p in state.plan.processes if p.name == rec.name), None)
             if spec is not None and spec.health is not None:
-                pr = probe(spec.health, timeout_s=probe_timeout_s)
+                pr = probe(t, spec.health, timeout_s=probe_timeout_s)
                 st.healthy, st.detail = pr.ok, pr.detail
         return st
 

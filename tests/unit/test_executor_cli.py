@@ -120,7 +120,7 @@ def test_failed_canary_stops_the_deployment_unless_kept(cli, monkeypatch) -> Non
     problem = "canary: decode received no KV: vllm:prompt_tokens_by_source_total{...} did not grow"
     failed = canary.CanaryResult(False, "canary FAILED: " + problem, [problem])
     monkeypatch.setattr(canary, "applies", lambda plan: True)
-    monkeypatch.setattr(canary, "run", lambda plan: failed)
+    monkeypatch.setattr(canary, "run", lambda plan, transports: failed)
     r = cli("up", "demo.yaml", "--yes")
     assert r.exit_code == 1
     msg = str(r.exception)

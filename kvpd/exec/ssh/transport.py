@@ -11,12 +11,22 @@ from typing import TYPE_CHECKING, TypeVar
 import paramiko
 
 from kvpd.errors import TransportError
-from kvpd.exec.ssh import commands, sftp
+from kvpd.exec import http_wire
+from kvpd.exec.channel_errors import unreachable
+from kvpd.exec.ssh import channels, commands, sftp
 from kvpd.exec.ssh.config import Route, load_ssh_config, route
 from kvpd.exec.ssh.connect import LINK_ERRORS, Connection, Unstarted, connect
 from kvpd.exec.ssh.processes import ShellProcesses, started
 from kvpd.exec.ssh.timed import drive
-from kvpd.exec.transport import CommandResult, Run, RunOptions, Started
+from kvpd.exec.transport import (
+    ChannelError,
+    CommandResult,
+    HttpRequest,
+    HttpResponse,
+    Run,
+    RunOptions,
+    Started,
+)
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
     from typing_extensions import Unpack
@@ -26,6 +36,8 @@ T = TypeVar("T")
 
 # OpenSSH allows 10 sessions per connection by default (MaxSessions); one is kept for SFTP.
 MAX_PARALLEL_CHANNELS = 8
+# direct-tcpip channels do not count against MaxSessions; this bounds one host's open ones.
+MAX_PARALLEL_FORWARDS = 16
 
 
 class SSHTransport(ShellProcesses):
@@ -53,6 +65,7 @@ class SSHTransport(ShellProcesses):
         self._lock = threading.Lock()  # guards _conn (connect / reconnect)
         self._sftp_lock = threading.Lock()  # one SFTP request stream at a time
         self._channels = threading.BoundedSemaphore(MAX_PARALLEL_CHANNELS)
+        self._forwards = threading.BoundedSemaphore(MAX_PARALLEL_FORWARDS)
         self._conn: Connection | None = None
         self._home: str | None = None
 
@@ -260,6 +273,29 @@ class SSHTransport(ShellProcesses):
                 "Fix: check that the directory exists and the log directory is writable."
             )
         return started(lines, log_path)
+
+    # -- ports on the host -------------------------------------------------------------
+
+    def http(self, request: HttpRequest) -> HttpResponse:
+        r = request
+
+        def op(conn: Connection) -> HttpResponse:
+            with self._forwards:
+                wait = min(r.timeout_s, self.connect_timeout_s)
+                own = (self.spec.address, self.route.target.address)
+                chan = channels.open_to(conn, self.host, self.user, r.address, r.port, wait,
+                                        own=own)  # fmt: skip
+                try:
+                    return http_wire.exchange(chan, r, self.host)
+                finally:
+                    chan.close()
+
+        try:
+            return self._with_retry(f"reaching {r.address}:{r.port}", op)
+        except ChannelError:
+            raise
+        except TransportError as e:  # no connection to the host at all
+            raise unreachable(self.host, e) from None
 
     def close(self) -> None:
         """Close the connection (a later operation opens a new one); detached processes keep
