@@ -77,6 +77,7 @@ class Session:
     keep_up: bool = False  # leave the last scenario running
     progress: Progress = field(default_factory=NullProgress)
     run_client: Callable[..., runner.RunOutput] = runner.run
+    client_where: str = "this machine"  # where run_client runs `vllm bench serve`
 
     def run(self) -> BenchRun:
         base = self.load(self.user_sets)
@@ -92,6 +93,7 @@ class Session:
                 for s in self.scenarios
             ],
             out_dir=str(self.out_dir),
+            notes=[f"vllm bench serve ran on {self.client_where}."],
         )
         phases_per_point = 2 if self.settings.protocol in ("prefix", "twice") else 1
         n_scen = max(1, len(self.scenarios))

@@ -237,14 +237,15 @@ def _run(
         restore=restore,
         keep_up=keep_up,
     )
-    if client_host is not None:
-        from kvpd.bench.remote import RemoteClient
+    from kvpd.bench.remote import RemoteClient, where
 
+    session.client_where = where(base, client_host)
+    if client_host is not None:
         session.run_client = RemoteClient(
             session.service, base, client_host, Path(out_dir).name, vllm
         )
         if not quiet:
-            output.err.print(f"vllm bench serve runs on {client_host} (bench.host)")
+            output.err.print(f"vllm bench serve runs on {session.client_where}")
     with session.service:
         if quiet:
             session.progress = NullProgress()

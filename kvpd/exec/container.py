@@ -12,7 +12,7 @@ and every later operation reads them inside again, so the PID-reuse guard holds.
 from __future__ import annotations
 
 import posixpath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvpd.errors import TransportError
 from kvpd.exec.ssh import commands
@@ -24,6 +24,7 @@ from kvpd.exec.transport import (
     Run,
     RunOptions,
     Started,
+    Streams,
     Transport,
 )
 
@@ -107,6 +108,11 @@ class ContainerTransport(ShellProcesses):
 
     def http(self, request: HttpRequest) -> HttpResponse:
         return self.inner.http(request)  # the container shares the host's network
+
+    def open_stream(self, address: str, port: int, *, timeout_s: float = 10.0) -> Any:
+        if not isinstance(self.inner, Streams):
+            raise TransportError(f"host {self.host}: its transport carries no streams")
+        return self.inner.open_stream(address, port, timeout_s=timeout_s)
 
     def resolve(self, path: str) -> str:
         # Relative paths mean the host's login directory, as for files: one meaning for both.

@@ -108,35 +108,41 @@ def exchange(stream: Stream, req: HttpRequest, host: str) -> HttpResponse:
     return HttpResponse(resp.status, body)
 
 
-def direct(req: HttpRequest, host: str) -> HttpResponse:
-    """The exchange over a plain TCP socket from this machine: only for hosts this machine
+def connect(address: str, port: int, timeout_s: float, host: str) -> socket.socket:
+    """A TCP connection from this machine (raises ChannelError): only for hosts this machine
     reaches without SSH (the local transport)."""
     try:
-        sock = socket.create_connection((req.address, req.port), timeout=req.timeout_s)
+        sock = socket.create_connection((address, port), timeout=timeout_s)
     except ConnectionRefusedError:
         raise ChannelError(
             "refused",
             "connection refused",
-            f"host {host}: port {req.port} refused on {req.address}: nothing listens there. "
+            f"host {host}: port {port} refused on {address}: nothing listens there. "
             "Fix: check that the process runs (`kvpd status`, `kvpd logs NAME`).",
         ) from None
     except TimeoutError:
         raise ChannelError(
             "timeout",
-            f"timed out after {req.timeout_s:g}s",
-            f"host {host}: connecting to {req.address}:{req.port} timed out after "
-            f"{req.timeout_s:g}s. Fix: check the address and firewalls.",
+            f"timed out after {timeout_s:g}s",
+            f"host {host}: connecting to {address}:{port} timed out after {timeout_s:g}s. "
+            "Fix: check the address and firewalls.",
         ) from None
     except OSError as e:
         why = (e.strerror or str(e)).lower()
         raise ChannelError(
             "unreachable",
             why,
-            f"host {host}: cannot connect to {req.address}:{req.port}: {why}. Fix: check the "
+            f"host {host}: cannot connect to {address}:{port}: {why}. Fix: check the "
             "address in the profile.",
         ) from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def direct(req: HttpRequest, host: str) -> HttpResponse:
+    """The exchange over a plain TCP socket from this machine (the local transport)."""
+    sock = connect(req.address, req.port, req.timeout_s, host)
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return exchange(sock, req, host)
     finally:
         sock.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import tempfile
 import threading
@@ -192,6 +193,9 @@ class LocalTransport:
 
     def http(self, request: HttpRequest) -> HttpResponse:
         return http_wire.direct(request, self.host)  # this machine: a plain socket
+
+    def open_stream(self, address: str, port: int, *, timeout_s: float = 10.0) -> socket.socket:
+        return http_wire.connect(address, port, timeout_s, self.host)
 
     def close(self) -> None:
         # Detached processes must outlive the transport: nothing to stop here.

@@ -7,7 +7,7 @@ host; a relative path is relative to the host's run directory, which `resolve` t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, runtime_checkable
 
 from kvpd.errors import TransportError
 
@@ -160,6 +160,15 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Streams(Protocol):
+    """A transport that also carries a raw byte stream to a port of its host (what `kvpd
+    forward` relays): the SSH transport (a direct-tcpip channel) and the local one (a socket).
+    The stream has recv, sendall, shutdown and close, like a socket."""
+
+    def open_stream(self, address: str, port: int, *, timeout_s: float = 10.0) -> Any: ...
 
 
 class Transports(Protocol):

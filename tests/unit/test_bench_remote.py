@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvpd.bench import runner
-from kvpd.bench.remote import RemoteClient, default_host
+from kvpd.bench.remote import RemoteClient, default_host, where
 from kvpd.errors import ProfileError
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.service import Deployments
@@ -64,8 +64,12 @@ def test_client_runs_on_the_host_and_results_come_back(tmp_path: Path) -> None:
 
 def test_default_client_host_and_the_bench_host_field() -> None:
     p = load_plan("large-ep", sets=["bench.input_len=16000"])
-    assert default_host(p, local_ok=True) is None
-    assert default_host(p, local_ok=False) == "p1"  # the proxy's host
+    # SSH hosts: a client here would go through a tunnel, if it had a route at all
+    assert default_host(p, local_ok=True) == "p1"  # the proxy's host
+    assert default_host(p, local_ok=False) == "p1"
+    assert where(p, "p1") == "p1, the proxy's host (this machine reaches the cluster over SSH only)"
+    assert default_host(load_plan("local"), local_ok=True) is None  # served on this machine
+    assert where(load_plan("local"), None) == "this machine"
     assert load_plan("large-ep", sets=["bench.host=d2"]).bench.host == "d2"
     with pytest.raises(ProfileError) as e:
         load_plan("large-ep", sets=["bench.host=d9"])

@@ -276,26 +276,28 @@ class SSHTransport(ShellProcesses):
 
     # -- ports on the host -------------------------------------------------------------
 
-    def http(self, request: HttpRequest) -> HttpResponse:
-        r = request
+    def open_stream(self, address: str, port: int, *, timeout_s: float = 10.0) -> paramiko.Channel:
+        """A direct-tcpip channel to `address:port` as this host reaches it."""
+        wait = min(timeout_s, self.connect_timeout_s)
+        own = (self.spec.address, self.route.target.address)
 
-        def op(conn: Connection) -> HttpResponse:
-            with self._forwards:
-                wait = min(r.timeout_s, self.connect_timeout_s)
-                own = (self.spec.address, self.route.target.address)
-                chan = channels.open_to(conn, self.host, self.user, r.address, r.port, wait,
-                                        own=own)  # fmt: skip
-                try:
-                    return http_wire.exchange(chan, r, self.host)
-                finally:
-                    chan.close()
+        def op(conn: Connection) -> paramiko.Channel:
+            return channels.open_to(conn, self.host, self.user, address, port, wait, own=own)
 
         try:
-            return self._with_retry(f"reaching {r.address}:{r.port}", op)
+            return self._with_retry(f"reaching {address}:{port}", op)
         except ChannelError:
             raise
         except TransportError as e:  # no connection to the host at all
             raise unreachable(self.host, e) from None
+
+    def http(self, request: HttpRequest) -> HttpResponse:
+        with self._forwards:
+            chan = self.open_stream(request.address, request.port, timeout_s=request.timeout_s)
+            try:
+                return http_wire.exchange(chan, request, self.host)
+            finally:
+                chan.close()
 
     def close(self) -> None:
         """Close the connection (a later operation opens a new one); detached processes keep
