@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tarfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,15 @@ import yaml
 from kvpd.exec.ssh import SSHTransport
 from kvpd.plan.value import HostSpec
 from tests.e2e.conftest import REPO, TESTBED_SH, testbed_unavailable
-from tests.e2e.test_ssh_rehearsal import MODEL, MOONCAKE, SERVICES_PY, VLLM, kvpd
+from tests.e2e.test_ssh_rehearsal import (
+    MODEL,
+    MOONCAKE,
+    SERVICES_PY,
+    VLLM,
+    kvpd,
+    kvpd_cmd,
+    kvpd_env,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 
@@ -117,6 +126,31 @@ def leftovers(bed: BastionBed, hosts: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def complete_through_forward(state: Path) -> dict[str, Any]:
+    """`kvpd forward` on a free port here, one completion through it, then stop it."""
+    proc = subprocess.Popen(kvpd_cmd("forward", PROFILE, "--port", "0"), cwd=state.parent,
+                            env=kvpd_env(state), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("Forwarding http://127.0.0.1:"), line + proc.stderr.read()
+        url = line.split()[1]
+        model = json.loads((state / PROFILE / "state.json").read_text())["plan"]["served_model"]
+        req = urllib.request.Request(
+            url + "/v1/completions",
+            data=json.dumps({"model": model, "prompt": "hello " * 40, "max_tokens": 4}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(req, timeout=60) as resp:
+            assert resp.status == 200
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+    finally:
+        proc.terminate()  # the process this test started, by its PID
+        proc.wait(timeout=30)
+
+
 def test_the_controller_reaches_only_the_bastion(bastion: BastionBed) -> None:
     """The premise of this module: no socket from here reaches a cluster host."""
     address = bastion.hosts["h1"][0]
@@ -183,6 +217,9 @@ def test_up_status_logs_restart_diagnose_down_through_the_bastion(
 
     log = kvpd(state, "logs", "decode-0", "--deployment", PROFILE, "-n", "50").stdout
     assert log.strip(), "empty log of decode-0"
+
+    body = complete_through_forward(state)
+    assert body["usage"]["completion_tokens"] == 4, body
 
     r = kvpd(state, "restart", PROFILE, "decode-0", check=False, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
