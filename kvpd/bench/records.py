@@ -67,6 +67,7 @@ class BenchRun:
     failures: list[str] = field(default_factory=list)  # problems outside any record
     out_dir: str = ""
     notes: list[str] = field(default_factory=list)  # what the logs confirmed
+    client: str = ""  # where `vllm bench serve` ran ("this machine", "p1, the proxy's host")
 
     @property
     def measured(self) -> list[Record]:
@@ -107,6 +108,7 @@ class BenchRun:
             failures=list(d.get("failures", [])),
             out_dir=d.get("out_dir", ""),
             notes=list(d.get("notes", [])),
+            client=str(d.get("client", "")),
         )
 
 

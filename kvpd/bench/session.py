@@ -93,7 +93,7 @@ class Session:
                 for s in self.scenarios
             ],
             out_dir=str(self.out_dir),
-            notes=[f"vllm bench serve ran on {self.client_where}."],
+            client=self.client_where,
         )
         phases_per_point = 2 if self.settings.protocol in ("prefix", "twice") else 1
         n_scen = max(1, len(self.scenarios))

@@ -153,6 +153,7 @@ def register(app: typer.Typer) -> None:
                 output.out.print(report.proof_table(run))
             for note in run.notes:
                 output.out.print(f"log: {note}")
+            output.out.print(f"Client: vllm bench serve ran on {run.client}")
             output.out.print(f"Results: {json_path}, {csv_path}")
             for p in pngs:
                 output.out.print(f"Chart: {p}")

@@ -76,3 +76,11 @@ def test_default_client_host_and_the_bench_host_field() -> None:
     assert "bench.host: 'd9' is not a host of this profile. Did you mean 'd4'?" in str(e.value)
     assert "or `local` for this machine" in str(e.value)
     assert load_plan("local", sets=["bench.host=local"]).bench.host == "local"
+
+
+def test_the_run_records_where_the_client_ran() -> None:
+    from kvpd.bench.records import BenchRun
+
+    run = BenchRun("p", "d", "x", "plain", "now", client=where(load_plan("large-ep"), "p1"))
+    back = BenchRun.from_dict(run.to_dict())
+    assert back.client == "p1, the proxy's host (this machine reaches the cluster over SSH only)"
