@@ -26,7 +26,7 @@
 # forgets them.
 #
 # TOPOLOGY=bastion: a bed like a cluster behind a login node (own defaults: DIR
-# <repo>/.kvpd/testbed-bastion, PFX kvpdb, NET 10.214.0, EDGE 10.214.1, so it coexists with the
+# <repo>/.kvpd/testbed-bastion, PFX kvpdj, NET 10.216.0, EDGE 10.216.1, so it coexists with the
 # open bed). The cluster hosts' bridge $PFX-br0 has no address in the root namespace and the
 # root namespace has an `unreachable` route for $NET.0/24, so nothing from this machine reaches a
 # cluster host, not even through the default route. The only way in is the bastion: netns
@@ -43,13 +43,13 @@ REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
 TOPOLOGY=${TOPOLOGY:-open}
 case $TOPOLOGY in
   open) BED_DEFAULTS=(testbed kvpdt 10.213.0 "/root /tmp /var/log") ;;
-  bastion) BED_DEFAULTS=(testbed-bastion kvpdb 10.214.0 "/root /tmp /var/log /home") ;;
+  bastion) BED_DEFAULTS=(testbed-bastion kvpdj 10.216.0 "/root /tmp /var/log /home") ;;
   *) echo "testbed: TOPOLOGY must be open or bastion, not $TOPOLOGY" >&2; exit 2 ;;
 esac
 DIR=$(realpath -m -- "${KVPD_TESTBED_DIR:-$REPO/.kvpd/${BED_DEFAULTS[0]}}")
 PFX=${PFX:-${BED_DEFAULTS[1]}}
 NET=${NET:-${BED_DEFAULTS[2]}}
-EDGE=${EDGE:-10.214.1}
+EDGE=${EDGE:-10.216.1}
 PORT=${PORT:-22}
 PRIVATE_DIRS=${PRIVATE_DIRS-${BED_DEFAULTS[3]}}
 NONROOT=${NONROOT-2}

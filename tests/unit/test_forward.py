@@ -85,7 +85,7 @@ def test_a_busy_port_and_a_transport_without_streams() -> None:
 
 
 def test_up_says_where_the_proxy_is_and_how_to_reach_it() -> None:
-    line = how_to_reach("http://10.214.0.11:8000", "p1", "ssh", "ucm")
+    line = how_to_reach("http://10.216.0.11:8000", "p1", "ssh", "ucm")
     assert "(in the cluster, on p1)" in line
     assert "`kvpd forward ucm` serves it on http://127.0.0.1:8000" in line
     assert how_to_reach("http://127.0.0.1:8000", "localhost", "local", "x") == (
