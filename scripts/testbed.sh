@@ -37,6 +37,8 @@
 # /home/$BED_USER private to the host, no sudo) instead of root; NOFORWARD (default ""): host
 # indexes whose sshd has AllowTcpForwarding no. /home joins the private dirs; on a host with
 # the non-root user, /root is 0711 so it can run the shared Python installed below /root.
+# DIRECT=1 (benchmarks only) also gives this machine $NET.1 on the cluster bridge, so the same
+# hosts can be timed through the bastion and directly in one run.
 set -euo pipefail
 
 REPO=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -297,7 +299,12 @@ up() {
     # whatever the default route says.
     bridge "$PUB"
     ip addr replace "$EDGE.1/24" dev "$PUB"
-    ip route replace unreachable "$NET.0/24"
+    if [ "${DIRECT:-}" = 1 ]; then  # benchmarks only: the same hosts, also reached directly
+      ip route del unreachable "$NET.0/24" 2>/dev/null || true
+      ip addr replace "$NET.1/24" dev "$BR"
+    else
+      ip route replace unreachable "$NET.0/24"
+    fi
     bastion_up
   else
     ip addr replace "$NET.1/24" dev "$BR"

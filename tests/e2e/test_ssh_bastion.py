@@ -166,15 +166,15 @@ def test_the_controller_reaches_only_the_bastion(bastion: BastionBed) -> None:
 
 
 def test_forbidden_forwarding_is_found_by_preflight(bastion: BastionBed, tmp_path: Path) -> None:
-    hosts = {**HOSTS, "d2": NO_FORWARD}
+    hosts = {**HOSTS, "d1": NO_FORWARD}  # the decoders' host
     inv = inventory(tmp_path / "inventory.yaml", bastion, hosts, SHARED / "refused")
     state = tmp_path / "state"
     state.mkdir()
     r = kvpd(state, "up", PROFILE, "--rehearse-with", "standin", "--inventory", str(inv),
-             "--yes", check=False, timeout=600)  # fmt: skip
+             "--yes", check=False, timeout=600, env={"COLUMNS": "500"})  # fmt: skip
     text = r.stdout + r.stderr
     assert r.returncode != 0, text
-    assert "channel refused by d2's sshd (AllowTcpForwarding no?)" in text, text
+    assert "channel refused by d1's sshd (AllowTcpForwarding no?)" in text, text
     assert "AllowTcpForwarding local" in text, text
     assert "Traceback" not in text
     assert leftovers(bastion, list(hosts.values())) == {}
