@@ -167,3 +167,18 @@ def test_proxy_admin_calls_through_the_proxy_host() -> None:
     sent = t.requests[-1]
     assert (sent.address, sent.path) == ("10.0.0.5", "/admin/backends")
     assert ("Authorization", "Bearer tok") in sent.headers
+
+
+def test_paramikos_own_line_for_a_refused_channel_is_not_printed() -> None:
+    """kvpd reports a refused channel with its fix; paramiko's ERROR line would be printed on
+    stderr (Python's last-resort handler) on every probe of a waiting `up`."""
+    import logging
+
+    import kvpd.exec.ssh.channels  # noqa: F401  (installs the filter)
+
+    log = logging.getLogger("paramiko.transport")
+    failed = log.makeRecord(log.name, logging.ERROR, __file__, 1,
+                            "Secsh channel 3 open FAILED: Connection refused: Connect failed",
+                            (), None)  # fmt: skip
+    other = log.makeRecord(log.name, logging.ERROR, __file__, 1, "Socket exception", (), None)
+    assert not log.filter(failed) and log.filter(other)

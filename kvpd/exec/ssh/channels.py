@@ -4,11 +4,25 @@ reach nothing but sshd. Each way an open fails gets its own error and fix."""
 
 from __future__ import annotations
 
+import logging
+
 import paramiko
 
 from kvpd.exec.channel_errors import refusal
 from kvpd.exec.ssh.connect import LINK_ERRORS, Connection, Unstarted
 from kvpd.exec.transport import ChannelError
+
+
+class _ReportedByKvpd(logging.Filter):
+    """paramiko logs each refused channel open at ERROR ("Secsh channel 3 open FAILED: ..."),
+    which Python prints on stderr when the program configured no logging: a status or a health
+    wait would print it on every probe. kvpd reports those failures itself, with their fix."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "open FAILED" not in record.getMessage()
+
+
+logging.getLogger("paramiko.transport").addFilter(_ReportedByKvpd())
 
 # Addresses that are always the host itself.
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
