@@ -76,12 +76,11 @@ class RemoteClient:
 
 def default_host(plan: Plan, local_ok: bool) -> str | None:
     """Where the client runs when the profile does not say: this machine when it has `vllm`
-    and the tokenizer (`local_ok`) and reaches the serving URL without SSH (its host's
-    transport is local); else the proxy's host (the guides run it on a cluster node, and a
-    client here would measure an SSH tunnel, if this machine has a route at all), else the
-    first mixed engine's. None: this machine."""
-    serving = plan.proxy_host
-    if local_ok and (not serving or plan.host(serving).transport == "local"):
+    and the tokenizer and a route to the proxy (`local_ok`), else the proxy's host (the guides
+    run it on a cluster node; behind a bastion only SSH reaches the cluster, and a client
+    through a tunnel would measure the tunnel), else the first mixed engine's. None: this
+    machine."""
+    if local_ok:
         return None
     for role in ("proxy", "mixed", "decode"):
         p = next((x for x in plan.processes if x.role == role), None)
@@ -96,4 +95,4 @@ def where(plan: Plan, host: str | None) -> str:
         return "this machine"
     if plan.bench.host is not None:
         return f"{host} (bench.host)"
-    return f"{host}, the proxy's host (this machine reaches the cluster over SSH only)"
+    return f"{host}, the proxy's host (bench.host unset)"

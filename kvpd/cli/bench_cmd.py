@@ -273,11 +273,22 @@ def _profile_facts(profile: str, sets: list[str]) -> tuple[dict[str, list[str]],
     return group_connectors(p), min(lens) if lens else None
 
 
+def _route_to_proxy(plan: Plan) -> bool:
+    """Whether a client on this machine could reach the serving URL at all."""
+    from kvpd.exec.http_wire import endpoint, route_here
+
+    if not plan.proxy_url:
+        return True
+    ep = endpoint(plan.proxy_url)
+    return route_here(ep.address, ep.port)
+
+
 def _client(plan: Plan, tokenizer: str | None) -> tuple[str, str | None]:
     """(the `vllm` command, the host the client runs on or None for this machine).
 
-    `bench.host` decides; unset, this machine when it has `vllm` and the tokenizer, else the
-    proxy's host (which has both, like every cluster node the guides bench from)."""
+    `bench.host` decides; unset, this machine when it has `vllm`, the tokenizer and a route
+    to the proxy, else the proxy's host (which has all, like every cluster node the guides
+    bench from)."""
     from kvpd.bench import runner
     from kvpd.bench.remote import default_host
     from kvpd.plan.rules.bench import LOCAL
@@ -297,7 +308,7 @@ def _client(plan: Plan, tokenizer: str | None) -> tuple[str, str | None]:
     except runner.ClientNotInstalled:
         vllm = ""
     has_tok = not tok.startswith("/") or Path(tok).exists()  # a hub name or a folder here
-    chosen = default_host(plan, bool(vllm) and has_tok)
+    chosen = default_host(plan, bool(vllm) and has_tok and _route_to_proxy(plan))
     if chosen is None:
         return vllm or runner.find_vllm(), None
     return remote_vllm, chosen

@@ -146,3 +146,16 @@ def direct(req: HttpRequest, host: str) -> HttpResponse:
         return exchange(sock, req, host)
     finally:
         sock.close()
+
+
+def route_here(address: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Whether this machine has a network path to `address:port` (refused counts: the host
+    answered). Only for deciding where a benchmark client may run: a client here connects
+    there itself; kvpd's own exchanges with hosts go through their transports."""
+    try:
+        socket.create_connection((address, port), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # no route, unreachable, timed out
+        return False
+    return True

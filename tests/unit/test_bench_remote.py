@@ -64,12 +64,11 @@ def test_client_runs_on_the_host_and_results_come_back(tmp_path: Path) -> None:
 
 def test_default_client_host_and_the_bench_host_field() -> None:
     p = load_plan("large-ep", sets=["bench.input_len=16000"])
-    # SSH hosts: a client here would go through a tunnel, if it had a route at all
-    assert default_host(p, local_ok=True) == "p1"  # the proxy's host
-    assert default_host(p, local_ok=False) == "p1"
-    assert where(p, "p1") == "p1, the proxy's host (this machine reaches the cluster over SSH only)"
-    assert default_host(load_plan("local"), local_ok=True) is None  # served on this machine
-    assert where(load_plan("local"), None) == "this machine"
+    assert default_host(p, local_ok=True) is None
+    assert default_host(p, local_ok=False) == "p1"  # the proxy's host
+    assert where(p, "p1") == "p1, the proxy's host (bench.host unset)"
+    assert where(load_plan("large-ep", sets=["bench.host=d2"]), "d2") == "d2 (bench.host)"
+    assert where(p, None) == "this machine"
     assert load_plan("large-ep", sets=["bench.host=d2"]).bench.host == "d2"
     with pytest.raises(ProfileError) as e:
         load_plan("large-ep", sets=["bench.host=d9"])
@@ -83,4 +82,16 @@ def test_the_run_records_where_the_client_ran() -> None:
 
     run = BenchRun("p", "d", "x", "plain", "now", client=where(load_plan("large-ep"), "p1"))
     back = BenchRun.from_dict(run.to_dict())
-    assert back.client == "p1, the proxy's host (this machine reaches the cluster over SSH only)"
+    assert back.client == "p1, the proxy's host (bench.host unset)"
+
+
+def test_a_route_to_the_proxy_decides_whether_the_client_may_run_here() -> None:
+    import socket
+
+    from kvpd.exec.http_wire import route_here
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        port = srv.getsockname()[1]
+        assert route_here("127.0.0.1", port)
+    assert route_here("127.0.0.1", port)  # refused: the host answered
+    assert not route_here("240.0.0.1", 8000, timeout_s=0.3)  # reserved: no host answers
