@@ -197,12 +197,16 @@ def _run(
     from kvpd.bench.settings import check_lengths, int_list, make_settings, resolve_scenarios
     from kvpd.cli import output
     from kvpd.exec.service import Deployments
-    from kvpd.exec.state import state_root
+    from kvpd.exec.state import StateStore, state_root
     from kvpd.plan.build import load_plan
 
     base = load_plan(profile, sets=list(sets))
+    # The running deployment's hosts (its recorded plan: started with an inventory, say) are
+    # where the client may go; the profile's alone when nothing runs yet.
+    recorded = StateStore().load(base.deployment)
+    where_to = recorded.plan if recorded is not None and recorded.status == "up" else base
     # where the client runs, decided before anything starts: a missing client is a setup problem
-    vllm, client_host = _client(base, tokenizer)
+    vllm, client_host = _client(where_to, tokenizer)
     settings = make_settings(
         base.bench,
         protocol=protocol,
@@ -240,10 +244,10 @@ def _run(
     )
     from kvpd.bench.remote import RemoteClient, where
 
-    session.client_where = where(base, client_host)
+    session.client_where = where(where_to, client_host)
     if client_host is not None:
         session.run_client = RemoteClient(
-            session.service, base, client_host, Path(out_dir).name, vllm
+            session.service, where_to, client_host, Path(out_dir).name, vllm
         )
         if not quiet:
             output.err.print(f"vllm bench serve runs on {session.client_where}")

@@ -241,3 +241,37 @@ def test_up_status_logs_restart_diagnose_down_through_the_bastion(
     assert json.loads(r.stdout)["clean"], r.stdout
     assert leftovers(bastion, list(HOSTS.values())) == {}
     print(f"up through the bastion: {up_s:.1f}s")
+
+
+def test_cpu_vllm_rehearsal_and_bench_through_the_bastion(
+    bastion: BastionBed, tmp_path: Path
+) -> None:
+    """The CPU-vLLM rehearsal through `ssh.jump`: the canary proves the P→D hand-over from
+    /metrics read through channels, and `kvpd bench` runs its client on the proxy's host (this
+    machine has no route to it), its proof from /metrics through channels too."""
+    if not VLLM.exists() or not (MODEL / "config.json").exists():
+        pytest.skip("the CPU engine or the tiny model is missing (make engine model)")
+    storage = SHARED / "vllm"
+    storage.mkdir(parents=True, exist_ok=True)
+    storage.chmod(0o1777)
+    inv = inventory(tmp_path / "inventory.yaml", bastion, HOSTS, storage)
+    state = tmp_path / "state"
+    state.mkdir()
+    try:
+        r = kvpd(state, "up", PROFILE, "--rehearse", "--inventory", str(inv), "--yes",
+                 check=False, timeout=1200)  # fmt: skip
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        assert "P→D KV handover verified" in out, out
+        r = kvpd(state, "bench", PROFILE, "--protocol", "twice", "--num-prompts", "4",
+                 "--input-len", "128", "--output-len", "4", "--results", str(tmp_path / "b"),
+                 "--json", "--no-charts", check=False, timeout=1200)  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+        run = json.loads(r.stdout)
+        assert run["ok"], run
+        assert run["client"].startswith("p1, the proxy's host"), run["client"]
+    finally:
+        r = kvpd(state, "down", PROFILE, "--json", check=False, timeout=300)
+        shutil.rmtree(storage, ignore_errors=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["clean"], r.stdout + r.stderr
+    assert leftovers(bastion, list(HOSTS.values())) == {}
