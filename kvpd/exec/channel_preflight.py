@@ -22,17 +22,9 @@ def check_host(host: str, t: Transport) -> Check:
     try:
         t.http(HttpRequest("GET", "127.0.0.1", _PORT, "/", timeout_s=10))
     except ChannelError as e:
-        if e.kind == "forbidden":
-            return Check(
-                host,
-                NAME,
-                False,
-                e.detail,
-                f"allow TCP forwarding for kvpd's user in {host}'s sshd_config "
-                "(`AllowTcpForwarding local`, no `DisableForwarding yes`, `PermitOpen any`) "
-                "and reload sshd: kvpd reaches health, /metrics and the proxy's admin API "
-                "through the SSH connection",
-            )
+        if e.kind == "forbidden":  # the fix as the transport words it (with the login user)
+            fix = str(e).partition("Fix: ")[2] or "allow TCP forwarding in the host's sshd"
+            return Check(host, NAME, False, e.detail, fix.rstrip("."))
         if e.kind == "unreachable":
             return Check(host, NAME, False, e.detail, "check the host is up and reachable")
     return Check(host, NAME, True, "a channel to the host's own ports opens")

@@ -156,7 +156,8 @@ def test_preflight_checks_each_host_can_open_a_channel() -> None:
     t.forwarding = False
     c = check_host("p1", t)
     assert not c.ok and "AllowTcpForwarding no?" in c.detail
-    assert "AllowTcpForwarding local" in c.fix
+    assert c.fix.startswith("allow TCP forwarding for fake in p1's sshd_config")
+    assert "`AllowTcpForwarding local`" in c.fix
 
 
 def test_proxy_admin_calls_through_the_proxy_host() -> None:
