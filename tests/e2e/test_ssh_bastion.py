@@ -95,10 +95,13 @@ def bastion() -> Iterator[BastionBed]:
                            capture_output=True, timeout=120)  # fmt: skip
 
 
-def inventory(path: Path, bed: BastionBed, hosts: dict[str, str], storage: Path) -> Path:
+def inventory(
+    path: Path, bed: BastionBed, hosts: dict[str, str], storage: Path, devices: int | None = None
+) -> Path:
+    extra = {"devices": devices} if devices is not None else {}
     data: dict[str, Any] = {
         "hosts": {
-            name: {"address": bed.hosts[h][0], "ssh": {"user": bed.hosts[h][1]}}
+            name: {"address": bed.hosts[h][0], "ssh": {"user": bed.hosts[h][1]}, **extra}
             for name, h in hosts.items()
         },
         "ssh": {"key": bed.key, "known_hosts": bed.known_hosts, "jump": bed.jump},
@@ -254,16 +257,18 @@ def test_cpu_vllm_rehearsal_and_bench_through_the_bastion(
     storage = SHARED / "vllm"
     storage.mkdir(parents=True, exist_ok=True)
     storage.chmod(0o1777)
-    inv = inventory(tmp_path / "inventory.yaml", bastion, HOSTS, storage)
+    # one engine per host, as the CPU-vLLM rehearsal of the open bed runs it
+    inv = inventory(tmp_path / "inventory.yaml", bastion, HOSTS, storage, devices=4)
     state = tmp_path / "state"
     state.mkdir()
+    spread = ["--set", "prefill.hosts=[p1,p2]", "--set", "decode.hosts=[d1,d2]"]
     try:
-        r = kvpd(state, "up", PROFILE, "--rehearse", "--inventory", str(inv), "--yes",
+        r = kvpd(state, "up", PROFILE, "--rehearse", "--inventory", str(inv), *spread, "--yes",
                  check=False, timeout=1200)  # fmt: skip
         out = r.stdout + r.stderr
         assert r.returncode == 0, out
         assert "P→D KV handover verified" in out, out
-        r = kvpd(state, "bench", PROFILE, "--protocol", "twice", "--num-prompts", "4",
+        r = kvpd(state, "bench", PROFILE, *spread, "--protocol", "twice", "--num-prompts", "4",
                  "--input-len", "128", "--output-len", "4", "--results", str(tmp_path / "b"),
                  "--json", "--no-charts", check=False, timeout=1200)  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
