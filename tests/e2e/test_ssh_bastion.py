@@ -272,7 +272,8 @@ def test_cpu_vllm_rehearsal_and_bench_through_the_bastion(
         out = r.stdout + r.stderr
         assert r.returncode == 0, out
         assert "P→D KV handover verified" in out, out
-        r = kvpd(state, "bench", PROFILE, *spread, "--protocol", "twice", "--num-prompts", "4",
+        # no --set: the running deployment (its recorded plan) is what is benchmarked
+        r = kvpd(state, "bench", PROFILE, "--protocol", "twice", "--num-prompts", "4",
                  "--input-len", "128", "--output-len", "4", "--results", str(tmp_path / "b"),
                  "--json", "--no-charts", check=False, timeout=1200)  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
