@@ -6,7 +6,9 @@ root, and one host's sshd forbids TCP forwarding.
 `up --rehearse-with standin` of ucm-centralized-2p2d goes through `ssh.jump`: health gate,
 canary (/metrics and the completion through SSH channels), `status`, `logs`, `diagnose`, a
 rolling restart of a decoder (drain and admit at the proxy through the channel) and of the
-proxy, `forward` with a real request from this machine, and `down` leaving nothing.
+proxy, `forward` with a real request from this machine, and `down` leaving nothing. Then the
+CPU-vLLM rehearsal: the canary's P→D proof and `kvpd bench` with its client on the proxy's
+host, both from /metrics read through channels.
 """
 
 from __future__ import annotations
