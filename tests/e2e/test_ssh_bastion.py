@@ -277,6 +277,7 @@ def test_cpu_vllm_rehearsal_and_bench_through_the_bastion(
         # no --set: the running deployment (its recorded plan) is what is benchmarked
         r = kvpd(state, "bench", PROFILE, "--protocol", "twice", "--num-prompts", "4",
                  "--input-len", "128", "--output-len", "4", "--results", str(tmp_path / "b"),
+                 "--tokenizer", str(MODEL),
                  "--json", "--no-charts", check=False, timeout=1200)  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
         run = json.loads(r.stdout)
