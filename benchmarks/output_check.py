@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from kvpd.bench import canary, output_check  # noqa: E402
+from kvpd.exec.pool import TransportPool  # noqa: E402
 from kvpd.exec.state import StateStore  # noqa: E402
 
 ENGINE = REPO / ".venv-engine"
@@ -84,10 +85,10 @@ def canary_costs(repeats: int) -> None:
     alone: list[float] = []
     for _ in range(repeats):  # alternated: both see the same machine load
         t0 = time.monotonic()
-        r = canary.run(p, verify_outputs=False)
+        r = canary.run(p, TransportPool(p.hosts), verify_outputs=False)
         plain.append(time.monotonic() - t0)
         t0 = time.monotonic()
-        rv = canary.run(p, verify_outputs=True)
+        rv = canary.run(p, TransportPool(p.hosts), verify_outputs=True)
         checked.append(time.monotonic() - t0)
         alone.append(rv.outputs.get("seconds", 0.0))
         assert r.ok and rv.ok, (r.line, rv.line)
@@ -117,7 +118,8 @@ def bench_cost() -> None:
 def faults() -> None:
     for mode in ("flip", "swap_layers", "zero_block"):
         up(f"decode.env.{FAULT}={mode}")
-        r = canary.run(plan(), verify_outputs=True)
+        pl = plan()
+        r = canary.run(pl, TransportPool(pl.hosts), verify_outputs=True)
         got = r.outputs
         first = next((x for x in got.get("prompts", []) if not x["ok"]), None)
         kv = r.delta.get("summary", {}).get("decode_kv_received_tokens", 0)

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 import json
 import secrets
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvpd.bench import metrics, output_check, outputs, proof
 from kvpd.errors import DeployError
-from kvpd.exec import client_key, nofollow
+from kvpd.exec import client_key
+from kvpd.exec.http_wire import endpoint
+from kvpd.exec.transport import ChannelError, Transport, Transports
 from kvpd.plan.value import Plan
 from kvpd.profile.roles import ENGINE_ROLES
 
-# No http_proxy from the environment, no redirects (they would carry the client key elsewhere).
-_OPENER = nofollow.opener()
 # Long enough to span several KV blocks of any engine (block sizes 16..128 tokens).
 _TEXT = (
     "The operators of a disaggregated serving cluster want to know right after start that "
@@ -53,6 +51,7 @@ def prompt(blocks: int = 4) -> str:
 
 
 def send(
+    t: Transport,
     base_url: str,
     model: str,
     text: str,
@@ -61,10 +60,11 @@ def send(
     timeout_s: float = 120.0,
     key: str = "",
 ) -> int:
-    """POST one completion (with the proxy's client `key`, if any); the number of generated
-    tokens (raises OSError/ValueError)."""
+    """POST one completion from `t`'s host (with the proxy's client `key`, if any); the number
+    of generated tokens (raises ChannelError, or ValueError for an error status or an answer
+    that is not JSON)."""
     body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0}
-    out = complete(base_url, body, timeout_s=timeout_s, key=key)
+    out = complete(t, base_url, body, timeout_s=timeout_s, key=key)
     usage = out.get("usage") or {}
     tokens = int(usage.get("completion_tokens") or 0)
     if not tokens and any(c.get("text") for c in out.get("choices") or []):
@@ -73,22 +73,40 @@ def send(
 
 
 def complete(
-    base_url: str, body: dict[str, Any], *, timeout_s: float = 120.0, key: str = ""
+    t: Transport, base_url: str, body: dict[str, Any], *, timeout_s: float = 120.0, key: str = ""
 ) -> dict[str, Any]:
-    """POST `body` to `base_url`/v1/completions (with the proxy's client `key`, if any); the
-    JSON answer (raises OSError/ValueError). Every request of the canary and of the output
-    check goes through here."""
-    headers = {"Content-Type": "application/json"}
+    """POST `body` to `base_url`/v1/completions through `t` (the transport of the host the URL
+    is on), with the proxy's client `key` if any; the JSON answer. Every request of the canary
+    and of the output check goes through here. Raises ChannelError, or ValueError for an error
+    status or an answer that is not a JSON object."""
+    headers = [("Content-Type", "application/json")]
     if key:
-        headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(
-        base_url.rstrip("/") + "/v1/completions", data=json.dumps(body).encode(), headers=headers
+        headers.append(("Authorization", f"Bearer {key}"))
+    req = endpoint(base_url, "/v1/completions").request(
+        "POST", body=json.dumps(body).encode(), headers=tuple(headers), timeout_s=timeout_s
     )
-    with _OPENER.open(req, timeout=timeout_s) as resp:
-        out = json.loads(resp.read() or b"{}")
+    resp = t.http(req)
+    if resp.status != 200:
+        raise ValueError(f"HTTP {resp.status} {resp.body.decode('utf-8', 'replace')[:300]}")
+    out = json.loads(resp.body or b"{}")
     if not isinstance(out, dict):
         raise ValueError("the answer is not a JSON object")
     return out
+
+
+def poster(plan: Plan, transports: Transports, key: str) -> output_check.Post:
+    """The output check's HTTP for `plan`: the proxy's URL through the proxy host's transport
+    with the client key; the reference engine's through its own host's, without the key (it is
+    the proxy's)."""
+    ref = output_check.reference_process(plan)
+
+    def post(url: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+        if url == plan.proxy_url:
+            return complete(transports[plan.proxy_host], url, body, timeout_s=timeout_s, key=key)
+        host = ref.host if ref is not None else plan.proxy_host
+        return complete(transports[host], url, body, timeout_s=timeout_s)
+
+    return post
 
 
 def applies(plan: Plan) -> bool:
@@ -99,11 +117,17 @@ def applies(plan: Plan) -> bool:
 
 
 def run(
-    plan: Plan, *, timeout_s: float = 120.0, verify_outputs: bool = True, live_traffic: bool = False
+    plan: Plan,
+    transports: Transports,
+    *,
+    timeout_s: float = 120.0,
+    verify_outputs: bool = True,
+    live_traffic: bool = False,
 ) -> CanaryResult:
     """Scrape, send (one request, or one per mixed instance), scrape, judge; then, unless
     `verify_outputs` is off, the output check (kvpd.bench.output_check; `live_traffic`: other
-    requests may share its batches, so it compares within a tolerance)."""
+    requests may share its batches, so it compares within a tolerance). Every exchange goes
+    through the transport of the host it goes to."""
     tgts = metrics.targets(plan)
     roles = {t.role for t in tgts}
     disaggregated = "prefill" in roles and "decode" in roles
@@ -115,27 +139,29 @@ def run(
         key = client_key.read(plan)
     except DeployError as e:
         return CanaryResult(False, f"canary: {e}", [str(e)])
-    before = metrics.scrape(tgts, timeout_s=10)
+    before = metrics.scrape(tgts, transports, timeout_s=10)
     generated, errors = 0, []
     for _ in range(n):
         try:
+            t = transports[plan.proxy_host]
             generated += send(
-                plan.proxy_url, plan.served_model, prompt(), timeout_s=timeout_s, key=key
+                t, plan.proxy_url, plan.served_model, prompt(), timeout_s=timeout_s, key=key
             )
-        except (OSError, ValueError) as e:
-            errors.append(f"POST {plan.proxy_url}/v1/completions failed: {_reason(e)}")
-    after = metrics.scrape(tgts, timeout_s=10)
+        except ChannelError as e:
+            errors.append(f"POST {plan.proxy_url}/v1/completions failed: {e.detail}")
+        except (KeyError, ValueError) as e:
+            errors.append(f"POST {plan.proxy_url}/v1/completions failed: {e}")
+    after = metrics.scrape(tgts, transports, timeout_s=10)
     d = metrics.delta(tgts, before, after)
     result = judge(d, requests=n, generated=generated, errors=errors,
                    disaggregated=disaggregated, layerwise=layerwise(plan))  # fmt: skip
     if not verify_outputs or errors:
         return result
 
-    def post(url: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
-        # The client key is the proxy's: the reference request goes to an engine directly.
-        return complete(url, body, timeout_s=timeout_s, key=key if url == plan.proxy_url else "")
-
-    report = output_check.run(plan, post, prompt, timeout_s=timeout_s, live=live_traffic)
+    post = poster(plan, transports, key)
+    report = output_check.run(
+        plan, post, prompt, transports, timeout_s=timeout_s, live=live_traffic
+    )
     return with_outputs(result, report)
 
 
@@ -159,16 +185,6 @@ def with_outputs(result: CanaryResult, report: outputs.OutputReport) -> CanaryRe
 def layerwise(plan: Plan) -> bool:
     """The proxy runs the decode-first flow, where the decoder calls its /v1/metaserver."""
     return any(p.role == "proxy" and "layerwise" in p.command for p in plan.processes)
-
-
-def _reason(e: BaseException) -> str:
-    if isinstance(e, urllib.error.HTTPError):
-        try:
-            body = e.read().decode("utf-8", "replace")[:300]
-        except OSError:
-            body = ""
-        return f"HTTP {e.code} {body}".strip()
-    return str(getattr(e, "reason", e))
 
 
 def judge(

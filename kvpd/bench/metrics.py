@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import re
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpd.exec.http_wire import endpoint
+from kvpd.exec.transport import ChannelError, Transport, Transports
 from kvpd.plan.value import Plan
 from kvpd.profile.roles import ENGINE_ROLES
 
 # A sample line: name{label="value",...} value [timestamp]. Label values may hold escaped quotes.
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-# Endpoints are cluster nodes; an http_proxy from the environment must not apply.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 Labels = tuple[tuple[str, str], ...]
@@ -70,7 +68,8 @@ class Target:
 
     name: str  # process name, e.g. decode-0, proxy
     role: str  # prefill | decode | mixed | proxy
-    url: str
+    url: str  # as seen from `host`, whose transport carries the scrape
+    host: str = ""
 
 
 def targets(plan: Plan) -> list[Target]:
@@ -82,7 +81,7 @@ def targets(plan: Plan) -> list[Target]:
         base = p.health.url.split("://", 1)
         scheme, rest = (base[0], base[1]) if len(base) == 2 else ("http", base[0])
         hostport = rest.split("/", 1)[0]
-        out.append(Target(p.name, p.role, f"{scheme}://{hostport}/metrics"))
+        out.append(Target(p.name, p.role, f"{scheme}://{hostport}/metrics", p.host))
     return out
 
 
@@ -94,21 +93,26 @@ class Snapshot:
     errors: dict[str, str] = field(default_factory=dict)
 
 
-def fetch(url: str, timeout_s: float = 10.0) -> str:
-    with _OPENER.open(url, timeout=timeout_s) as resp:
-        body: bytes = resp.read()
-    return body.decode("utf-8", "replace")
+def fetch(t: Transport, url: str, timeout_s: float = 10.0) -> str:
+    """GET `url` from `t`'s host; raises ChannelError, or ValueError for a bad URL/status."""
+    resp = t.http(endpoint(url).request(timeout_s=timeout_s))
+    if resp.status != 200:
+        raise ValueError(f"HTTP {resp.status}")
+    return resp.body.decode("utf-8", "replace")
 
 
-def scrape(tgts: list[Target], timeout_s: float = 10.0) -> Snapshot:
-    """Scrape every target in parallel (before/after a phase: as close together as possible)."""
+def scrape(tgts: list[Target], transports: Transports, timeout_s: float = 10.0) -> Snapshot:
+    """Scrape every target in parallel (before/after a phase: as close together as possible),
+    each through its host's transport."""
     snap = Snapshot()
 
     def one(t: Target) -> tuple[Target, str | None, str]:
         try:
-            return t, fetch(t.url, timeout_s), ""
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            return t, None, str(getattr(e, "reason", e))
+            return t, fetch(transports[t.host], t.url, timeout_s), ""
+        except ChannelError as e:
+            return t, None, e.detail
+        except (KeyError, ValueError) as e:
+            return t, None, str(e)
 
     if not tgts:
         return snap

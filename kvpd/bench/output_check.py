@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpd.bench import metrics, outputs
+from kvpd.errors import TransportError
+from kvpd.exec.transport import Transports
 from kvpd.plan.value import Plan, ProcessSpec
 
 PROMPTS = 4
@@ -110,13 +112,15 @@ def run(
     plan: Plan,
     post: Post,
     prompt: Prompt,
+    transports: Transports,
     *,
     prompts: int = PROMPTS,
     n_tokens: int = TOKENS,
     timeout_s: float = 120.0,
     live: bool = False,
 ) -> outputs.OutputReport:
-    """Send, compare, report (every failure is in the report, nothing raises)."""
+    """Send, compare, report (every failure is in the report, nothing raises). The /metrics
+    scrapes go through `transports`, the requests through `post`."""
     t0 = time.monotonic()
     ref = reference_process(plan)
     if ref is None or not plan.proxy_url:
@@ -128,16 +132,18 @@ def run(
         b = body(plan.served_model, prompt(), n_tokens)
         try:
             want = outputs.parse_completion(post(base_url(ref), b, timeout_s=timeout_s))
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, TransportError) as e:
             report.errors.append(f"prompt {i + 1}: {ref.name} alone failed: {_reason(e)}")
             continue
-        before = metrics.scrape(tgts, timeout_s=10)
+        before = metrics.scrape(tgts, transports, timeout_s=10)
         try:
             got = outputs.parse_completion(post(plan.proxy_url, b, timeout_s=timeout_s))
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, TransportError) as e:
             report.errors.append(f"prompt {i + 1}: through {plan.proxy_url} failed: {_reason(e)}")
             continue
-        pair = _served_by(metrics.delta(tgts, before, metrics.scrape(tgts, timeout_s=10)))
+        pair = _served_by(
+            metrics.delta(tgts, before, metrics.scrape(tgts, transports, timeout_s=10))
+        )
         verdict = outputs.compare(want, got, n_tokens, report.expectation)
         report.outcomes.append(outputs.Outcome(i, ref.name, pair, verdict, want.text, got.text))
     report.seconds = time.monotonic() - t0

@@ -75,6 +75,7 @@ class BenchRun:
     out_dir: str = ""
     notes: list[str] = field(default_factory=list)  # what the logs confirmed
     kvpd_version: str = __version__  # the kvpd that ran the bench
+    client: str = ""  # where `vllm bench serve` ran ("this machine", "p1, the proxy's host")
 
     @property
     def measured(self) -> list[Record]:
@@ -123,6 +124,7 @@ class BenchRun:
             out_dir=d.get("out_dir", ""),
             notes=list(d.get("notes", [])),
             kvpd_version=str(d.get("kvpd_version", "")),
+            client=str(d.get("client", "")),
         )
 
 

@@ -78,8 +78,10 @@ class RemoteClient:
 
 def default_host(plan: Plan, local_ok: bool) -> str | None:
     """Where the client runs when the profile does not say: this machine when it has `vllm`
-    and the tokenizer (`local_ok`), else the proxy's host (the guides run it on a cluster
-    node), else the first mixed engine's. None: this machine."""
+    and the tokenizer and a route to the proxy (`local_ok`), else the proxy's host (the guides
+    run it on a cluster node; behind a bastion only SSH reaches the cluster, and a client
+    through a tunnel would measure the tunnel), else the first mixed engine's. None: this
+    machine."""
     if local_ok:
         return None
     for role in ("proxy", "mixed", "decode"):
@@ -87,3 +89,12 @@ def default_host(plan: Plan, local_ok: bool) -> str | None:
         if p is not None:
             return p.host
     return None
+
+
+def where(plan: Plan, host: str | None) -> str:
+    """Where the client ran, for the report."""
+    if host is None:
+        return "this machine"
+    if plan.bench.host is not None:
+        return f"{host} (bench.host)"
+    return f"{host}, the proxy's host (bench.host unset)"

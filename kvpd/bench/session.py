@@ -89,8 +89,9 @@ class Session:
     progress: Progress = field(default_factory=NullProgress)
     run_client: Callable[..., runner.RunOutput] = runner.run
     verify_outputs: bool | None = None  # None: output_check.bench_default
-    post: output_check.Post = canary.complete  # the output check's HTTP
+    post: output_check.Post | None = None  # the output check's HTTP (None: canary.poster)
     prompt_salt: int | None = None  # None: a new one per run (kvpd.bench.freshness)
+    client_where: str = "this machine"  # where run_client runs `vllm bench serve`
 
     def run(self) -> BenchRun:
         base = self.load(self.user_sets)
@@ -106,6 +107,7 @@ class Session:
                 for s in self.scenarios
             ],
             out_dir=str(self.out_dir),
+            client=self.client_where,
         )
         if self.prompt_salt is None:
             self.prompt_salt = freshness.new_salt()
@@ -210,7 +212,8 @@ class Session:
         proxy = next((p for p in plan.processes if p.role == "proxy" and p.health), None)
         if proxy is not None and proxy.health is not None:
             health = proxy.health
-        pr = probe(health, timeout_s=5.0)
+        host = plan.proxy_host or (plan.hosts[0].name if plan.hosts else "")
+        pr = probe(self.service.transports(plan)[host], health, timeout_s=5.0)
         if not pr.ok:
             raise BenchError(
                 f"deployment {base.deployment!r} is not serving: {health.url} -> {pr.detail}. "
@@ -280,7 +283,8 @@ class Session:
         key = client_key.read(target.plan)
         if key:  # `vllm bench serve` sends OPENAI_API_KEY as its bearer token (env, not argv)
             env["OPENAI_API_KEY"] = key
-        before = m.scrape(target.metrics)
+        hosts = self.service.transports(target.plan)
+        before = m.scrape(target.metrics, hosts)
         t0 = time.monotonic()
         out = self.run_client(
             argv,
@@ -288,7 +292,7 @@ class Session:
             log=result_dir / f"{stem}.log",
             timeout_s=self.phase_timeout_s,
         )
-        after = m.scrape(target.metrics)
+        after = m.scrape(target.metrics, hosts)
         delta = m.delta(target.metrics, before, after)
         raw_path = result_dir / f"{stem}.json"
         raw: dict[str, Any] = {}
@@ -347,13 +351,10 @@ class Session:
     def _check_outputs(self, where: str, target: Target, rec: Record) -> None:
         """After the phase (outside its /metrics window): P/D output vs a reference engine."""
         self.progress.status(f"{where}: checking outputs")
-        key, proxy = client_key.read(target.plan), target.plan.proxy_url
-
-        def post(url: str, body: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
-            # The client key is the proxy's: the reference request goes to an engine directly.
-            return self.post(url, body, timeout_s=timeout_s, key=key if url == proxy else "")
-
-        report = output_check.run(target.plan, post, canary.prompt,
+        hosts = self.service.transports(target.plan)
+        key = client_key.read(target.plan)
+        post = self.post or canary.poster(target.plan, hosts, key)
+        report = output_check.run(target.plan, post, canary.prompt, hosts,
                                   timeout_s=min(120.0, self.phase_timeout_s))  # fmt: skip
         rec.outputs = report.to_dict()
         rec.problems += report.problems(where)

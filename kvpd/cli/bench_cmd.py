@@ -165,6 +165,7 @@ def register(app: typer.Typer) -> None:
                 output.out.print(line)
             for note in run.notes:
                 output.out.print(f"log: {note}")
+            output.out.print(f"Client: vllm bench serve ran on {run.client}")
             output.out.print(f"Results: {json_path}, {csv_path}")
             for p in pngs:
                 output.out.print(f"Chart: {p}")
@@ -211,12 +212,16 @@ def _run(
     from kvpd.bench.settings import check_lengths, int_list, make_settings, resolve_scenarios
     from kvpd.cli import output
     from kvpd.exec.service import Deployments
-    from kvpd.exec.state import state_root
+    from kvpd.exec.state import StateStore, state_root
     from kvpd.plan.build import load_plan
 
     base = load_plan(profile, sets=list(sets))
+    # The running deployment's hosts (its recorded plan: started with an inventory, say) are
+    # where the client may go; the profile's alone when nothing runs yet.
+    recorded = StateStore().load(base.deployment)
+    where_to = recorded.plan if recorded is not None and recorded.status == "up" else base
     # where the client runs, decided before anything starts: a missing client is a setup problem
-    vllm, client_host = _client(base, tokenizer)
+    vllm, client_host = _client(where_to, tokenizer)
     settings = make_settings(
         base.bench,
         protocol=protocol,
@@ -253,14 +258,15 @@ def _run(
         keep_up=keep_up,
         verify_outputs=verify_outputs,
     )
-    if client_host is not None:
-        from kvpd.bench.remote import RemoteClient
+    from kvpd.bench.remote import RemoteClient, where
 
+    session.client_where = where(where_to, client_host)
+    if client_host is not None:
         session.run_client = RemoteClient(
-            session.service, base, client_host, Path(out_dir).name, vllm
+            session.service, where_to, client_host, Path(out_dir).name, vllm
         )
         if not quiet:
-            output.err.print(f"vllm bench serve runs on {client_host} (bench.host)")
+            output.err.print(f"vllm bench serve runs on {session.client_where}")
     with session.service:
         if quiet:
             session.progress = NullProgress()
@@ -287,11 +293,22 @@ def _profile_facts(profile: str, sets: list[str]) -> tuple[dict[str, list[str]],
     return group_connectors(p), min(lens) if lens else None
 
 
+def _route_to_proxy(plan: Plan) -> bool:
+    """Whether a client on this machine could reach the serving URL at all."""
+    from kvpd.exec.http_wire import endpoint, route_here
+
+    if not plan.proxy_url:
+        return True
+    ep = endpoint(plan.proxy_url)
+    return route_here(ep.address, ep.port)
+
+
 def _client(plan: Plan, tokenizer: str | None) -> tuple[str, str | None]:
     """(the `vllm` command, the host the client runs on or None for this machine).
 
-    `bench.host` decides; unset, this machine when it has `vllm` and the tokenizer, else the
-    proxy's host (which has both, like every cluster node the guides bench from)."""
+    `bench.host` decides; unset, this machine when it has `vllm`, the tokenizer and a route
+    to the proxy, else the proxy's host (which has all, like every cluster node the guides
+    bench from)."""
     from kvpd.bench import runner
     from kvpd.bench.remote import default_host
     from kvpd.plan.rules.bench import LOCAL
@@ -311,7 +328,7 @@ def _client(plan: Plan, tokenizer: str | None) -> tuple[str, str | None]:
     except runner.ClientNotInstalled:
         vllm = ""
     has_tok = not tok.startswith("/") or Path(tok).exists()  # a hub name or a folder here
-    chosen = default_host(plan, bool(vllm) and has_tok)
+    chosen = default_host(plan, bool(vllm) and has_tok and _route_to_proxy(plan))
     if chosen is None:
         return vllm or runner.find_vllm(), None
     return remote_vllm, chosen

@@ -193,7 +193,11 @@ def register(app: typer.Typer) -> None:
         if result is not None:
             output.out.print(result.line)
         if plan.proxy_url:
-            output.out.print(f"Proxy: {plan.proxy_url}")
+            from kvpd.cli.forward_cmd import how_to_reach
+
+            host = plan.host(plan.proxy_host) if plan.proxy_host else None
+            kind = host.transport if host is not None else "local"
+            output.out.print(how_to_reach(plan.proxy_url, plan.proxy_host, kind, plan.deployment))
         output.out.print(f"Stop with: kvpd down {profile}")
 
     @app.command("down")

@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "kvpd.cli.plan_cmd",
     "kvpd.cli.deploy_cmd",
     "kvpd.cli.day2_cmd",
+    "kvpd.cli.forward_cmd",
     "kvpd.cli.bench_cmd",
     "kvpd.cli.proxy_cmd",
     "kvpd.cli.model_cmd",

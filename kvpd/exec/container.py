@@ -12,12 +12,21 @@ and every later operation reads them inside again, so the PID-reuse guard holds.
 from __future__ import annotations
 
 import posixpath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvpd.errors import TransportError
 from kvpd.exec.ssh import commands
 from kvpd.exec.ssh.processes import ShellProcesses, started
-from kvpd.exec.transport import CommandResult, Run, RunOptions, Started, Transport
+from kvpd.exec.transport import (
+    CommandResult,
+    HttpRequest,
+    HttpResponse,
+    Run,
+    RunOptions,
+    Started,
+    Streams,
+    Transport,
+)
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
     from typing_extensions import Unpack
@@ -104,6 +113,14 @@ class ContainerTransport(ShellProcesses):
 
     def read(self, path: str) -> bytes:
         return self.inner.read(path)
+
+    def http(self, request: HttpRequest) -> HttpResponse:
+        return self.inner.http(request)  # the container shares the host's network
+
+    def open_stream(self, address: str, port: int, *, timeout_s: float = 10.0) -> Any:
+        if not isinstance(self.inner, Streams):
+            raise TransportError(f"host {self.host}: its transport carries no streams")
+        return self.inner.open_stream(address, port, timeout_s=timeout_s)
 
     def resolve(self, path: str) -> str:
         # Relative paths mean the host's login directory, as for files: one meaning for both.

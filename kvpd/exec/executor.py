@@ -305,8 +305,8 @@ class Executor:
         self, spec: ProcessSpec, rec: ProcessRecord, read_line: bool = False
     ) -> tuple[bool, ProbeResult | None, str | None]:
         """Alive, the health probe, and (when asked) the last line of the process's log."""
-        pr = probe(spec.health, timeout_s=self.probe_timeout_s) if spec.health else None
         t = self.transports[rec.host]
+        pr = probe(t, spec.health, timeout_s=self.probe_timeout_s) if spec.health else None
         alive = t.alive(rec.pid, start_ticks=rec.start_ticks)
         if alive and pr is not None and not pr.ok and spec.health is not None:
             pr = readiness.ready_without_endpoint(t, spec.health, rec.log) or pr

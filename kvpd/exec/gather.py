@@ -102,9 +102,10 @@ def _process(pool: TransportPool, state: DeploymentState, rec: ProcessRecord, li
         files["env.txt"] = redact.env_text(env.stdout)
     sup = supervised.read(t, state.run_dirs.get(rec.host, ""), rec.name, rec.pid)
     spec = next((p for p in state.plan.processes if p.name == rec.name), None)
-    healthy = None
+    healthy, probed = None, ""
     if alive and spec is not None and spec.health is not None:
-        healthy = probe(spec.health, timeout_s=3).ok
+        pr = probe(t, spec.health, timeout_s=3)
+        healthy, probed = pr.ok, pr.detail
     st = "exited" if not alive else {True: "healthy", False: "unhealthy", None: "running"}[healthy]
     files["state.txt"] = json.dumps({"pid": rec.pid, "pgid": rec.pgid, "alive": alive,
                                      "healthy": healthy, "recorded": rec.status,
@@ -117,8 +118,8 @@ def _process(pool: TransportPool, state: DeploymentState, rec: ProcessRecord, li
                                       host=rec.host, ports=ports)  # fmt: skip
         if not cause and st == "unhealthy":
             cause = (
-                "alive but its health check fails: still loading, or stuck past its health "
-                "timeout; see its log."
+                f"alive but its health check fails ({probed}): still loading, or stuck past "
+                "its health timeout; see its log."
             )
         if not cause:
             cause = "exited; no known pattern in its log (see log.txt in the archive)."

@@ -1,49 +1,35 @@
-"""Health probes from the controller: one HTTP GET with a short timeout, never through a proxy."""
+"""Health probes: one HTTP GET with a short timeout, through the transport of the process's
+host (over SSH a channel of its connection: the controller needs no route to the port)."""
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
+from kvpd.exec.http_wire import endpoint
+from kvpd.exec.transport import ChannelError, Transport
 from kvpd.plan.value import HealthCheck
-
-# Health URLs point at cluster nodes; an http_proxy from the environment must not apply.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @dataclass(frozen=True)
 class ProbeResult:
     ok: bool
-    detail: str  # "HTTP 200", "connection refused", "timed out after 2s", ...
+    detail: str  # "HTTP 200", "port 7800 refused (the SSH channel to p1 opened)", ...
 
 
-def probe(check: HealthCheck, *, timeout_s: float = 2.0) -> ProbeResult:
-    """GET `check.url` once; ok when the status equals `check.expect_status`. A check without
-    a URL (a service without an HTTP endpoint) is never ok here: its port decides."""
+def probe(t: Transport, check: HealthCheck, *, timeout_s: float = 2.0) -> ProbeResult:
+    """GET `check.url` once from `t`'s host; ok when the status equals `check.expect_status`.
+    A check without a URL (a service without an HTTP endpoint) is never ok here: its port
+    decides."""
     if not check.url:
         return ProbeResult(False, "no HTTP health endpoint")
     try:
-        with _OPENER.open(check.url, timeout=timeout_s) as resp:
-            status = resp.status
-    except urllib.error.HTTPError as e:
-        status = e.code
-    except urllib.error.URLError as e:
-        return ProbeResult(False, _reason(e.reason))
-    except TimeoutError:
-        return ProbeResult(False, f"timed out after {timeout_s:g}s")
-    except (OSError, ValueError) as e:  # reset by peer, bad status line, malformed URL
-        return ProbeResult(False, _reason(e))
+        req = endpoint(check.url).request(timeout_s=timeout_s)
+    except ValueError as e:
+        return ProbeResult(False, str(e))
+    try:
+        status = t.http(req).status
+    except ChannelError as e:
+        return ProbeResult(False, e.detail)
     if status == check.expect_status:
         return ProbeResult(True, f"HTTP {status}")
     return ProbeResult(False, f"HTTP {status}, expected {check.expect_status}")
-
-
-def _reason(reason: object) -> str:
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(reason, TimeoutError):
-        return "timed out"
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror.lower()
-    return str(reason)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import tempfile
@@ -10,6 +11,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from kvpd.exec import http_wire
 from kvpd.exec.command_words import check_env
 from kvpd.exec.procfs import (
     ProcStat,
@@ -19,7 +21,14 @@ from kvpd.exec.procfs import (
     may_signal_group,
     parse_stat,
 )
-from kvpd.exec.transport import CommandResult, Run, RunOptions, Started
+from kvpd.exec.transport import (
+    CommandResult,
+    HttpRequest,
+    HttpResponse,
+    Run,
+    RunOptions,
+    Started,
+)
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
     from typing_extensions import Unpack
@@ -205,6 +214,12 @@ class LocalTransport:
     def ports_listening(self, ports: list[int]) -> list[int]:
         listening = listening_ports()
         return [p for p in ports if p in listening]
+
+    def http(self, request: HttpRequest) -> HttpResponse:
+        return http_wire.direct(request, self.host)  # this machine: a plain socket
+
+    def open_stream(self, address: str, port: int, *, timeout_s: float = 10.0) -> socket.socket:
+        return http_wire.connect(address, port, timeout_s, self.host)
 
     def close(self) -> None:
         # Detached processes must outlive the transport: nothing to stop here.

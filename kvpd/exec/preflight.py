@@ -17,6 +17,7 @@ from typing import Any
 
 from kvpd.errors import KvpdError
 from kvpd.exec import bundle_preflight, container_preflight
+from kvpd.exec.channel_preflight import channel_checks
 from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout, HostOutcome
 from kvpd.exec.pinned_versions import pinned_checks
@@ -202,6 +203,8 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
     checks += service_versions(plan, transports, reached_hosts)
     checks += planner_checks(plan, transports, reached_hosts)
     checks += pinned_checks(plan, versions, transports, reached_hosts)
+    with Fanout(min(16, max(1, len(reached_hosts)))) as fan:
+        checks += channel_checks(sorted(reached_hosts), transports, fan)
     for name, by_host in versions.items():
         found = {v for v in by_host.values() if v}
         if len(found) > 1:

@@ -20,6 +20,7 @@ from kvpd.exec.executor import Executor
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.state import DeploymentState
+from kvpd.exec.transport import Transports
 from kvpd.plan.value import Plan, ProcessSpec
 from kvpd.profile.roles import DECODING_ROLES, ENGINE_ROLES
 
@@ -36,7 +37,8 @@ class CanaryOutcome(Protocol):
     def to_dict(self) -> dict[str, Any]: ...  # what `up --json` reports as "canary"
 
 
-CanaryCheck = Callable[[Plan], CanaryOutcome]
+# The canary reaches the proxy and the engines' /metrics through the hosts' transports.
+CanaryCheck = Callable[[Plan, Transports], CanaryOutcome]
 
 
 @dataclass

@@ -101,6 +101,11 @@ class Deployments:
             self._pool, reporter, store=self.store, grace_s=self.grace_s, serial=self.serial
         )
 
+    def transports(self, plan: Plan) -> TransportPool:
+        """The one way to `plan`'s hosts, their files and ports (opened on first use)."""
+        self._pool.add_hosts(plan.hosts)
+        return self._pool
+
     # -- before up ---------------------------------------------------------------------
 
     def check(self, plan: Plan) -> list[Check]:
@@ -159,10 +164,10 @@ class Deployments:
     def canary(
         self, plan: Plan, run: CanaryCheck, *, keep_on_failure: bool = True
     ) -> CanaryOutcome:
-        """`run(plan)` (the bench's canary: one real request through the proxy, proven from
-        /metrics; passed in, as exec does not import bench), recorded in the event log. A
-        failure stops the deployment unless `keep_on_failure`."""
-        result = run(plan)
+        """`run(plan, transports)` (the bench's canary: one real request through the proxy,
+        proven from /metrics; passed in, as exec does not import bench), recorded in the event
+        log. A failure stops the deployment unless `keep_on_failure`."""
+        result = run(plan, self.transports(plan))
         self.events(plan.deployment).record(
             "canary", result.line, ok=result.ok, problems=result.problems
         )
@@ -241,12 +246,10 @@ class Deployments:
         plan = state.plan
         self._pool.add_hosts(plan.hosts)
         specs = rolling.select(plan, targets)
-        has_proxy = any(p.role == "proxy" for p in plan.processes)
-        admin = (
-            ProxyAdmin(plan.proxy_url, admin_token.read(self.store.root, deployment))
-            if has_proxy and plan.proxy_url
-            else None
-        )
+        admin = None
+        if plan.proxy_url and any(p.role == "proxy" for p in plan.processes):
+            token = admin_token.read(self.store.root, deployment)
+            admin = ProxyAdmin(self._pool[plan.proxy_host], plan.proxy_url, token)
         check = None
         if canary is not None:
 

@@ -54,7 +54,7 @@ def query_status(
                 st.healthy = up
                 st.detail = f"port {h.ready_port} {'listens' if up else 'does not listen'}"
             elif h is not None:
-                pr = probe(h, timeout_s=probe_timeout_s)
+                pr = probe(t, h, timeout_s=probe_timeout_s)
                 st.healthy, st.detail = pr.ok, pr.detail
         return st
 

@@ -7,7 +7,9 @@ host; a relative path is relative to the host's run directory, which `resolve` t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, runtime_checkable
+
+from kvpd.errors import TransportError
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
     from typing_extensions import Unpack
@@ -50,6 +52,55 @@ class Run:
     timeout_s: float = 60.0
     env: dict[str, str] | None = None
     cwd: str | None = None
+
+
+HttpMethod = Literal["GET", "POST"]
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    """One HTTP/1.1 exchange with a port on a host. `address` is where the process listens as
+    seen from that host (the address in its URL), not as seen from the controller."""
+
+    method: HttpMethod
+    address: str
+    port: int
+    path: str
+    body: bytes | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        words = [self.address, self.path, *(w for kv in self.headers for w in kv)]
+        if (
+            not self.path.startswith("/")
+            or " " in self.path
+            or any(c in w for w in words for c in "\r\n\0")
+            or not 0 < self.port < 65536
+        ):
+            raise ValueError(f"refusing a malformed HTTP request to port {self.port}")
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    body: bytes
+
+
+# How an HTTP exchange through a host failed, so callers (the health gate, preflight) can say
+# which part of the path is broken: the port (nothing listens), the host's sshd (forwarding
+# forbidden), the host itself, or the answer.
+ChannelFailure = Literal["refused", "forbidden", "unreachable", "timeout", "bad-answer"]
+
+
+class ChannelError(TransportError):
+    """An HTTP exchange through a transport failed. `detail` is the short form a probe shows
+    ("port 7800 refused"); the message is the whole sentence with its fix."""
+
+    def __init__(self, kind: ChannelFailure, detail: str, message: str) -> None:
+        super().__init__(message)
+        self.kind: ChannelFailure = kind
+        self.detail = detail
 
 
 class Transport(Protocol):
@@ -102,7 +153,23 @@ class Transport(Protocol):
         """Absolute form of `path` on the host (relative paths: under the home/cwd)."""
         ...
 
+    def http(self, request: HttpRequest) -> HttpResponse:
+        """One HTTP exchange with `request.address:request.port` as the host reaches it (over
+        SSH: a direct-tcpip channel of the host's connection, so no port but sshd needs to be
+        reachable from the controller). Any status is a response; raises ChannelError when no
+        answer came."""
+        ...
+
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Streams(Protocol):
+    """A transport that also carries a raw byte stream to a port of its host (what `kvpd
+    forward` relays): the SSH transport (a direct-tcpip channel) and the local one (a socket).
+    The stream has recv, sendall, shutdown and close, like a socket."""
+
+    def open_stream(self, address: str, port: int, *, timeout_s: float = 10.0) -> Any: ...
 
 
 class Transports(Protocol):

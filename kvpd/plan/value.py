@@ -250,6 +250,18 @@ class Plan:
             out.setdefault(p.stage, []).append(p)
         return [out[k] for k in sorted(out)]
 
+    @property
+    def proxy_host(self) -> str:
+        """The host `proxy_url` belongs to (the proxy's, else the serving mixed engine's): its
+        transport is the way to the URL. "" without a serving URL."""
+        if not self.proxy_url:
+            return ""
+        for role in ("proxy", "mixed"):
+            for p in self.processes:
+                if p.role == role:
+                    return p.host
+        return ""
+
     def host(self, name: str) -> HostSpec:
         for h in self.hosts:
             if h.name == name:

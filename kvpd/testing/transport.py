@@ -21,9 +21,17 @@ from typing import TYPE_CHECKING
 
 from kvpd.errors import TransportError
 from kvpd.exec import procfs, run_dirs
+from kvpd.exec.channel_errors import CONNECT_FAILED, PROHIBITED, refusal, unreachable
 from kvpd.exec.command_words import check_env
 from kvpd.exec.executor import LOG_HEADER_SH
-from kvpd.exec.transport import CommandResult, Run, RunOptions, Started
+from kvpd.exec.transport import (
+    CommandResult,
+    HttpRequest,
+    HttpResponse,
+    Run,
+    RunOptions,
+    Started,
+)
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
     from typing_extensions import Unpack
@@ -60,6 +68,8 @@ class FakeProcess:
 
 
 Builtin = Callable[["FakeTransport", list[str]], CommandResult]
+# What a port answers: a fixed response, or one computed from the request.
+Answer = HttpResponse | Callable[[HttpRequest], HttpResponse]
 
 
 class FakeTransport:
@@ -75,6 +85,9 @@ class FakeTransport:
         self.commands: dict[str, Builtin] = dict(_BUILTINS)
         self.ran: list[tuple[str, ...]] = []  # every argv given to `run`, for assertions
         self.unreachable = False  # fault: every operation raises TransportError
+        self.answers: dict[int, Answer] = {}  # port -> what it answers (see `serve`)
+        self.requests: list[HttpRequest] = []  # every request given to `http`
+        self.forwarding = True  # False: the host's sshd forbids channels (AllowTcpForwarding)
         self.closed = 0
         self._lock = threading.RLock()
         self._pids = itertools.count(4000)
@@ -85,6 +98,10 @@ class FakeTransport:
     def script(self, name: str, program: FakeProgram) -> None:
         """Started argv whose first word or any word's basename is `name` runs `program`."""
         self.programs[name] = program
+
+    def serve(self, port: int, answer: Answer) -> None:
+        """Requests to `port` get `answer`, whether a process listens there or not."""
+        self.answers[port] = answer
 
     def exit(self, pid: int) -> None:
         """The process ends by itself (crash, OOM kill) and is reaped."""
@@ -203,6 +220,24 @@ class FakeTransport:
         with self._lock:
             open_ports = {q for p in self.processes.values() for q in p.program.ports}
             return [p for p in ports if p in open_ports]
+
+    def http(self, request: HttpRequest) -> HttpResponse:
+        """A scripted answer (`serve`); else 200 from a live process listening on the port;
+        else refused, as the SSH transport words it."""
+        r, h = request, self.host
+        if self.unreachable:
+            raise unreachable(h, TransportError(f"host {h}: connection refused (fake)"))
+        if not self.forwarding:
+            raise refusal(h, "fake", r.address, r.port, PROHIBITED, "(fake)", own=True)
+        with self._lock:
+            self.requests.append(request)
+            answer = self.answers.get(request.port)
+            listening = any(request.port in p.program.ports for p in self.processes.values())
+        if answer is not None:
+            return answer if isinstance(answer, HttpResponse) else answer(request)
+        if listening:
+            return HttpResponse(200, b"")
+        raise refusal(h, "fake", r.address, r.port, CONNECT_FAILED, "(fake)", own=True)
 
     def close(self) -> None:
         self.closed += 1  # processes outlive the connection, as on a real host

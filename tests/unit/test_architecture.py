@@ -153,3 +153,64 @@ def test_node_side_imports_no_controller_room() -> None:
         if _room(target) in LAYERS
     ]
     assert not reaching, "node side importing the controller: " + ", ".join(sorted(reaching))
+
+
+# The only controller modules that open network connections: the SSH connection to a host's
+# sshd (or the first jump host), the plain socket of the local transport, and `kvpd forward`'s
+# listener on this machine's loopback. Every other exchange with a cluster port goes through
+# a transport (Transport.http), so a cluster whose ports only its hosts reach works.
+SOCKET_MODULES = {"kvpd.exec.ssh.connect", "kvpd.exec.http_wire", "kvpd.exec.forward"}
+# Rooms that run on the hosts or stand in for an engine there: they serve and call ports of
+# their own host, never the controller's way in.
+NODE_PROCESSES = (*NODE_SIDE, "engine", "testing.standin_engine")
+_CLIENT_MODULES = ("urllib.request", "http.client", "requests", "httpx", "aiohttp", "socket")
+_SOCKET_CALLS = {"create_connection", "socket", "connect", "connect_ex", "urlopen"}
+
+
+def _network_uses(tree: ast.Module) -> list[str]:
+    """Imports of an HTTP client, and calls that make a socket, anywhere in the module (also
+    inside functions: a late import opens a socket as well). `socket` as a type is fine."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name in _CLIENT_MODULES[:-1]]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = {f"{node.module}.{a.name}" for a in node.names}
+            found += [n for n in names if n in _CLIENT_MODULES or n.startswith("http.client")]
+            if node.module == "socket":
+                found += [f"socket.{a.name}" for a in node.names if a.name in _SOCKET_CALLS]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _SOCKET_CALLS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "socket"
+        ):
+            found.append(f"socket.{node.func.attr}")
+    return found
+
+
+def _is_node_process(module: str) -> bool:
+    rest = module.removeprefix("kvpd.")
+    return any(rest == r or rest.startswith(r + ".") for r in NODE_PROCESSES)
+
+
+def test_only_the_transport_layer_opens_sockets() -> None:
+    """No code path of the controller opens a socket to a cluster port itself."""
+    offenders = []
+    for module, path in _modules().items():
+        if module in SOCKET_MODULES or _is_node_process(module):
+            continue
+        uses = _network_uses(ast.parse(path.read_text(), filename=str(path)))
+        offenders += [f"{module}: {u}" for u in uses]
+    assert not offenders, (
+        "network clients outside the transport layer (send them through Transport.http): "
+        + ", ".join(sorted(offenders))
+    )
+
+
+def test_the_socket_rule_sees_a_direct_connection() -> None:
+    bad = "import urllib.request\nimport socket\ns = socket.create_connection(('p1', 7800))\n"
+    assert _network_uses(ast.parse(bad)) == ["urllib.request", "socket.create_connection"]
+    fine = "import socket\nsocket.gethostname()\ndef f() -> socket.socket: ...\n"
+    assert _network_uses(ast.parse(fine)) == []

@@ -8,6 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from kvpd.bench import metrics as m
+from kvpd.exec.local import LocalTransport
 from kvpd.plan.value import Plan
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
@@ -86,10 +87,10 @@ def test_unreachable_target_is_reported_missing_and_counters_never_go_negative()
 def test_targets_from_a_plan_and_a_real_scrape() -> None:
     plan = Plan.from_dict(json.loads((GOLDEN / "local" / "plan.json").read_text()))
     tg = m.targets(plan)
-    assert [(t.name, t.role, t.url) for t in tg] == [
-        ("prefill-0", "prefill", "http://127.0.0.1:18100/metrics"),
-        ("decode-0", "decode", "http://127.0.0.1:18200/metrics"),
-        ("proxy", "proxy", "http://127.0.0.1:18000/metrics"),
+    assert [(t.name, t.role, t.url, t.host) for t in tg] == [
+        ("prefill-0", "prefill", "http://127.0.0.1:18100/metrics", "localhost"),
+        ("decode-0", "decode", "http://127.0.0.1:18200/metrics", "localhost"),
+        ("proxy", "proxy", "http://127.0.0.1:18000/metrics", "localhost"),
     ]
     body = (FIX / "metrics_single_after.txt").read_bytes()
 
@@ -107,11 +108,11 @@ def test_targets_from_a_plan_and_a_real_scrape() -> None:
     th.start()
     try:
         port = srv.server_address[1]
-        live = [m.Target("e", "mixed", f"http://127.0.0.1:{port}/metrics"),
-                m.Target("gone", "decode", "http://127.0.0.1:9/metrics")]  # fmt: skip
-        snap = m.scrape(live, timeout_s=2)
+        live = [m.Target("e", "mixed", f"http://127.0.0.1:{port}/metrics", "here"),
+                m.Target("gone", "decode", "http://127.0.0.1:9/metrics", "here")]  # fmt: skip
+        snap = m.scrape(live, {"here": LocalTransport()}, timeout_s=2)
         assert m.total(snap.samples["e"], "vllm:prefix_cache_hits_total") == 2016.0
-        assert "gone" in snap.errors
+        assert snap.errors["gone"] == "connection refused"
     finally:
         srv.shutdown()
         srv.server_close()

@@ -15,8 +15,11 @@ import pytest
 from kvpd.bench import canary, lengths, output_check, outputs
 from kvpd.bench.metrics import Delta
 from kvpd.bench.outputs import Expectation, Outcome, OutputReport, Sample, Verdict
+from kvpd.exec.local import LocalTransport
+from kvpd.exec.pool import TransportPool
 from kvpd.plan.build import load_plan
 from kvpd.plan.rehearsal_engines import STANDIN_SCRIPT
+from kvpd.plan.value import HostSpec
 
 SAME = outputs.expectation(1, {1}, {"cpu"})
 TOL = outputs.expectation(2, {1}, {"a3"})
@@ -182,7 +185,9 @@ def test_run_sends_each_prompt_to_the_reference_and_through_the_proxy() -> None:
         return answer([1, 2, 3] + [4] * 13, [-1.0] * 16)
 
     counter = iter(range(100))
-    report = output_check.run(plan, post, lambda: f"p{next(counter)}", prompts=3)
+    report = output_check.run(
+        plan, post, lambda: f"p{next(counter)}", TransportPool(plan.hosts), prompts=3
+    )
     assert [u for u, _ in sent] == ["http://127.0.0.1:47200", plan.proxy_url] * 3
     body = sent[0][1]
     assert body["temperature"] == 0 and body["seed"] == 0 and body["max_tokens"] == 16
@@ -197,7 +202,8 @@ def test_run_reports_unreachable_engines_instead_of_raising() -> None:
     def post(url: str, body: dict, *, timeout_s: float) -> dict:
         raise OSError("connection refused")
 
-    report = output_check.run(_plan(), post, lambda: "p", prompts=2)
+    plan = _plan()
+    report = output_check.run(plan, post, lambda: "p", TransportPool(plan.hosts), prompts=2)
     assert not report.ok and len(report.errors) == 2
     assert "prefill-0 alone failed: connection refused" in report.errors[0]
 
@@ -255,7 +261,8 @@ def test_standin_engine_outputs_compare_equal_unless_empty(empty: bool) -> None:
     try:
         assert proc.stdout and "stand-in engine mixed" in proc.stdout.readline()
         b = output_check.body("standin", "a prompt " * 20, 16)
-        got = outputs.parse_completion(canary.complete(f"http://127.0.0.1:{port}", b))
+        here = LocalTransport(HostSpec("here", "127.0.0.1", transport="local"))
+        got = outputs.parse_completion(canary.complete(here, f"http://127.0.0.1:{port}", b))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -273,7 +280,8 @@ def test_canary_skips_the_output_check_when_its_request_failed(monkeypatch) -> N
         raise AssertionError("the output check must not run")
 
     monkeypatch.setattr(output_check, "run", refuse)
-    r = canary.run(_plan(), timeout_s=2)  # nothing listens on the plan's ports
+    plan = _plan()
+    r = canary.run(plan, TransportPool(plan.hosts), timeout_s=2)  # nothing listens there
     assert not r.ok and r.outputs == {} and "failed" in r.line
 
 

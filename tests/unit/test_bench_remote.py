@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvpd.bench import runner
-from kvpd.bench.remote import RemoteClient, default_host
+from kvpd.bench.remote import RemoteClient, default_host, where
 from kvpd.errors import ProfileError
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.service import Deployments
@@ -66,9 +66,32 @@ def test_default_client_host_and_the_bench_host_field() -> None:
     p = load_plan("large-ep", sets=["bench.input_len=16000"])
     assert default_host(p, local_ok=True) is None
     assert default_host(p, local_ok=False) == "p1"  # the proxy's host
+    assert where(p, "p1") == "p1, the proxy's host (bench.host unset)"
+    assert where(load_plan("large-ep", sets=["bench.host=d2"]), "d2") == "d2 (bench.host)"
+    assert where(p, None) == "this machine"
     assert load_plan("large-ep", sets=["bench.host=d2"]).bench.host == "d2"
     with pytest.raises(ProfileError) as e:
         load_plan("large-ep", sets=["bench.host=d9"])
     assert "bench.host: 'd9' is not a host of this profile. Did you mean 'd4'?" in str(e.value)
     assert "or `local` for this machine" in str(e.value)
     assert load_plan("local", sets=["bench.host=local"]).bench.host == "local"
+
+
+def test_the_run_records_where_the_client_ran() -> None:
+    from kvpd.bench.records import BenchRun
+
+    run = BenchRun("p", "d", "x", "plain", "now", client=where(load_plan("large-ep"), "p1"))
+    back = BenchRun.from_dict(run.to_dict())
+    assert back.client == "p1, the proxy's host (bench.host unset)"
+
+
+def test_a_route_to_the_proxy_decides_whether_the_client_may_run_here() -> None:
+    import socket
+
+    from kvpd.exec.http_wire import route_here
+
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        port = srv.getsockname()[1]
+        assert route_here("127.0.0.1", port)
+    assert route_here("127.0.0.1", port)  # refused: the host answered
+    assert not route_here("255.255.255.255", 8000, timeout_s=0.3)  # no TCP to broadcast

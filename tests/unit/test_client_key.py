@@ -8,7 +8,6 @@ import http.server
 import json
 import os
 import threading
-import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +17,10 @@ import pytest
 from kvpd.bench import canary
 from kvpd.errors import DeployError, ProfileError
 from kvpd.exec import client_key
+from kvpd.exec.local import LocalTransport
 from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.plan.build import load_plan
-from kvpd.plan.value import Plan
+from kvpd.plan.value import HostSpec, Plan
 
 KEY = "k" * 16 + "0123456789abcdef"
 
@@ -139,11 +139,11 @@ def test_credentials_never_follow_a_redirect(
     redirecting: tuple[str, list[dict[str, str]]],
 ) -> None:
     url, second_seen = redirecting
-    with pytest.raises(urllib.error.HTTPError) as e:
-        canary.send(url, "m", "hi", key=KEY, timeout_s=5)
-    assert e.value.code == 307
+    here = LocalTransport(HostSpec("here", "127.0.0.1", transport="local"))
+    with pytest.raises(ValueError, match="HTTP 307"):  # an answer like any other: not followed
+        canary.send(here, url, "m", "hi", key=KEY, timeout_s=5)
     with pytest.raises(DeployError, match="HTTP 307"):
-        ProxyAdmin(url, KEY, timeout_s=5).backends()
+        ProxyAdmin(here, url, KEY, timeout_s=5).backends()
     assert second_seen == []  # neither the client key nor the admin token went elsewhere
 
 
@@ -154,7 +154,9 @@ def test_the_canary_sends_the_client_key() -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        assert canary.send(f"http://127.0.0.1:{server.server_port}", "m", "hi", key=KEY) == 1
+        here = LocalTransport(HostSpec("here", "127.0.0.1", transport="local"))
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert canary.send(here, url, "m", "hi", key=KEY) == 1
     finally:
         server.shutdown()
         server.server_close()

@@ -122,7 +122,9 @@ def test_failed_canary_stops_the_deployment_unless_kept(cli, monkeypatch) -> Non
     monkeypatch.setattr(canary, "applies", lambda plan: True)
     asked: list[bool] = []
 
-    def run(plan: object, *, verify_outputs: bool = True) -> canary.CanaryResult:
+    def run(
+        plan: object, transports: object, *, verify_outputs: bool = True
+    ) -> canary.CanaryResult:
         asked.append(verify_outputs)
         return failed
 

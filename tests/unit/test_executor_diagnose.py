@@ -9,6 +9,7 @@ import pytest
 
 from kvpd.exec.diagnose import current_run, likely_cause, tail
 from kvpd.exec.health import probe
+from kvpd.exec.local import LocalTransport
 from kvpd.plan.value import HealthCheck
 
 
@@ -58,13 +59,14 @@ def test_probe_statuses() -> None:
     th = threading.Thread(target=srv.serve_forever, daemon=True)
     th.start()
     base = f"http://127.0.0.1:{srv.server_address[1]}"
+    t = LocalTransport()
     try:
-        assert probe(HealthCheck(f"{base}/health")).ok
-        bad = probe(HealthCheck(f"{base}/other"))
+        assert probe(t, HealthCheck(f"{base}/health")).ok
+        bad = probe(t, HealthCheck(f"{base}/other"))
         assert not bad.ok and bad.detail == "HTTP 503, expected 200"
-        assert probe(HealthCheck(f"{base}/other", expect_status=503)).ok
+        assert probe(t, HealthCheck(f"{base}/other", expect_status=503)).ok
     finally:
         srv.shutdown()
         srv.server_close()
-    refused = probe(HealthCheck(f"{base}/health"))
+    refused = probe(t, HealthCheck(f"{base}/health"))
     assert not refused.ok and refused.detail == "connection refused"

@@ -15,9 +15,9 @@ import pytest
 
 from kvpd.errors import KvpdError
 from kvpd.exec.local import LocalTransport
-from kvpd.exec.transport import Transport
+from kvpd.exec.transport import ChannelError, HttpRequest, HttpResponse, Transport
 from kvpd.testing.clock import free_port, wait_for
-from kvpd.testing.transport import FakeProgram, FakeTransport
+from kvpd.testing.transport import Answer, FakeProgram, FakeTransport
 from tests.e2e.conftest import testbed  # noqa: F401  (session fixture, for the ssh case)
 
 # Listens on argv[1] and says so; with argv[2] == "stubborn" it ignores SIGTERM.
@@ -29,6 +29,29 @@ LISTENER = (
     "print('listening', flush=True); time.sleep(600)\n"
 )
 
+# Answers "METHOD PATH BODY" on 127.0.0.1:argv[1] of its host (404 for /missing), with a
+# Content-Length, as the engines' and the proxy's servers do.
+ECHO_SERVER = (
+    "import http.server, sys\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def answer(self):\n"
+    "        n = int(self.headers.get('Content-Length') or 0)\n"
+    "        out = f'{self.command} {self.path} '.encode() + self.rfile.read(n)\n"
+    "        self.send_response(404 if self.path == '/missing' else 200)\n"
+    "        self.send_header('Content-Length', str(len(out)))\n"
+    "        self.end_headers(); self.wfile.write(out)\n"
+    "    do_GET = do_POST = answer\n"
+    "    def log_message(self, *a): pass\n"
+    "s = http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H)\n"
+    "print('listening', flush=True); s.serve_forever()\n"
+)
+
+
+def echo(req: HttpRequest) -> HttpResponse:
+    """What ECHO_SERVER answers, for the fake."""
+    out = f"{req.method} {req.path} ".encode() + (req.body or b"")
+    return HttpResponse(404 if req.path == "/missing" else 200, out)
+
 
 @dataclass
 class Host:
@@ -36,6 +59,8 @@ class Host:
     workdir: str
     # Tell a fake what `python3 LISTENER port [stubborn]` does; real hosts just run it.
     script: Callable[[FakeProgram], None]
+    # Tell a fake what a port answers over HTTP; real hosts answer by their processes.
+    serve: Callable[[int, Answer], None] = lambda port, answer: None
 
 
 @pytest.fixture(
@@ -58,7 +83,7 @@ def host(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Host]:
             yield Host(t, str(tmp_path), lambda p: None)
     elif request.param == "fake":
         fake = FakeTransport()
-        yield Host(fake, "/home/fake/work", lambda p: fake.script("python3", p))
+        yield Host(fake, "/home/fake/work", lambda p: fake.script("python3", p), fake.serve)
     else:
         from kvpd.exec.ssh import SSHTransport
         from tests.unit.standin import standin_container
@@ -171,3 +196,29 @@ def test_a_secret_in_env_reaches_the_command(host: Host) -> None:
     token = 'hf_x\'; $(id) "y"'
     r = host.t.run(["sh", "-c", 'printf %s "$HF_TOKEN"'], env={"HF_TOKEN": token, "A": "1"})
     assert r.ok and r.stdout == token
+
+
+def test_http_to_a_port_as_the_host_sees_it(host: Host) -> None:
+    """Transport.http reaches 127.0.0.1 of the host itself (over SSH: a channel of the host's
+    connection, so only its sshd need be reachable), any status is an answer, and a port
+    nothing listens on is refused, as such."""
+    t, port = host.t, free_port()
+    host.script(FakeProgram(output="listening\n", ports=(port,)))
+    host.serve(port, echo)
+    log = f"{host.workdir}/echo.log"
+    s = t.start_detached(["python3", "-c", ECHO_SERVER, str(port)], log=log, cwd=host.workdir)
+    try:
+        assert wait_for(lambda: t.ports_listening([port]) == [port])
+        got = t.http(HttpRequest("GET", "127.0.0.1", port, "/health?x=1", timeout_s=5))
+        assert (got.status, got.body) == (200, b"GET /health?x=1 ")
+        body = b'{"a": 1}'
+        got = t.http(HttpRequest("POST", "127.0.0.1", port, "/v1/x", body, timeout_s=5))
+        assert (got.status, got.body) == (200, b"POST /v1/x " + body)
+        assert t.http(HttpRequest("GET", "127.0.0.1", port, "/missing")).status == 404
+    finally:
+        t.signal_group(s.pgid, signal.SIGKILL, start_ticks=s.start_ticks)
+    assert wait_for(lambda: t.ports_listening([port]) == [])
+    host.serve(port, lambda req: (_ for _ in ()).throw(ChannelError("refused", "x", "x")))
+    with pytest.raises(ChannelError) as e:
+        t.http(HttpRequest("GET", "127.0.0.1", port, "/health", timeout_s=5))
+    assert e.value.kind == "refused"

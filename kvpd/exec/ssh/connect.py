@@ -5,10 +5,12 @@ way a connect fails."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Hashable
 
 import paramiko
 
 from kvpd.errors import HostKeyError, TransportError
+from kvpd.exec.ssh import jumps as shared_jumps
 from kvpd.exec.ssh.config import Hop, Route
 from kvpd.exec.ssh.hostkeys import changed_key_error, verify_with
 
@@ -21,11 +23,15 @@ class Unstarted(Exception):
 
 
 class Connection:
-    """A connected client (plus the jump-host clients it tunnels through) and its SFTP."""
+    """A connected client, the shared jump-host clients it tunnels through, and its SFTP."""
 
-    def __init__(self, client: paramiko.SSHClient, jumps: list[paramiko.SSHClient]) -> None:
+    def __init__(
+        self,
+        client: paramiko.SSHClient,
+        jumps: list[tuple[Hashable, paramiko.SSHClient]] | None = None,
+    ) -> None:
         self.client = client
-        self.jumps = jumps
+        self.jumps = list(jumps or [])
         self.sftp: paramiko.SFTPClient | None = None
 
     @property
@@ -55,41 +61,38 @@ class Connection:
         return self.sftp
 
     def close(self) -> None:
-        for c in [self.client, *reversed(self.jumps)]:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001 - closing a dead connection may raise anything; it is gone
-                pass
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001 - closing a dead connection may raise anything; it is gone
+            pass
+        for key, c in reversed(self.jumps):
+            shared_jumps.release(key, c)
+        self.jumps = []
 
 
 def connect(
     route: Route, name: str, *, accept_unknown_host_key: bool, timeout_s: float
 ) -> Connection:
-    """Connect to `route.target` (host `name`) through its jump hosts."""
-    jumps: list[paramiko.SSHClient] = []
-    sock: paramiko.Channel | None = None
+    """Connect to `route.target` (host `name`) through its jump hosts, whose connections are
+    shared with every other host behind the same chain (kvpd/exec/ssh/jumps.py)."""
+    held: list[tuple[Hashable, paramiko.SSHClient]] = []
     hops = list(route.jumps)
+    prev: paramiko.SSHClient | None = None
     try:
         for i, hop in enumerate(hops):
-            nxt = hops[i + 1] if i + 1 < len(hops) else route.target
-            label = f"jump host {hop.address} (for {name})"
-            client = _client(
-                hop, sock, label, route.known_hosts, accept_unknown_host_key, timeout_s
-            )
-            jumps.append(client)
-            try:
-                transport = client.get_transport()
-                assert transport is not None  # just connected
-                sock = transport.open_channel(
-                    "direct-tcpip", (nxt.address, nxt.port), ("127.0.0.1", 0), timeout=timeout_s
-                )
-            except LINK_ERRORS as e:
-                raise TransportError(
-                    f"host {name}: jump host {hop.address} cannot reach "
-                    f"{nxt.address}:{nxt.port}: {e or type(e).__name__}. Fix: check the "
-                    "address and that the jump host allows TCP forwarding "
-                    "(AllowTcpForwarding in its sshd_config)."
-                ) from e
+            chain: Hashable = (tuple(hops[: i + 1]), route.known_hosts, accept_unknown_host_key)
+
+            def make(
+                prev: paramiko.SSHClient | None = prev, hop: Hop = hop, i: int = i
+            ) -> paramiko.SSHClient:
+                sock = None if prev is None else _channel(prev, hops[i - 1], hop, name, timeout_s)
+                label = f"jump host {hop.address} (for {name})"
+                return _client(hop, sock, label, route.known_hosts, accept_unknown_host_key,
+                               timeout_s)  # fmt: skip
+
+            prev = shared_jumps.acquire(chain, make)
+            held.append((chain, prev))
+        sock = None if prev is None else _channel(prev, hops[-1], route.target, name, timeout_s)
         client = _client(
             route.target,
             sock,
@@ -99,10 +102,30 @@ def connect(
             timeout_s,
         )
     except BaseException:
-        for c in reversed(jumps):
-            c.close()
+        for done, c in reversed(held):
+            shared_jumps.release(done, c)
         raise
-    return Connection(client, jumps)
+    return Connection(client, held)
+
+
+def _channel(
+    via: paramiko.SSHClient, hop: Hop, nxt: Hop, name: str, timeout_s: float
+) -> paramiko.Channel:
+    """A direct-tcpip channel from jump host `hop` (connected as `via`) to `nxt`'s sshd."""
+    try:
+        transport = via.get_transport()
+        if transport is None:
+            raise EOFError("connection closed")
+        return transport.open_channel(
+            "direct-tcpip", (nxt.address, nxt.port), ("127.0.0.1", 0), timeout=timeout_s
+        )
+    except LINK_ERRORS as e:
+        raise TransportError(
+            f"host {name}: jump host {hop.address} cannot reach "
+            f"{nxt.address}:{nxt.port}: {e or type(e).__name__}. Fix: check the "
+            "address and that the jump host allows TCP forwarding "
+            "(AllowTcpForwarding in its sshd_config)."
+        ) from e
 
 
 def _client(

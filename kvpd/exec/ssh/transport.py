@@ -12,12 +12,22 @@ from typing import TYPE_CHECKING, TypeVar
 import paramiko
 
 from kvpd.errors import TransportError
-from kvpd.exec.ssh import commands, sftp
+from kvpd.exec import http_wire
+from kvpd.exec.channel_errors import unreachable
+from kvpd.exec.ssh import channels, commands, sftp
 from kvpd.exec.ssh.config import Route, load_ssh_config, route
 from kvpd.exec.ssh.connect import LINK_ERRORS, Connection, Unstarted, connect
 from kvpd.exec.ssh.processes import ShellProcesses, started
 from kvpd.exec.ssh.timed import drive
-from kvpd.exec.transport import CommandResult, Run, RunOptions, Started
+from kvpd.exec.transport import (
+    ChannelError,
+    CommandResult,
+    HttpRequest,
+    HttpResponse,
+    Run,
+    RunOptions,
+    Started,
+)
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
     from typing_extensions import Unpack
@@ -27,6 +37,8 @@ T = TypeVar("T")
 
 # OpenSSH allows 10 sessions per connection by default (MaxSessions); one is kept for SFTP.
 MAX_PARALLEL_CHANNELS = 8
+# direct-tcpip channels do not count against MaxSessions; this bounds one host's open ones.
+MAX_PARALLEL_FORWARDS = 16
 
 
 class SSHTransport(ShellProcesses):
@@ -54,6 +66,7 @@ class SSHTransport(ShellProcesses):
         self._lock = threading.Lock()  # guards _conn (connect / reconnect)
         self._sftp_lock = threading.Lock()  # one SFTP request stream at a time
         self._channels = threading.BoundedSemaphore(MAX_PARALLEL_CHANNELS)
+        self._forwards = threading.BoundedSemaphore(MAX_PARALLEL_FORWARDS)
         self._conn: Connection | None = None
         self._home: str | None = None
 
@@ -278,6 +291,31 @@ class SSHTransport(ShellProcesses):
                 "Fix: check that the directory exists and the log directory is writable."
             )
         return started(lines, log_path)
+
+    # -- ports on the host -------------------------------------------------------------
+
+    def open_stream(self, address: str, port: int, *, timeout_s: float = 10.0) -> paramiko.Channel:
+        """A direct-tcpip channel to `address:port` as this host reaches it."""
+        wait = min(timeout_s, self.connect_timeout_s)
+        own = (self.spec.address, self.route.target.address)
+
+        def op(conn: Connection) -> paramiko.Channel:
+            return channels.open_to(conn, self.host, self.user, address, port, wait, own=own)
+
+        try:
+            return self._with_retry(f"reaching {address}:{port}", op)
+        except ChannelError:
+            raise
+        except TransportError as e:  # no connection to the host at all
+            raise unreachable(self.host, e) from None
+
+    def http(self, request: HttpRequest) -> HttpResponse:
+        with self._forwards:
+            chan = self.open_stream(request.address, request.port, timeout_s=request.timeout_s)
+            try:
+                return http_wire.exchange(chan, request, self.host)
+            finally:
+                chan.close()
 
     def close(self) -> None:
         """Close the connection (a later operation opens a new one); detached processes keep
