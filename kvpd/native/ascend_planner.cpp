@@ -181,15 +181,20 @@ void lru_resident_compact(uintptr_t req_ids, uintptr_t last_req_ids, uintptr_t t
   auto rows = [&](int64_t begin, int64_t end) {
     Workspace& ws = thread_workspace(max_token, topk_len, capacity);
     for (int64_t r = begin; r < end; ++r) {
-      const RowIO io{tk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
-                     cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, mtok};
+      RowIO io{tk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
+               cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, mtok};
+      if (r + 1 < end) {  // the next row of this claim (a later one may go to another thread)
+        io.next_stt = stt + (r + 1) * c;
+        io.next_lru = lru + (r + 1) * c;
+        io.next_topk = tk + (r + 1) * k;
+      }
       fn(io, ws);
     }
   };
   py::gil_scoped_release nogil;
-  // Two rows per claim: ~10 us of work each, so claims are rare and a preempted helper delays
-  // the caller by at most that.
-  parallel_rows(threads, num_reqs, 2, rows);
+  // Four rows per claim: ~10 us of work each, so claims are rare, three rows of four find their
+  // state fetched ahead, and a preempted helper delays the caller by at most a claim.
+  parallel_rows(threads, num_reqs, 4, rows);
 }
 
 // ======  compute_lru_resident_addrs over raw pointers (checked in ascend_planner_args.cpp)  ======
