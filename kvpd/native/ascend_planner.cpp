@@ -192,9 +192,10 @@ void lru_resident_compact(uintptr_t req_ids, uintptr_t last_req_ids, uintptr_t t
     }
   };
   py::gil_scoped_release nogil;
-  // Four rows per claim: ~10 us of work each, so claims are rare, three rows of four find their
-  // state fetched ahead, and a preempted helper delays the caller by at most a claim.
-  parallel_rows(threads, num_reqs, 4, rows);
+  // Claims of at least two rows (~10 us of work each) and at most a quarter of a thread's share
+  // (8 of 64 rows on 2 threads): most rows find their state fetched ahead, and a preempted
+  // helper delays the caller by at most its claim.
+  parallel_rows(threads, num_reqs, 2, rows);
 }
 
 // ======  compute_lru_resident_addrs over raw pointers (checked in ascend_planner_args.cpp)  ======

@@ -34,20 +34,27 @@ inline void cpu_relax() {
 #endif
 }
 
-// Rows [0, n) handed out `chunk` at a time to whoever claims them first.
+// Rows [0, n) handed out to whoever claims them first, in claims that shrink as the rows run
+// out (guided): a quarter of each thread's share of what is left, at least `chunk`. Large claims
+// early keep a thread on consecutive rows (the row planner fetches the next row of its claim
+// ahead); small claims at the end leave the threads finishing together instead of one waiting
+// for the other's last large claim.
 struct RowJob {
   void (*run)(void* ctx, int64_t begin, int64_t end);
   void* ctx;
-  int64_t n, chunk;
+  int64_t n, chunk, threads = 1;
   std::atomic<int64_t> next{0}, done{0};
 
   void claim_all() {
+    int64_t b = next.load(std::memory_order_relaxed);
     for (;;) {
-      const int64_t b = next.fetch_add(chunk, std::memory_order_relaxed);
       if (b >= n) return;
-      const int64_t e = std::min(b + chunk, n);
+      const int64_t take = std::max(chunk, (n - b) / (4 * threads));
+      const int64_t e = std::min(b + take, n);
+      if (!next.compare_exchange_weak(b, e, std::memory_order_relaxed)) continue;  // b reloaded
       run(ctx, b, e);
       done.fetch_add(e - b, std::memory_order_release);
+      b = next.load(std::memory_order_relaxed);
     }
   }
 };
@@ -155,6 +162,7 @@ void parallel_rows(int threads, int64_t n, int64_t chunk, F& f) {
   job.ctx = &f;
   job.n = n;
   job.chunk = chunk;
+  job.threads = threads;
   pool_slot()->run(job, threads - 1);
 }
 
