@@ -192,10 +192,11 @@ void lru_resident_compact(uintptr_t req_ids, uintptr_t last_req_ids, uintptr_t t
     }
   };
   py::gil_scoped_release nogil;
-  // Claims of at least two rows (~10 us of work each) and at most a quarter of a thread's share
-  // (8 of 64 rows on 2 threads): most rows find their state fetched ahead, and a preempted
+  // Guided claims (ascend_planner_pool.hpp): at most a quarter of a thread's share (8 of 64 rows
+  // on 2 threads, ~10 us of work each) down to single rows at the end, so that most rows find
+  // their state fetched ahead, the threads finish within a row of each other, and a preempted
   // helper delays the caller by at most its claim.
-  parallel_rows(threads, num_reqs, 2, rows);
+  parallel_rows(threads, num_reqs, 1, rows);
 }
 
 // ======  compute_lru_resident_addrs over raw pointers (checked in ascend_planner_args.cpp)  ======
