@@ -127,6 +127,9 @@ int main(int argc, char** argv) {
           io.next_stt = stt.data() + size_t(r + 1) * c;
           io.next_lru = lru.data() + size_t(r + 1) * c;
           io.next_topk = topk.data() + (row + 1) * k;
+          io.next_cur = cur.data() + size_t(r + 1) * k;
+          io.next_mt = mt.data() + size_t(r + 1) * k;
+          io.next_ms = ms.data() + size_t(r + 1) * k;
         }
 #endif
         plan_row(io, ws);

@@ -31,11 +31,14 @@ struct RowIO {
   int32_t* miss_slots;     // out [k]: their slots, packed, -1 after miss_count
   int32_t* miss_count;     // out [1]
   int32_t k, c, max_token;
-  // The next row's state and top-k (nullptr: none), fetched into L2 while this row is planned
-  // with its outputs, which follow this row's (current_slots + k, ...).
+  // The next row's state, top-k and outputs (next_stt nullptr: none), fetched into L2 while
+  // this row is planned.
   const int32_t* next_stt = nullptr;
   const int32_t* next_lru = nullptr;
   const int32_t* next_topk = nullptr;
+  const int32_t* next_cur = nullptr;
+  const int32_t* next_mt = nullptr;
+  const int32_t* next_ms = nullptr;
 };
 
 // Per-thread scratch. `bits()` is a bitmap over token ids (all-zero between rows); `rank_base[w]`
@@ -308,15 +311,15 @@ KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, in
   if (io.next_stt != nullptr) {
     // A layer's rows (64 x 56 KiB of state, top-k and outputs here) do not fit in L2, and this
     // loop is the longest of the row: meanwhile fetch into L2 the next row's slot_to_token and
-    // LRU order (a line of each per 16 slots), and its top-k and outputs (which follow this
-    // row's: upstream's layout; a line of each per 32 slots, so the first c/2 positions), so
-    // that its passes find them there (measured: benchmarks/ascend_planner_phases.py).
+    // LRU order (a line of each per 16 slots), and its top-k and outputs (a line of each per 32
+    // slots, so the first c/2 positions), so that its passes find them there (measured:
+    // benchmarks/ascend_planner_phases.py).
     const char* ns = reinterpret_cast<const char*>(io.next_stt);
     const char* nl = reinterpret_cast<const char*>(io.next_lru);
     const char* nt = reinterpret_cast<const char*>(io.next_topk);
-    const char* nc = reinterpret_cast<const char*>(io.current_slots + io.k);
-    const char* nmt = reinterpret_cast<const char*>(io.miss_tokens + io.k);
-    const char* nms = reinterpret_cast<const char*>(io.miss_slots + io.k);
+    const char* nc = reinterpret_cast<const char*>(io.next_cur);
+    const char* nmt = reinterpret_cast<const char*>(io.next_mt);
+    const char* nms = reinterpret_cast<const char*>(io.next_ms);
     const int64_t topk_bytes = int64_t{io.k} * 4;
     for (; i + 16 <= c; i += 16) {
       __builtin_prefetch(ns + i * 4, 0, 2);
