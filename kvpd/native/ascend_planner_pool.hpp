@@ -38,10 +38,10 @@ inline void cpu_relax() {
 // rows [begin, end); `after` is the row this thread will most likely plan next (-1: none), so
 // that the row planner can fetch its state ahead.
 //
-// Two threads (the usual decode setting) take the rows from the two ends, a row at a time: the
-// caller from the front upwards, the helper from the back downwards, until they meet. Each
-// thread's next row is then known (the row planner fetches it ahead for every row), and they
-// finish within a row of each other. More threads share one counter in claims that shrink as
+// Two threads (the usual decode setting) take the rows from the two ends, `chunk` rows at a
+// time (one, for the row planner): the caller from the front upwards, the helper from the back
+// downwards, until they meet. Each thread's next row is then known (the row planner fetches it
+// ahead for every row), and they finish within a claim of each other. More threads share one counter in claims that shrink as
 // the rows run out (guided): a quarter of each thread's share of what is left, at least
 // `chunk`, so that large early claims keep a thread on consecutive rows and small late ones
 // leave the threads finishing together.
@@ -84,12 +84,14 @@ struct RowJob {
       const int64_t front = static_cast<int64_t>(cur & 0xffffffffu);
       const int64_t back = static_cast<int64_t>(cur >> 32);
       if (front >= back) return;
-      const int64_t row = from_back ? back - 1 : front;
-      const uint64_t want = from_back ? (cur - (uint64_t{1} << 32)) : cur + 1;
+      const int64_t take = std::min(chunk, back - front);
+      const int64_t b = from_back ? back - take : front, e = b + take;
+      const uint64_t want = from_back ? cur - (static_cast<uint64_t>(take) << 32)
+                                      : cur + static_cast<uint64_t>(take);
       if (!ends.compare_exchange_weak(cur, want, std::memory_order_relaxed)) continue;
-      const int64_t after = from_back ? row - 1 : row + 1;
-      run(ctx, row, row + 1, after >= front && after < back ? after : -1);
-      done.fetch_add(1, std::memory_order_release);
+      const int64_t after = from_back ? b - 1 : e;
+      run(ctx, b, e, after >= front && after < back ? after : -1);
+      done.fetch_add(take, std::memory_order_release);
       cur = ends.load(std::memory_order_relaxed);
     }
   }
