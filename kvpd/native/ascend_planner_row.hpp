@@ -297,15 +297,14 @@ KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, in
   const uint32_t* __restrict__ mark = ws.bits();
   int32_t* __restrict__ hits = ws.hits.data();
   // 64-bit cursors: no sign extension per store.
-  int64_t nh = 0, ne = 0;
+  int64_t nh = 0;
   auto step = [&](int64_t i) KVPD_LAMBDA_INLINE {
     const int32_t s = lru[i];
     const int32_t t = stt[s];  // -1 (empty: word -1 is the guard, zero) or below stable
     const int64_t hit = bit_at(mark[t >> 5], static_cast<uint32_t>(t));  // BT takes b mod 32
     hits[nh] = s;
-    lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
+    lru[i - nh] = s;  // i - nh <= i: never overwrites an entry not yet read
     nh += hit;
-    ne += hit ^ 1;
   };
   int64_t i = 0;
   if (io.next_stt != nullptr) {
@@ -343,7 +342,7 @@ KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, in
     const int32_t s = hits[j];
     sor[rank_of(mark, rank_base, static_cast<uint32_t>(stt[s]))] = s;
   }
-  *n_evict = static_cast<int32_t>(ne);
+  *n_evict = static_cast<int32_t>(c - nh);
   *n_hit = static_cast<int32_t>(nh);
 }
 
