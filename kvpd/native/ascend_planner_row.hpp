@@ -77,19 +77,19 @@ struct Workspace {
   }
 };
 
-// Bit b mod 32 of w. On x86 one BT: a shift by a variable count is two or three micro-ops on
-// Intel cores without BMI2 (the baseline path); elsewhere the compiler's shift is as good.
-KVPD_INLINE uint32_t bit_at(uint32_t w, uint32_t b) {
+// n + bit b (mod 32) of w. On x86 BT and ADC: a shift by a variable count is two or three
+// micro-ops on Intel cores without BMI2 (the baseline path), and BT's result as a value would
+// take a SETC and a zero extension before the add. Elsewhere the compiler's shift is as good.
+KVPD_INLINE int64_t add_bit(int64_t n, uint32_t w, uint32_t b) {
 #if defined(__x86_64__)
-  uint8_t c;
-  asm("btl %2, %1" : "=@ccc"(c) : "r"(w), "r"(b));
-  return c;
+  asm("btl %2, %1\n\tadcq $0, %0" : "+r"(n) : "r"(w), "r"(b) : "cc");
+  return n;
 #else
-  return (w >> (b & 31)) & 1;
+  return n + ((w >> (b & 31)) & 1);
 #endif
 }
 
-// w with bit b (mod 32) set: one BTS on x86 (see bit_at).
+// w with bit b (mod 32) set: one BTS on x86 (see add_bit).
 KVPD_INLINE uint32_t with_bit(uint32_t w, uint32_t b) {
 #if defined(__x86_64__)
   asm("btsl %1, %0" : "+r"(w) : "r"(b) : "cc");
@@ -300,11 +300,10 @@ KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, in
   int64_t nh = 0;
   auto step = [&](int64_t i) KVPD_LAMBDA_INLINE {
     const int32_t s = lru[i];
-    const int32_t t = stt[s];  // -1 (empty: word -1 is the guard, zero) or below stable
-    const int64_t hit = bit_at(mark[t >> 5], static_cast<uint32_t>(t));  // BT takes b mod 32
+    const int64_t t = stt[s];  // -1 (empty: word -1 is the guard, zero) or below stable
     hits[nh] = s;
     lru[i - nh] = s;  // i - nh <= i: never overwrites an entry not yet read
-    nh += hit;
+    nh = add_bit(nh, mark[t >> 5], static_cast<uint32_t>(t));  // a hit (BT takes b mod 32)
   };
   int64_t i = 0;
   if (io.next_stt != nullptr) {
