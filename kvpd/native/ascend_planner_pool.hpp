@@ -41,10 +41,10 @@ inline void cpu_relax() {
 // Two threads (the usual decode setting) take the rows from the two ends, `chunk` rows at a
 // time (one, for the row planner): the caller from the front upwards, the helper from the back
 // downwards, until they meet. Each thread's next row is then known (the row planner fetches it
-// ahead for every row), and they finish within a claim of each other. More threads share one counter in claims that shrink as
-// the rows run out (guided): a quarter of each thread's share of what is left, at least
-// `chunk`, so that large early claims keep a thread on consecutive rows and small late ones
-// leave the threads finishing together.
+// ahead for every row), and they finish within a claim of each other. More threads share one
+// counter in claims that shrink as the rows run out (guided): a quarter of each thread's share
+// of what is left, at least `chunk`, so that large early claims keep a thread on consecutive
+// rows and small late ones leave the threads finishing together.
 struct RowJob {
   void (*run)(void* ctx, int64_t begin, int64_t end, int64_t after);
   void* ctx;
