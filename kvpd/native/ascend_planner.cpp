@@ -178,18 +178,29 @@ void lru_resident_compact(uintptr_t req_ids, uintptr_t last_req_ids, uintptr_t t
   const RowFn fn = g_isa.fn;
   const int32_t k = static_cast<int32_t>(topk_len), c = static_cast<int32_t>(capacity);
   const int32_t mtok = static_cast<int32_t>(max_token);
-  auto rows = [&](int64_t begin, int64_t end) {
+  auto rows = [&](int64_t begin, int64_t end, int64_t after) {
     Workspace& ws = thread_workspace(max_token, topk_len, capacity);
     for (int64_t r = begin; r < end; ++r) {
-      const RowIO io{tk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
-                     cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, mtok};
+      RowIO io{tk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
+               cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, mtok};
+      const int64_t n = r + 1 < end ? r + 1 : after;  // the row this thread plans next
+      if (n >= 0) {
+        io.next_stt = stt + n * c;
+        io.next_lru = lru + n * c;
+        io.next_topk = tk + n * k;
+        io.next_cur = cur + n * k;
+        io.next_mt = mt + n * k;
+        io.next_ms = ms + n * k;
+      }
       fn(io, ws);
     }
   };
   py::gil_scoped_release nogil;
-  // Two rows per claim: ~10 us of work each, so claims are rare and a preempted helper delays
-  // the caller by at most that.
-  parallel_rows(threads, num_reqs, 2, rows);
+  // Rows ~10 us of work each: on 2 threads claimed one at a time from the two ends, on more in
+  // guided claims down to single rows (ascend_planner_pool.hpp), so that every row (or most)
+  // finds its state fetched ahead, the threads finish within a row of each other, and a
+  // preempted helper delays the caller by at most its claim.
+  parallel_rows(threads, num_reqs, 1, rows);
 }
 
 // ======  compute_lru_resident_addrs over raw pointers (checked in ascend_planner_args.cpp)  ======
@@ -211,7 +222,7 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
   const uint64_t bs = static_cast<uint64_t>(block_size);
   const uint32_t bs32 = static_cast<uint32_t>(block_size);  // checked <= INT32_MAX
   const int shift = (bs32 & (bs32 - 1)) == 0 ? __builtin_ctz(bs32) : -1;
-  auto plan = [&](int64_t begin, int64_t end) {
+  auto plan = [&](int64_t begin, int64_t end, int64_t /*after*/) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = start[r + 1] - start[r];
       const int32_t* toks = mt + r * k;

@@ -6,8 +6,9 @@
 // that hides it gets the baseline. What it replaces: the rank prefix over the row's token bitmap
 // (rank_base[w] = marked tokens in words before w), four words per step with the byte population
 // count (CNT) and a lane scan, instead of one word and one popcount per step. The walk and the
-// resolve phases are the shared scalar code, which GCC compiles with NEON's CNT for the single-word
-// popcounts of rank_of; so results are those of the baseline path bit for bit.
+// resolve phases are the shared scalar code (plan_row_with), which GCC compiles with NEON's CNT
+// for the single-word popcounts of rank_of; so results are those of the baseline path bit for
+// bit.
 //
 // SVE is not built: Kunpeng 920 has none, and a vector-length-agnostic variant could only be
 // checked for correctness here (under qemu), never timed.
@@ -22,7 +23,7 @@ namespace {
 
 // rank_base[w] for w <= last_word, four bitmap words at a time; returns the marked total.
 KVPD_INLINE uint32_t rank_prefix_neon(Workspace& ws, uint32_t last_word) {
-  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ mark = ws.bits();
   uint32_t* __restrict__ rank_base = ws.rank_base.data();
   const uint32x4_t zero = vdupq_n_u32(0);
   uint32_t distinct = 0;
@@ -47,13 +48,9 @@ KVPD_INLINE uint32_t rank_prefix_neon(Workspace& ws, uint32_t last_word) {
 }  // namespace
 
 void plan_row_neon(const RowIO& io, Workspace& ws) {
-  uint32_t n_valid = 0;
-  RowMarks marks = mark_row(io, ws, &n_valid);
-  begin_ranks(ws, &marks, n_valid, rank_prefix_neon(ws, marks.last_word));
-  int32_t ne = 0, nh = 0, m = 0;
-  walk_checked(io, ws, marks.stable, &ne, &nh);
-  resolve_scalar(io, ws, 0, io.k, ne, &m);
-  finish_row(io, ws, m, ne, nh, marks.last_word);
+  plan_row_with(io, ws, [](Workspace& w, uint32_t last) KVPD_LAMBDA_INLINE {
+    return rank_prefix_neon(w, last);
+  });
 }
 
 }  // namespace kvpd_ascend

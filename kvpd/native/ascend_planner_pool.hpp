@@ -34,20 +34,65 @@ inline void cpu_relax() {
 #endif
 }
 
-// Rows [0, n) handed out `chunk` at a time to whoever claims them first.
+// Rows [0, n) handed out to whoever claims them first. `run(ctx, begin, end, after)` plans
+// rows [begin, end); `after` is the row this thread will most likely plan next (-1: none), so
+// that the row planner can fetch its state ahead.
+//
+// Two threads (the usual decode setting) take the rows from the two ends, `chunk` rows at a
+// time (one, for the row planner): the caller from the front upwards, the helper from the back
+// downwards, until they meet. Each thread's next row is then known (the row planner fetches it
+// ahead for every row), and they finish within a claim of each other. More threads share one
+// counter in claims that shrink as the rows run out (guided): a quarter of each thread's share
+// of what is left, at least `chunk`, so that large early claims keep a thread on consecutive
+// rows and small late ones leave the threads finishing together.
 struct RowJob {
-  void (*run)(void* ctx, int64_t begin, int64_t end);
+  void (*run)(void* ctx, int64_t begin, int64_t end, int64_t after);
   void* ctx;
-  int64_t n, chunk;
+  int64_t n, chunk, threads = 1;
+  bool two_ends = false;  // threads == 2 (and n < 2^31, which the packing below needs)
   std::atomic<int64_t> next{0}, done{0};
+  // Two ends (threads == 2): the front in the low 32 bits, the back (one past the last row
+  // still free) in the high 32 bits; the rows left are [front, back).
+  std::atomic<uint64_t> ends{0};
 
-  void claim_all() {
+  void start() {
+    two_ends = threads == 2 && n < (int64_t{1} << 31);
+    ends.store(static_cast<uint64_t>(n) << 32, std::memory_order_relaxed);
+  }
+
+  void claim_all(bool from_back = false) {
+    if (two_ends) {
+      claim_ends(from_back);
+      return;
+    }
+    int64_t b = next.load(std::memory_order_relaxed);
     for (;;) {
-      const int64_t b = next.fetch_add(chunk, std::memory_order_relaxed);
       if (b >= n) return;
-      const int64_t e = std::min(b + chunk, n);
-      run(ctx, b, e);
+      const int64_t take = std::max(chunk, (n - b) / (4 * threads));
+      const int64_t e = std::min(b + take, n);
+      if (!next.compare_exchange_weak(b, e, std::memory_order_relaxed)) continue;  // b reloaded
+      run(ctx, b, e, e < n ? e : -1);
       done.fetch_add(e - b, std::memory_order_release);
+      b = next.load(std::memory_order_relaxed);
+    }
+  }
+
+ private:
+  void claim_ends(bool from_back) {
+    uint64_t cur = ends.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t front = static_cast<int64_t>(cur & 0xffffffffu);
+      const int64_t back = static_cast<int64_t>(cur >> 32);
+      if (front >= back) return;
+      const int64_t take = std::min(chunk, back - front);
+      const int64_t b = from_back ? back - take : front, e = b + take;
+      const uint64_t want = from_back ? cur - (static_cast<uint64_t>(take) << 32)
+                                      : cur + static_cast<uint64_t>(take);
+      if (!ends.compare_exchange_weak(cur, want, std::memory_order_relaxed)) continue;
+      const int64_t after = from_back ? b - 1 : e;
+      run(ctx, b, e, after >= front && after < back ? after : -1);
+      done.fetch_add(take, std::memory_order_release);
+      cur = ends.load(std::memory_order_relaxed);
     }
   }
 };
@@ -116,7 +161,7 @@ class RowPool {
       RowJob* job = job_;
       ++active_;
       lk.unlock();
-      job->claim_all();
+      job->claim_all(/*from_back=*/true);
       lk.lock();
       if (--active_ == 0) idle_.notify_all();
     }
@@ -143,18 +188,23 @@ inline RowPool*& pool_slot() {
   return pool;
 }
 
-// f(begin, end) over rows [0, n) on `threads` threads (the caller and threads - 1 helpers).
+// f(begin, end, after) over rows [0, n) on `threads` threads (the caller and threads - 1
+// helpers); `after` as in RowJob.
 template <typename F>
 void parallel_rows(int threads, int64_t n, int64_t chunk, F& f) {
   if (threads <= 1 || n <= chunk) {
-    f(int64_t{0}, n);
+    f(int64_t{0}, n, int64_t{-1});
     return;
   }
   RowJob job;
-  job.run = [](void* ctx, int64_t b, int64_t e) { (*static_cast<F*>(ctx))(b, e); };
+  job.run = [](void* ctx, int64_t b, int64_t e, int64_t after) {
+    (*static_cast<F*>(ctx))(b, e, after);
+  };
   job.ctx = &f;
   job.n = n;
   job.chunk = chunk;
+  job.threads = threads;
+  job.start();
   pool_slot()->run(job, threads - 1);
 }
 

@@ -11,6 +11,12 @@
 #include <vector>
 
 #define KVPD_INLINE inline __attribute__((always_inline))
+#define KVPD_LAMBDA_INLINE __attribute__((always_inline))
+// A split point inside a phase, for the instrumented build of
+// benchmarks/ascend_planner_phases.cpp (which defines it); nothing otherwise.
+#ifndef KVPD_PHASE
+#define KVPD_PHASE(i)
+#endif
 
 namespace kvpd_ascend {
 
@@ -27,27 +33,44 @@ struct RowIO {
   int32_t* miss_slots;     // out [k]: their slots, packed, -1 after miss_count
   int32_t* miss_count;     // out [1]
   int32_t k, c, max_token;
+  // The next row's state, top-k and outputs (next_stt nullptr: none), fetched into L2 while
+  // this row is planned.
+  const int32_t* next_stt = nullptr;
+  const int32_t* next_lru = nullptr;
+  const int32_t* next_topk = nullptr;
+  const int32_t* next_cur = nullptr;
+  const int32_t* next_mt = nullptr;
+  const int32_t* next_ms = nullptr;
 };
 
-// Per-thread scratch. `mark` is a bitmap over token ids (all-zero between rows); `rank_base[w]`
+// Per-thread scratch. `bits()` is a bitmap over token ids (all-zero between rows); `rank_base[w]`
 // counts marked tokens in words before w, so a marked token's rank among the row's distinct
 // top-k tokens is rank_base[w] + popcount(lower bits of word w), and `slot_of_rank` maps a rank
 // to its slot (-1: not resident). 16 KiB of bitmap for 128k tokens stays in L1, where upstream's
 // two max_token-sized int32 tables (1 MiB) do not. Buffers carry 16 entries of slack so SIMD
 // code may store whole vectors.
+//
+// The bitmap starts one word into `mark_words`: that word stays zero, so an empty slot's token
+// (-1, shifted right arithmetically to word -1) tests as "not in the set" with no test of its own.
 struct Workspace {
-  std::vector<uint32_t> mark, rank_base;
+  std::vector<uint32_t> mark_words, rank_base;
   std::vector<int32_t> slot_of_rank, hits;
   std::vector<uint32_t> hit_tokens;  // walk_scalar: the tokens of `hits`
   std::vector<uint16_t> hit_slots;  // a bit per slot, 16 per entry
+  std::vector<int32_t> miss_pos;     // resolve_distinct: positions that missed
+
+  uint32_t* bits() { return mark_words.data() + 1; }
 
   void fit(int64_t max_token, int64_t topk, int64_t capacity) {
     const size_t words = static_cast<size_t>(max_token >> 5) + 2;
-    if (mark.size() < words) {
-      mark.assign(words, 0);
+    if (rank_base.size() < words) {
+      mark_words.assign(words + 1, 0);
       rank_base.assign(words, 0);
     }
-    if (slot_of_rank.size() < static_cast<size_t>(topk) + 16) slot_of_rank.resize(topk + 16);
+    if (slot_of_rank.size() < static_cast<size_t>(topk) + 16) {
+      slot_of_rank.resize(topk + 16);
+      miss_pos.resize(topk + 16);
+    }
     if (hits.size() < static_cast<size_t>(capacity) + 16) {
       hits.resize(capacity + 16);
       hit_tokens.resize(capacity + 16);
@@ -55,6 +78,28 @@ struct Workspace {
     }
   }
 };
+
+// n + bit b (mod 32) of w. On x86 BT and ADC: a shift by a variable count is two or three
+// micro-ops on Intel cores without BMI2 (the baseline path), and BT's result as a value would
+// take a SETC and a zero extension before the add. Elsewhere the compiler's shift is as good.
+KVPD_INLINE int64_t add_bit(int64_t n, uint32_t w, uint32_t b) {
+#if defined(__x86_64__)
+  asm("btl %2, %1\n\tadcq $0, %0" : "+r"(n) : "r"(w), "r"(b) : "cc");
+  return n;
+#else
+  return n + ((w >> (b & 31)) & 1);
+#endif
+}
+
+// w with bit b (mod 32) set: one BTS on x86 (see add_bit).
+KVPD_INLINE uint32_t with_bit(uint32_t w, uint32_t b) {
+#if defined(__x86_64__)
+  asm("btsl %1, %0" : "+r"(w) : "r"(b) : "cc");
+  return w;
+#else
+  return w | (1u << (b & 31));
+#endif
+}
 
 KVPD_INLINE uint32_t rank_of(const uint32_t* mark, const uint32_t* rank_base, uint32_t t) {
   const uint32_t w = t >> 5;
@@ -81,7 +126,7 @@ KVPD_INLINE void reset_on_new_request(const RowIO& io) {
 KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid) {
   reset_on_new_request(io);
   // Locals, so that the bitmap stores (uint32) cannot alias them in the compiler's eyes.
-  uint32_t* __restrict__ mark = ws.mark.data();
+  uint32_t* __restrict__ mark = ws.bits();
   const int32_t* __restrict__ topk = io.topk;
   const int32_t k = io.k;
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
@@ -89,7 +134,7 @@ KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid)
   for (int32_t p = 0; p < k; ++p) {
     const uint32_t t = static_cast<uint32_t>(topk[p]);
     if (t < umax) {
-      mark[t >> 5] |= 1u << (t & 31);
+      mark[t >> 5] = with_bit(mark[t >> 5], t);
       last_word = std::max(last_word, t >> 5);
       ++valid;
     }
@@ -100,7 +145,7 @@ KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid)
 
 // rank_base[w] = marked tokens in words before w, for w <= last_word; returns the total.
 KVPD_INLINE uint32_t rank_prefix_scalar(Workspace& ws, uint32_t last_word) {
-  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ mark = ws.bits();
   uint32_t* __restrict__ rank_base = ws.rank_base.data();
   uint32_t distinct = 0;
   for (uint32_t w = 0; w <= last_word; ++w) {
@@ -124,7 +169,7 @@ KVPD_INLINE void begin_ranks(Workspace& ws, RowMarks* marks, uint32_t n_valid, u
 // the scalar forms, for its tails.
 KVPD_INLINE void classify_slots_scalar(const RowIO& io, Workspace& ws, int32_t stable,
                                        int32_t s) {
-  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ mark = ws.bits();
   const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   int32_t* __restrict__ sor = ws.slot_of_rank.data();
   uint16_t* __restrict__ hit_slots = ws.hit_slots.data();
@@ -189,7 +234,7 @@ KVPD_INLINE void split_lru_scalar(const RowIO& io, Workspace& ws, int32_t i, int
 // in a second loop over the hits only (~40% of the slots), whose tokens the walk lists.
 KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int32_t i,
                              int32_t* n_evict, int32_t* n_hit) {
-  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ mark = ws.bits();
   int32_t* __restrict__ hits = ws.hits.data();
   uint32_t* __restrict__ hit_tokens = ws.hit_tokens.data();
   int32_t* __restrict__ lru = io.lru;
@@ -223,9 +268,9 @@ KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int
 
 // walk_scalar's result with less work per slot when every LRU entry is a slot index (always,
 // on state this planner writes): one pass in slot order (vectorised by the compiler) drops the
-// tokens at or past the stable prefix and checks the entries; then the walk needs neither the
-// range check nor the drop, and the evictable count is the entries read minus the hits.
-// Corrupt entries: walk_scalar from the start (the drop it repeats changes nothing).
+// tokens at or past the stable prefix and checks the entries and tokens; then the walk needs
+// neither the range checks nor the drop (about a fifth of its work per slot). Corrupt entries
+// or tokens: walk_scalar from the start (the drop it repeats changes nothing).
 KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, int32_t* n_evict,
                               int32_t* n_hit) {
   int32_t* __restrict__ stt = io.slot_to_token;
@@ -234,36 +279,72 @@ KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, in
   const uint32_t ustable = static_cast<uint32_t>(stable);  // stable in [0, max_token]
   const int32_t c = io.c;
   const uint32_t ucap = static_cast<uint32_t>(c);
+  // After the drop a slot holds -1 or a token below the stable prefix, unless the state is
+  // corrupt (a negative token other than -1, or one past max_token): then `bad` too.
+  // Plain unsigned arithmetic (no &&), so that the compiler vectorises the loop.
+  const uint32_t span = umax - ustable;  // t in [stable, max_token) <=> t - stable < span
   uint32_t bad = 0;
   for (int32_t s = 0; s < c; ++s) {
     const uint32_t t = static_cast<uint32_t>(stt[s]);
-    stt[s] = t < umax && t >= ustable ? -1 : static_cast<int32_t>(t);
+    const uint32_t kept = t | (0u - static_cast<uint32_t>(t - ustable < span));
+    stt[s] = static_cast<int32_t>(kept);
     bad |= static_cast<uint32_t>(static_cast<uint32_t>(lru[s]) >= ucap);
+    bad |= static_cast<uint32_t>(kept + 1u > ustable);  // kept >= stable, -1 wraps to 0
   }
+  KVPD_PHASE(5)
   if (bad) {
     walk_scalar(io, ws, stable, 0, n_evict, n_hit);
     return;
   }
-  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ mark = ws.bits();
   int32_t* __restrict__ hits = ws.hits.data();
-  uint32_t* __restrict__ hit_tokens = ws.hit_tokens.data();
-  int32_t nh = 0;
-  for (int32_t i = 0; i < c; ++i) {
+  // 64-bit cursors: no sign extension per store.
+  int64_t nh = 0;
+  auto step = [&](int64_t i) KVPD_LAMBDA_INLINE {
     const int32_t s = lru[i];
-    const uint32_t t = static_cast<uint32_t>(stt[s]);
-    const uint32_t valid = static_cast<uint32_t>(t < ustable);
-    const uint32_t ti = t & (0u - valid);
-    const uint32_t hit = valid & (mark[ti >> 5] >> (ti & 31)) & 1;
-    hit_tokens[nh] = ti;
+    const int64_t t = stt[s];  // -1 (empty: word -1 is the guard, zero) or below stable
     hits[nh] = s;
-    lru[i - nh] = s;  // i - nh evictables so far: never past i
-    nh += static_cast<int32_t>(hit);
+    lru[i - nh] = s;  // i - nh <= i: never overwrites an entry not yet read
+    nh = add_bit(nh, mark[t >> 5], static_cast<uint32_t>(t));  // a hit (BT takes b mod 32)
+  };
+  int64_t i = 0;
+  if (io.next_stt != nullptr) {
+    // A layer's rows (64 x 56 KiB of state, top-k and outputs here) do not fit in L2, and this
+    // loop is the longest of the row: meanwhile fetch into L2 the next row's slot_to_token and
+    // LRU order (a line of each per 16 slots), and its top-k and outputs (a line of each per 32
+    // slots, so the first c/2 positions), so that its passes find them there (measured:
+    // benchmarks/ascend_planner_phases.py).
+    const char* ns = reinterpret_cast<const char*>(io.next_stt);
+    const char* nl = reinterpret_cast<const char*>(io.next_lru);
+    const char* nt = reinterpret_cast<const char*>(io.next_topk);
+    const char* nc = reinterpret_cast<const char*>(io.next_cur);
+    const char* nmt = reinterpret_cast<const char*>(io.next_mt);
+    const char* nms = reinterpret_cast<const char*>(io.next_ms);
+    const int64_t topk_bytes = int64_t{io.k} * 4;
+    for (; i + 16 <= c; i += 16) {
+      __builtin_prefetch(ns + i * 4, 0, 2);
+      __builtin_prefetch(nl + i * 4, 1, 2);
+      if ((i & 31) == 0 && i * 2 < topk_bytes) {
+        __builtin_prefetch(nt + i * 2, 0, 2);
+        __builtin_prefetch(nc + i * 2, 1, 2);
+        __builtin_prefetch(nmt + i * 2, 1, 2);
+        __builtin_prefetch(nms + i * 2, 1, 2);
+      }
+      for (int64_t j = i; j < i + 16; ++j) step(j);
+    }
   }
+  for (; i < c; ++i) step(i);
+  KVPD_PHASE(6)
   const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   int32_t* __restrict__ sor = ws.slot_of_rank.data();
-  for (int32_t j = 0; j < nh; ++j) sor[rank_of(mark, rank_base, hit_tokens[j])] = hits[j];
-  *n_evict = c - nh;
-  *n_hit = nh;
+  // A hit's token is read again from slot_to_token (which the walk has just read) rather than
+  // stored by the walk: one store less per slot and 7 KiB less of the row's working set.
+  for (int64_t j = 0; j < nh; ++j) {
+    const int32_t s = hits[j];
+    sor[rank_of(mark, rank_base, static_cast<uint32_t>(stt[s]))] = s;
+  }
+  *n_evict = static_cast<int32_t>(c - nh);
+  *n_hit = static_cast<int32_t>(nh);
 }
 
 // Resolve top-k positions from p: a hit takes its slot; a token's first miss takes the oldest
@@ -273,7 +354,7 @@ KVPD_INLINE void resolve_scalar(const RowIO& io, Workspace& ws, int32_t p, int32
                                 int32_t n_evict, int32_t* n_miss) {
   // Locals with __restrict__: stores through int32 pointers could otherwise alias io's int32
   // fields in the compiler's eyes, and it would reload them every position.
-  const uint32_t* __restrict__ mark = ws.mark.data();
+  const uint32_t* __restrict__ mark = ws.bits();
   const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   int32_t* __restrict__ sor = ws.slot_of_rank.data();
   const int32_t* __restrict__ topk = io.topk;
@@ -305,6 +386,59 @@ KVPD_INLINE void resolve_scalar(const RowIO& io, Workspace& ws, int32_t p, int32
   *n_miss = m;
 }
 
+// resolve_scalar's result when no token repeats among the row's valid positions (begin_ranks
+// knows: distinct == valid), in two loops. The first, over all k positions, has no branch on
+// the outcome: about one position in ten misses, in no pattern a predictor learns, and each
+// misprediction costs more than the whole of a hit's work (measured: ~6,500 cycles a row). A
+// position stores the slot its rank holds (-1 for a miss) and its index at the miss cursor,
+// which advances on a miss; padding reads rank 0 and resolves to -1. The second loop, over the
+// misses only, gives them the oldest evictable slots in order. With no repeats no token misses
+// twice, so slot_of_rank needs no update for later positions (a repeated token must share its
+// first miss's slot: that is resolve_scalar's work).
+KVPD_INLINE void resolve_distinct(const RowIO& io, Workspace& ws, bool padded, int32_t n_evict,
+                                  int32_t* n_miss) {
+  const uint32_t* __restrict__ mark = ws.bits();
+  const uint32_t* __restrict__ rank_base = ws.rank_base.data();
+  const int32_t* __restrict__ sor = ws.slot_of_rank.data();
+  const int32_t* __restrict__ topk = io.topk;
+  int32_t* __restrict__ cur = io.current_slots;
+  int32_t* __restrict__ miss_pos = ws.miss_pos.data();
+  const uint32_t umax = static_cast<uint32_t>(io.max_token);
+  const int64_t k = io.k;
+  int64_t n = 0;  // 64-bit: no sign extension per store
+  if (padded) {
+    for (int64_t p = 0; p < k; ++p) {
+      const uint32_t t = static_cast<uint32_t>(topk[p]);
+      const uint32_t valid = static_cast<uint32_t>(t < umax);
+      const uint32_t r = rank_of(mark, rank_base, t & (0u - valid));  // padding: rank of token 0
+      const int32_t s = sor[r] | static_cast<int32_t>(valid - 1);     // padding: -1
+      cur[p] = s;
+      miss_pos[n] = static_cast<int32_t>(p);  // n <= p < k
+      n += valid & (static_cast<uint32_t>(s) >> 31);
+    }
+  } else {  // every position valid (the usual row): a third fewer operations per position
+    for (int64_t p = 0; p < k; ++p) {
+      const int32_t s = sor[rank_of(mark, rank_base, static_cast<uint32_t>(topk[p]))];
+      cur[p] = s;
+      miss_pos[n] = static_cast<int32_t>(p);
+      n += static_cast<uint32_t>(s) >> 31;
+    }
+  }
+  const int32_t m = static_cast<int32_t>(std::min<int64_t>(n, n_evict));
+  const int32_t* __restrict__ lru = io.lru;
+  int32_t* __restrict__ stt = io.slot_to_token;
+  int32_t* __restrict__ mt = io.miss_tokens;
+  int32_t* __restrict__ ms = io.miss_slots;
+  for (int32_t j = 0; j < m; ++j) {
+    const int32_t p = miss_pos[j], s = lru[j], t = topk[p];
+    cur[p] = s;
+    stt[s] = t;
+    mt[j] = t;
+    ms[j] = s;
+  }
+  *n_miss = m;
+}
+
 // Pad the miss lists and write the new LRU order (unused evictables in old order, filled
 // misses, hits in old order).
 KVPD_INLINE void finish_lists(const RowIO& io, const Workspace& ws, int32_t m, int32_t n_evict,
@@ -321,17 +455,30 @@ KVPD_INLINE void finish_lists(const RowIO& io, const Workspace& ws, int32_t m, i
 KVPD_INLINE void finish_row(const RowIO& io, Workspace& ws, int32_t m, int32_t n_evict,
                             int32_t n_hit, uint32_t last_word) {
   finish_lists(io, ws, m, n_evict, n_hit);
-  std::memset(ws.mark.data(), 0, sizeof(uint32_t) * (static_cast<size_t>(last_word) + 1));
+  std::memset(ws.bits(), 0, sizeof(uint32_t) * (static_cast<size_t>(last_word) + 1));
+}
+
+// One row: mark, rank prefix (`prefix(ws, last_word)`, scalar or an ISA's), walk, resolve,
+// finish. Rows with a repeated token take resolve_scalar, which shares the first miss's slot.
+template <typename Prefix>
+KVPD_INLINE void plan_row_with(const RowIO& io, Workspace& ws, Prefix prefix) {
+  uint32_t n_valid = 0;
+  RowMarks marks = mark_row(io, ws, &n_valid);
+  begin_ranks(ws, &marks, n_valid, prefix(ws, marks.last_word));
+  int32_t ne = 0, nh = 0, m = 0;
+  walk_checked(io, ws, marks.stable, &ne, &nh);
+  if (marks.duplicates) {
+    resolve_scalar(io, ws, 0, io.k, ne, &m);
+  } else {
+    resolve_distinct(io, ws, n_valid < static_cast<uint32_t>(io.k), ne, &m);
+  }
+  finish_row(io, ws, m, ne, nh, marks.last_word);
 }
 
 KVPD_INLINE void plan_row_generic(const RowIO& io, Workspace& ws) {
-  uint32_t n_valid = 0;
-  RowMarks marks = mark_row(io, ws, &n_valid);
-  begin_ranks(ws, &marks, n_valid, rank_prefix_scalar(ws, marks.last_word));
-  int32_t ne = 0, nh = 0, m = 0;
-  walk_checked(io, ws, marks.stable, &ne, &nh);
-  resolve_scalar(io, ws, 0, io.k, ne, &m);
-  finish_row(io, ws, m, ne, nh, marks.last_word);
+  plan_row_with(io, ws, [](Workspace& w, uint32_t last) KVPD_LAMBDA_INLINE {
+    return rank_prefix_scalar(w, last);
+  });
 }
 
 }  // namespace kvpd_ascend

@@ -165,6 +165,32 @@ def test_corrupt_lru_entries_are_skipped_alike_on_every_path(seed) -> None:
         assert s.snapshot(rows) == want, isa
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_corrupt_resident_tokens_are_evictable_on_every_path(seed) -> None:
+    # A slot holding a token that is neither -1 nor in [0, max_token) (never in state a planner
+    # writes) is evictable and never a hit, as in upstream. The portable path's walk tests no
+    # token itself (a guard word before its bitmap covers -1 only): its slot-order pass must see
+    # such tokens and take the checked walk instead, on every ISA path and thread count.
+    rows, k, cap, max_token = 6, 40, 90, 3000
+    steps = list(trace(seed, 3, rows, k, max_token, dups=False))
+    states = {isa: State(rows, k, cap, max_token) for isa in ISAS}
+    want = State(rows, k, cap, max_token)
+    rng = np.random.default_rng(seed)
+    corrupt = [-9, -2, max_token, max_token + 1, 2**31 - 1, -(2**31)]
+    for i, (req, topk, stable, n) in enumerate(steps):
+        if i == len(steps) - 1:  # before the last step, corrupt some resident tokens
+            slots = {r: rng.choice(cap, 4, replace=False) for r in range(rows)}
+            vals = {r: rng.choice(corrupt, 4) for r in range(rows)}
+            for s in [want, *states.values()]:
+                for r in range(rows):
+                    s.stt[r, slots[r]] = vals[r]
+        want.reference(req, topk, stable, n, share=False)
+        for isa, s in states.items():
+            assert ap.set_isa(isa)
+            s.native(req, topk, stable, n, 8, 2 if i % 2 else 1)
+            assert s.snapshot(n) == want.snapshot(n), (isa, i)
+
+
 def test_duplicates_share_one_slot() -> None:
     s = State(1, 6, 8, 64)
     topk = np.array([[5, 5, -1, 9, 5, 64]], np.int32)

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: Apache-2.0
+// Where the portable row planner's time goes: the phases of plan_row_with
+// (kvpd/native/ascend_planner_row.hpp) timed with the time-stamp counter, one layer's rows one
+// after another on one thread, as lru_resident_compact plans them. Built and run by
+// benchmarks/ascend_planner_phases.py, which writes the trace files this reads.
+//
+//   -DKVPD_PHASES     time each phase (rdtsc between phases; adds ~1% to the total)
+//   -DROWS_RESIDENT=N plan only the first N rows (N=8: every row's state stays in L2)
+//   -DNO_PREFETCH     do not fetch the next row's state ahead
+//   -DBRANCHY_RESOLVE resolve every row with resolve_scalar (a branch on each miss)
+//
+// argv: trace directory, steps, rows, topk, capacity, max_token, repeats. Prints the mean over
+// steps (after 3 warm-up steps) of the minimum over repeats, per layer and per phase.
+#include <x86intrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+enum Phase { kMark, kPrefix, kWalkSlots, kWalkLru, kWalkRanks, kResolve, kFinish, kPhases };
+static const char* const kNames[kPhases] = {
+    "mark top-k bitmap", "rank prefix", "walk: slot-order drop/check", "walk: LRU-order split",
+    "walk: ranks of hits", "resolve positions + misses", "finish lists"};
+static uint64_t g_acc[kPhases];
+static uint64_t g_last;
+
+#ifdef KVPD_PHASES
+#define STAMP(i)                    \
+  {                                 \
+    const uint64_t now = __rdtsc(); \
+    g_acc[i] += now - g_last;       \
+    g_last = now;                   \
+  }
+// walk_checked's own split points (5: after the slot-order pass, 6: after the LRU-order walk).
+#define KVPD_PHASE(i) STAMP((i) == 5 ? kWalkSlots : kWalkLru)
+#else
+#define STAMP(i)
+#endif
+
+#include "../kvpd/native/ascend_planner_row.hpp"
+
+using namespace kvpd_ascend;
+
+static void plan_row(const RowIO& io, Workspace& ws) {
+  g_last = __rdtsc();
+  uint32_t n_valid = 0;
+  RowMarks marks = mark_row(io, ws, &n_valid);
+  STAMP(kMark)
+  begin_ranks(ws, &marks, n_valid, rank_prefix_scalar(ws, marks.last_word));
+  STAMP(kPrefix)
+  int32_t ne = 0, nh = 0, m = 0;
+  walk_checked(io, ws, marks.stable, &ne, &nh);
+  STAMP(kWalkRanks)
+#ifdef BRANCHY_RESOLVE
+  const bool branchy = true;
+#else
+  const bool branchy = marks.duplicates;
+#endif
+  if (branchy) {
+    resolve_scalar(io, ws, 0, io.k, ne, &m);
+  } else {
+    resolve_distinct(io, ws, n_valid < static_cast<uint32_t>(io.k), ne, &m);
+  }
+  STAMP(kResolve)
+  finish_row(io, ws, m, ne, nh, marks.last_word);
+  STAMP(kFinish)
+}
+
+template <typename T>
+static std::vector<T> load(const std::string& path, size_t n) {
+  std::vector<T> v(n);
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr || std::fread(v.data(), sizeof(T), n, f) != n) {
+    std::fprintf(stderr, "cannot read %s\n", path.c_str());
+    std::exit(2);
+  }
+  std::fclose(f);
+  return v;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 8) {
+    std::fprintf(stderr, "usage: %s DIR STEPS ROWS TOPK CAPACITY MAX_TOKEN REPEATS\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  const int steps = std::atoi(argv[2]), rows0 = std::atoi(argv[3]), k = std::atoi(argv[4]);
+  const int c = std::atoi(argv[5]), max_token = std::atoi(argv[6]), reps = std::atoi(argv[7]);
+#ifdef ROWS_RESIDENT
+  const int rows = std::min(rows0, ROWS_RESIDENT);
+#else
+  const int rows = rows0;
+#endif
+  const auto topk = load<int32_t>(dir + "/topk.bin", size_t(steps) * rows0 * k);
+  const auto req = load<int64_t>(dir + "/req.bin", size_t(steps) * rows0);
+  const auto stable = load<int32_t>(dir + "/stable.bin", size_t(steps) * rows0);
+  std::vector<int64_t> last(rows);
+  std::vector<int32_t> stt(size_t(rows) * c), lru(size_t(rows) * c), cur(size_t(rows) * k),
+      mt(size_t(rows) * k), ms(size_t(rows) * k), mc(rows);
+  Workspace ws;
+  ws.fit(max_token, k, c);
+  const int warm = 3;
+  std::vector<double> best(steps, 1e30);
+  std::vector<uint64_t> best_acc(kPhases, UINT64_MAX);
+  for (int rep = 0; rep < reps; ++rep) {
+    std::fill(last.begin(), last.end(), -1);
+    std::fill(stt.begin(), stt.end(), -1);
+    for (int r = 0; r < rows; ++r) {
+      for (int s = 0; s < c; ++s) lru[size_t(r) * c + s] = s;
+    }
+    uint64_t acc[kPhases] = {};
+    for (int step = 0; step < steps; ++step) {
+      std::fill(g_acc, g_acc + kPhases, 0);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < rows; ++r) {
+        const size_t row = size_t(step) * rows0 + r;
+        RowIO io{topk.data() + row * k, req[row], stable[row], &last[r],
+                 stt.data() + size_t(r) * c, lru.data() + size_t(r) * c,
+                 cur.data() + size_t(r) * k, mt.data() + size_t(r) * k,
+                 ms.data() + size_t(r) * k, &mc[r], k, c, max_token};
+#ifndef NO_PREFETCH
+        if (r + 1 < rows) {
+          io.next_stt = stt.data() + size_t(r + 1) * c;
+          io.next_lru = lru.data() + size_t(r + 1) * c;
+          io.next_topk = topk.data() + (row + 1) * k;
+          io.next_cur = cur.data() + size_t(r + 1) * k;
+          io.next_mt = mt.data() + size_t(r + 1) * k;
+          io.next_ms = ms.data() + size_t(r + 1) * k;
+        }
+#endif
+        plan_row(io, ws);
+      }
+      const double ms_layer =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (step >= warm) {
+        best[step] = std::min(best[step], ms_layer);
+        for (int i = 0; i < kPhases; ++i) acc[i] += g_acc[i];
+      }
+    }
+    for (int i = 0; i < kPhases; ++i) best_acc[i] = std::min(best_acc[i], acc[i]);
+  }
+  double sum = 0;
+  for (int step = warm; step < steps; ++step) sum += best[step];
+  std::printf("layer_ms %.4f\n", sum / (steps - warm));
+#ifdef KVPD_PHASES
+  for (int i = 0; i < kPhases; ++i) {
+    std::printf("phase %s|%.0f\n", kNames[i], double(best_acc[i]) / double(steps - warm) / rows);
+  }
+#endif
+  return 0;
+}
