@@ -159,7 +159,8 @@ def test_node_side_imports_no_controller_room() -> None:
 # sshd (or the first jump host), the plain socket of the local transport, and `kvpd forward`'s
 # listener on this machine's loopback. Every other exchange with a cluster port goes through
 # a transport (Transport.http), so a cluster whose ports only its hosts reach works.
-SOCKET_MODULES = {"kvpd.exec.ssh.connect", "kvpd.exec.http_wire", "kvpd.exec.forward"}
+SOCKET_MODULES = {"kvpd.exec.ssh.connect", "kvpd.exec.http_wire", "kvpd.exec.forward",
+                  "kvpd.testing.clock"}  # fmt: skip  # clock: binds loopback for a free port
 # Rooms that run on the hosts or stand in for an engine there: they serve and call ports of
 # their own host, never the controller's way in.
 NODE_PROCESSES = (*NODE_SIDE, "engine", "testing.standin_engine")
