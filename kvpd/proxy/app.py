@@ -12,6 +12,7 @@ import signal
 import sys
 
 from kvpd.proxy.admin import Admin
+from kvpd.proxy.apis import GENERATION_PATHS, PASS_THROUGH, PassThrough
 from kvpd.proxy.backends import Backend, BackendPool, HealthChecker
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
 from kvpd.proxy.flows import BackendAuth, Generation, make_flow
@@ -59,8 +60,11 @@ class ProxyApp:
         own = self.admin.paths | {path.encode() for _, path, _ in self.flow.routes}
         self.state.gate = ClientGate(cfg.client_key, cfg.open_path_set, frozenset(own))
         gen = Generation(self.flow, self.auth, metrics, loop)
-        router.add_async("POST", "/v1/completions", gen.completions)
-        router.add_async("POST", "/v1/chat/completions", gen.chat_completions)
+        for path, route in GENERATION_PATHS.items():
+            router.add_async("POST", path, gen.handler(route))
+        passing = PassThrough([self.decoders, self.prefillers], self.auth)
+        for method, path in PASS_THROUGH:
+            router.add_async(method, path, passing.handle)
         for method, path, handler in (*self.flow.routes, *self.admin.routes):
             router.add_async(method, path, handler)
         router.add_async("GET", "/v1/models", self.models)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvpd.proxy.apis import LIMIT_FIELDS, GenerationRoute
 from kvpd.proxy.layerwise import Layerwise
 from kvpd.proxy.relay import Failure
+from kvpd.proxy.requestids import backend_headers, client_request_id, new_request_id
 from kvpd.proxy.rewrite import (
     PREFILL_KV_PARAMS,
     client_body,
@@ -43,9 +44,16 @@ class Flow(Protocol):
 
     async def handle(self, call: GenerationCall) -> None: ...
 
+    def id_in_use(self, request_id: str) -> bool:
+        """Whether a request with this id is in flight where ids must be unique."""
+        ...
+
 
 class PrefillFirst:
     routes: tuple[tuple[str, str, AsyncHandler], ...] = ()
+
+    def id_in_use(self, request_id: str) -> bool:
+        return False  # the engines make their internal ids unique
 
     def __init__(self, steps: Steps, metrics: ProxyMetrics) -> None:
         self.steps = steps
@@ -54,7 +62,7 @@ class PrefillFirst:
     async def handle(self, call: GenerationCall) -> None:
         client, req, body, extra = call.client, call.req, call.body, call.extra
         prompt_tokens = estimate_prompt_tokens(body)
-        p_body = prefill_request_body(body, dict(PREFILL_KV_PARAMS))
+        p_body = prefill_request_body(body, dict(PREFILL_KV_PARAMS), LIMIT_FIELDS[call.route])
         answer = await self.steps.prefill(req.path, encode(p_body), prompt_tokens, extra)
         kv = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
         if kv:
@@ -71,6 +79,9 @@ class PrefillFirst:
 
 class Mixed:
     routes: tuple[tuple[str, str, AsyncHandler], ...] = ()
+
+    def id_in_use(self, request_id: str) -> bool:
+        return False
 
     def __init__(self, steps: Steps) -> None:
         self.steps = steps
@@ -121,7 +132,8 @@ class BackendAuth:
 
 
 class Generation:
-    """POST /v1/completions and /v1/chat/completions: parse, count, hand to the flow."""
+    """The generation APIs (kvpd.proxy.apis.GENERATION_PATHS): parse, count, hand to the
+    flow."""
 
     def __init__(
         self,
@@ -135,21 +147,25 @@ class Generation:
         self.metrics = metrics
         self.loop = loop
 
-    async def completions(self, client: ClientConnection, req: Request) -> None:
-        await self._generate(client, req, "completions")
+    def handler(self, route: GenerationRoute) -> AsyncHandler:
+        async def generate(client: ClientConnection, req: Request) -> None:
+            await self._generate(client, req, route)
 
-    async def chat_completions(self, client: ClientConnection, req: Request) -> None:
-        await self._generate(client, req, "chat_completions")
+        return generate
 
-    async def _generate(self, client: ClientConnection, req: Request, route: str) -> None:
+    async def _generate(
+        self, client: ClientConnection, req: Request, route: GenerationRoute
+    ) -> None:
         m = self.metrics
         m.requests[route] += 1
         m.inflight += 1
         request_id = ""
         try:
             body = client_body(req.body)
-            request_id = os.urandom(16).hex()
-            extra = b"X-Request-Id: " + request_id.encode() + b"\r\n" + self.auth.header(req)
+            request_id = client_request_id(req, body)
+            if not request_id or self.flow.id_in_use(request_id):
+                request_id = new_request_id()
+            extra = backend_headers(req, request_id) + self.auth.header(req)
             await self.flow.handle(GenerationCall(client, req, body, route, request_id, extra))
         except Failure as f:
             m.failures[f.kind] += 1

@@ -6,6 +6,7 @@ import bisect
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from kvpd.proxy.apis import GENERATION_PATHS
 from kvpd.proxy.backends import CLOSED, HALF_OPEN, OPEN, TRANSITIONS
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class Histogram:
 
 class ProxyMetrics:
     def __init__(self) -> None:
-        self.requests: Counter[str] = Counter()  # by route: completions, chat_completions
+        self.requests: Counter[str] = Counter()  # by kvpd.proxy.apis.GenerationRoute
         self.responses: Counter[int] = Counter()  # by HTTP status sent to the client
         self.failures: Counter[str] = Counter({k: 0 for k in FAILURE_KINDS})
         self.disaggregated = 0  # prefill succeeded and its kv_transfer_params reached decode
@@ -84,7 +85,7 @@ class ProxyMetrics:
             out.append(f"# TYPE {name} {kind}")
 
         family("kvpd_proxy_requests_total", "counter", "Generation requests received, by route.")
-        for route in ("completions", "chat_completions"):
+        for route in GENERATION_PATHS.values():
             out.append(f'kvpd_proxy_requests_total{{route="{route}"}} {self.requests[route]}')
         family("kvpd_proxy_responses_total", "counter", "Generation responses, by HTTP status.")
         for status in sorted(self.responses):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kvpd.proxy.apis import GenerationRoute
     from kvpd.proxy.server import ClientConnection
 
 
@@ -39,7 +40,7 @@ class GenerationCall:
     client: ClientConnection
     req: Request
     body: dict[str, Any]  # the client's JSON body; flows rewrite copies of it
-    route: str  # "completions" or "chat_completions"
+    route: GenerationRoute
     request_id: str
     extra: bytes  # header lines sent to every backend (request id, authorization)
 

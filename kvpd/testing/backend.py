@@ -21,6 +21,7 @@ import signal
 import sys
 from typing import Any
 
+from kvpd.proxy.apis import GENERATION_PATHS, is_chat
 from kvpd.proxy.http1 import encode_chunk
 from kvpd.proxy.routing import Request, Router
 from kvpd.proxy.server import ClientConnection, ServerState
@@ -69,8 +70,15 @@ class StandInBackend:
         router.add("GET", "/health", self._health)
         router.add("GET", "/v1/models", self._models)
         router.add("POST", "/reset_prefix_cache", self._reset)
-        router.add_async("POST", "/v1/completions", self._generate)
-        router.add_async("POST", "/v1/chat/completions", self._generate)
+        for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+                     "/invocations"):  # fmt: skip
+            router.add_async("POST", path, self._generate)
+        router.add("POST", "/tokenize", self._tokenize)
+        router.add("POST", "/detokenize", self._tokenize)
+        router.add("GET", "/version", self._version)
+        router.add("GET", "/ping", self._health)
+        router.add("POST", "/ping", self._health)
+        router.add("GET", "/openapi.json", self._version)
         self._router = router
 
     @property
@@ -113,6 +121,21 @@ class StandInBackend:
             "data": [{"id": "stand-in", "object": "model", "owned_by": self.role}],
         }
         client.send_json(200, json.dumps(body).encode())
+
+    def _tokenize(self, client: ClientConnection, req: Request) -> None:
+        """Echoes what it got: path, query and parsed body (tests compare them)."""
+        body = json.loads(req.body) if req.body else None
+        if self.record:
+            self.requests.append((req.path.decode(), req.headers, body or {}))
+        if isinstance(body, dict) and body.get("prompt") == "":
+            msg = {"error": {"message": "empty prompt", "type": "BadRequestError", "code": 400}}
+            client.send_json(400, json.dumps(msg).encode())
+            return
+        answer = {"path": req.path.decode(), "query": req.query.decode(), "body": body}
+        client.send_json(200, json.dumps(answer).encode())
+
+    def _version(self, client: ClientConnection, req: Request) -> None:
+        client.send_json(200, json.dumps({"version": "stand-in", "role": self.role}).encode())
 
     def _reset(self, client: ClientConnection, req: Request) -> None:
         client.send_json(200, b"{}")
@@ -237,7 +260,9 @@ class StandInBackend:
     ) -> bool:
         """Report each child request to the proxy's metaserver, as a layerwise decoder does."""
         rid = req.headers.get(b"x-request-id", b"").decode()
-        if req.path.endswith(b"chat/completions"):
+        if req.path == b"/v1/responses":
+            ids = [str(body.get("request_id"))]
+        elif is_chat(GENERATION_PATHS.get(req.path.decode(), "completions"), body):
             ids = [f"chatcmpl-{rid}"]
         else:
             prompt = body.get("prompt")
