@@ -48,6 +48,7 @@ class ClientConnection(asyncio.Protocol):
         self.busy = False
         self.response_started = False
         self.keep_alive = True
+        self.http10 = False  # the current request is HTTP/1.0: no chunked framing for it
         # While a decoder stream is relayed here: that upstream connection (for backpressure)
         # and a callback for a client that goes away mid-request.
         self.relay: UpstreamConnection | None = None
@@ -186,10 +187,12 @@ class ClientConnection(asyncio.Protocol):
             return
         headers = head.headers
         conn = headers.get(b"connection", b"").lower()
-        if head.version == b"HTTP/1.1":
-            keep_alive = conn != b"close"
-        else:
-            keep_alive = conn == b"keep-alive"
+        # HTTP/1.1 keeps the connection unless the client says close; HTTP/1.0 closes it
+        # unless the client asks for keep-alive (and then the answer says keep-alive too).
+        http10 = head.version == b"HTTP/1.0"
+        tokens = [t.strip() for t in conn.split(b",")]
+        keep_alive = b"keep-alive" in tokens if http10 else b"close" not in tokens
+        self.http10 = http10
         path, _, query = head.target.partition(b"?")
         req = Request(head.method, path, query, headers, keep_alive, self.state.loop.time())
         gate = self.state.gate
@@ -213,7 +216,8 @@ class ClientConnection(asyncio.Protocol):
         self._req = req
         self._parts = []
         self._got = 0
-        if headers.get(b"expect", b"").lower() == b"100-continue" and len(rest) == 0:
+        continue_ = headers.get(b"expect", b"").lower() == b"100-continue"
+        if continue_ and not http10 and len(rest) == 0:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
         if rest:
             self._body_data(rest)
@@ -323,6 +327,8 @@ class ClientConnection(asyncio.Protocol):
             self.busy = False
             return
         self.response_started = True
+        if self.http10 and self.keep_alive:
+            extra += b"connection: keep-alive\r\n"
         self.transport.write(  # type: ignore[union-attr]
             build_response(status, body, content_type, extra, close=not self.keep_alive)
         )
