@@ -28,6 +28,7 @@ from kvpd.proxy.rewrite import (
     prefill_request_body,
 )
 from kvpd.proxy.routing import GenerationCall
+from kvpd.proxy.usage import CachedTokens, prefill_cached_tokens
 
 if TYPE_CHECKING:
     from kvpd.proxy.metrics import ProxyMetrics
@@ -72,7 +73,12 @@ class PrefillFirst:
             self.metrics.prefill_without_params += 1
             d_data = encode(body)
         tokens = decode_tokens(body, prompt_tokens)
-        ok = await self.steps.decode(client, req, d_data, tokens, extra, call.request_id)
+        # the decoder counts the KV it receives as cached: clients get the prefill's hits
+        # (with KV in shared storage too: kv_transfer_params or not)
+        cached = CachedTokens(prefill_cached_tokens(answer))
+        ok = await self.steps.decode(
+            client, req, d_data, tokens, extra, call.request_id, cached=cached
+        )
         if kv and ok:
             self.metrics.disaggregated += 1
 

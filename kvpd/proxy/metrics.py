@@ -69,6 +69,7 @@ class ProxyMetrics:
         self.failures: Counter[str] = Counter({k: 0 for k in FAILURE_KINDS})
         self.disaggregated = 0  # prefill succeeded and its kv_transfer_params reached decode
         self.prefill_without_params = 0  # prefill succeeded but returned no kv_transfer_params
+        self.kv_handoff_tokens = 0  # decoders' cached-token figures beyond the prefills'
         self.retries = 0
         self.inflight = 0
         self.prefill_seconds = Histogram()
@@ -102,6 +103,13 @@ class ProxyMetrics:
             "Prefills that succeeded without returning kv_transfer_params (e.g. ExampleConnector).",
         )
         out.append(f"kvpd_proxy_prefill_without_kv_params_total {self.prefill_without_params}")
+        family(
+            "kvpd_proxy_kv_handoff_tokens_total",
+            "counter",
+            "Prompt tokens decoders reported as cached beyond the prefill's prefix-cache hits "
+            "(the KV handed over; clients see the prefill's figure as cached_tokens).",
+        )
+        out.append(f"kvpd_proxy_kv_handoff_tokens_total {self.kv_handoff_tokens}")
         family("kvpd_proxy_failures_total", "counter", "Failed requests, by kind.")
         for kind in sorted(self.failures):
             out.append(f'kvpd_proxy_failures_total{{kind="{kind}"}} {self.failures[kind]}')

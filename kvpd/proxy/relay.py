@@ -12,6 +12,7 @@ from kvpd.proxy.http1 import ChunkedReader, encode_chunk, status_line
 if TYPE_CHECKING:
     from kvpd.proxy.server import ClientConnection
     from kvpd.proxy.upstream import UpstreamConnection, UpstreamError
+    from kvpd.proxy.usage import CachedTokens
 
 
 def error_body(message: str, kind: str, code: int, **extra: Any) -> bytes:
@@ -51,6 +52,7 @@ class DecodeRelay:
         "_chunked",
         "_sse",
         "_dechunk",
+        "usage",
         "first_byte_at",
         "loop",
     )
@@ -69,6 +71,7 @@ class DecodeRelay:
         self._chunked = False  # the client's response is chunked (an event can be appended)
         self._sse = False
         self._dechunk: ChunkedReader | None = None  # an HTTP/1.0 client gets the payload only
+        self.usage: CachedTokens | None = None  # rewrites cached-token figures (P/D)
         self.first_byte_at = 0.0
 
     def on_head(self, status: int, headers: dict[bytes, bytes]) -> None:
@@ -118,6 +121,8 @@ class DecodeRelay:
         client = self.client
         if client.closed:
             return
+        if self.usage is not None:
+            data = self.usage.patch(data)
         if self._rechunk:
             data = encode_chunk(data)
         elif self._dechunk is not None:

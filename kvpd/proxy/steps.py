@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from kvpd.proxy.metrics import ProxyMetrics
     from kvpd.proxy.routing import Request
     from kvpd.proxy.server import ClientConnection
+    from kvpd.proxy.usage import CachedTokens
 
 log = logging.getLogger("kvpd.proxy")
 
@@ -112,6 +113,7 @@ class Steps:
         extra: bytes,
         request_id: str,
         on_attempt: Callable[[DecodeRelay, int], None] | None = None,
+        cached: CachedTokens | None = None,
     ) -> bool:
         """Relay a decoder's response; retry another decoder while nothing was sent. True when
         a complete answer went out. `on_attempt(relay, n)` runs before each attempt."""
@@ -132,6 +134,7 @@ class Steps:
                 await asyncio.sleep(cfg.retry_delay * 2 ** (attempt - 1))
             tried += (backend,)
             relay = DecodeRelay(client, rid, self.loop)
+            relay.usage = cached
             if on_attempt is not None:
                 on_attempt(relay, attempt)
             backend.begin(tokens)
@@ -142,6 +145,8 @@ class Steps:
             if outcome is None:
                 if relay.status < 400:
                     pool.succeeded(backend)
+                    if cached is not None:
+                        self.metrics.kv_handoff_tokens += cached.handoff
                     self.metrics.first_byte_seconds.observe(relay.first_byte_at - req.started)
                 else:
                     backend.errors += 1

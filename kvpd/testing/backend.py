@@ -63,9 +63,12 @@ class StandInBackend:
         self.silent = False
         self.trickle_s = 0.0
         self.body_200: bytes | None = None
+        # usage.prompt_tokens_details.cached_tokens in answers (None: no details, as vLLM
+        # without --enable-prompt-tokens-details)
+        self.cached_tokens: int | None = None
         self.served = 0
         self.server: asyncio.AbstractServer | None = None
-        self._events: dict[tuple[bytes, int], list[bytes]] = {}
+        self._events: dict[tuple[bytes, int, int | None], list[bytes]] = {}
         router = Router()
         router.add("GET", "/health", self._health)
         router.add("GET", "/v1/models", self._models)
@@ -199,7 +202,7 @@ class StandInBackend:
             "object": "text_completion",
             "model": "fake",
             "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-            "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
+            "usage": self._usage(1),
             "kv_transfer_params": {
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
@@ -213,7 +216,8 @@ class StandInBackend:
         client.send_json(200, json.dumps(answer).encode())
 
     def _event_chunks(self, path: bytes) -> list[bytes]:
-        events = self._events.get((path, self.chunks))
+        key = (path, self.chunks, self.cached_tokens)
+        events = self._events.get(key)
         if events is None:
             chat = path.endswith(b"chat/completions")
             events = []
@@ -227,8 +231,11 @@ class StandInBackend:
                     obj = {"id": "cmpl-fake", "object": "text_completion"}
                 obj["choices"] = [choice]
                 events.append(encode_chunk(b"data: " + json.dumps(obj).encode() + b"\n\n"))
+            if self.cached_tokens is not None:
+                usage = {"id": "cmpl-fake", "choices": [], "usage": self._usage(self.chunks)}
+                events.append(encode_chunk(b"data: " + json.dumps(usage).encode() + b"\n\n"))
             events.append(encode_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-            self._events[(path, self.chunks)] = events
+            self._events[key] = events
         return events
 
     async def _stream(self, client: ClientConnection, path: bytes) -> None:
@@ -252,8 +259,16 @@ class StandInBackend:
         else:
             choice = {"index": 0, "text": text}
             obj = "text_completion"
-        body = {"id": "fake", "object": obj, "model": "fake", "choices": [choice]}
+        body: dict[str, Any] = {"id": "fake", "object": obj, "model": "fake", "choices": [choice]}
+        body["usage"] = self._usage(self.chunks)
         client.send_json(200, json.dumps(body).encode())
+
+    def _usage(self, completion_tokens: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": 300, "completion_tokens": completion_tokens,
+                                 "total_tokens": 300 + completion_tokens}  # fmt: skip
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
     async def _call_metaserver(
         self, client: ClientConnection, req: Request, url: str, body: dict[str, Any]

@@ -5,11 +5,13 @@ a healthy engine; the client's request id and trace context reach both engines."
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 
 from kvpd.proxy.apis import GENERATION_PATHS, PASS_THROUGH
+from kvpd.proxy.usage import CachedTokens, prefill_cached_tokens
 from tests.unit.proxy_cluster import PREFILL_KV, Cluster, run_cluster
 
 pytestmark = pytest.mark.timeout(30)
@@ -177,3 +179,40 @@ def test_layerwise_gives_a_second_request_with_an_id_in_flight_its_own() -> None
         assert ids[1] == b"same" and len(ids[0]) == 32
 
     run_cluster(t, flow="layerwise")
+
+
+# --- usage -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("stream", [False, True])
+def test_clients_see_the_prefills_cache_hits_as_cached_tokens(stream: bool) -> None:
+    async def t(c: Cluster) -> None:
+        c.p[0].cached_tokens = 32  # prefix-cache hits at the prefill
+        c.d[0].cached_tokens = 288  # the decoder counts the KV it received
+        body = {"prompt": "x", "max_tokens": 4, "stream": stream}
+        r = await c.call("POST", "/v1/completions", body)
+        assert r.status == 200 and r.complete
+        usage = json.loads(r.events()[-2])["usage"] if stream else r.json()["usage"]
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 32}
+        assert c.metric("kvpd_proxy_kv_handoff_tokens_total") == 256
+
+    run_cluster(t)
+
+
+def test_cached_tokens_without_details_stay_absent() -> None:
+    async def t(c: Cluster) -> None:
+        r = await c.call("POST", "/v1/completions", {"prompt": "x"})
+        assert r.status == 200 and "prompt_tokens_details" not in r.json()["usage"]
+        assert c.metric("kvpd_proxy_kv_handoff_tokens_total") == 0
+
+    run_cluster(t)
+
+
+def test_cached_figures_are_rewritten_in_place() -> None:
+    patch = CachedTokens(7).patch
+    assert patch(b'{"cached_tokens":288}') == b'{"cached_tokens":  7}'
+    assert patch(b'{"cache_read_input_tokens": 12}') == b'{"cache_read_input_tokens":  7}'
+    assert patch(b'{"text":"\\"cached_tokens\\":5"}') == b'{"text":"\\"cached_tokens\\":5"}'
+    assert CachedTokens(1000).patch(b'{"cached_tokens":5}') == b'{"cached_tokens":5}'
+    assert json.loads(patch(b'{"u":{"cached_tokens":99}}')) == {"u": {"cached_tokens": 7}}
+    assert prefill_cached_tokens({"usage": {"input_tokens_details": {"cached_tokens": 3}}}) == 3
+    assert prefill_cached_tokens({"usage": {"cache_read_input_tokens": 4}}) == 4
+    assert prefill_cached_tokens({"usage": None}) == 0
