@@ -18,6 +18,7 @@ from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
 from kvpd.proxy.flows import BackendAuth, Generation, make_flow
 from kvpd.proxy.hostpool import HostPool, fetch
 from kvpd.proxy.layerwise import Layerwise
+from kvpd.proxy.limits import ModelLimits
 from kvpd.proxy.metrics import ProxyMetrics
 from kvpd.proxy.relay import error_body
 from kvpd.proxy.routing import Request, Router
@@ -51,10 +52,12 @@ class ProxyApp:
                         cfg.max_buffered_bytes)  # fmt: skip
         self.state = ServerState(router, loop, cfg.access_log, limits)
         steps = Steps(cfg, self.prefillers, self.decoders, metrics, loop)
-        self.flow = make_flow(
-            cfg.flow, steps, metrics, self.state.spawn, cfg.prefill_timeout, cfg.metaserver
-        )
         self.auth = BackendAuth(cfg.api_key, checks_clients=bool(cfg.client_key))
+        self.limits = ModelLimits([self.decoders, self.prefillers], self.auth.fixed)
+        self.flow = make_flow(
+            cfg.flow, steps, metrics, self.state.spawn, cfg.prefill_timeout, cfg.metaserver,
+            self.limits,
+        )  # fmt: skip
         self.admin = Admin(pools, cfg.admin_token, cfg.drain_timeout, loop, self.auth.fixed)
         # The admin interface and the metaserver check their own credentials.
         own = self.admin.paths | {path.encode() for _, path, _ in self.flow.routes}
@@ -87,7 +90,8 @@ class ProxyApp:
         if self.cfg.port == 0 and isinstance(self.flow, Layerwise) and not self.cfg.metaserver_url:
             self.flow.set_metaserver(self.cfg.with_port(self.port).metaserver)
         self._tasks = [self.loop.create_task(self.health.run()),
-                       self.loop.create_task(self.state.sweep())]  # fmt: skip
+                       self.loop.create_task(self.state.sweep()),
+                       self.loop.create_task(self.limits.run())]  # fmt: skip
 
     async def stop(self) -> None:
         """Stop listening; answer, within the grace period, every request in flight or still

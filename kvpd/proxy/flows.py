@@ -31,6 +31,7 @@ from kvpd.proxy.routing import GenerationCall
 from kvpd.proxy.usage import CachedTokens, prefill_cached_tokens
 
 if TYPE_CHECKING:
+    from kvpd.proxy.limits import ModelLimits
     from kvpd.proxy.metrics import ProxyMetrics
     from kvpd.proxy.routing import AsyncHandler, Request
     from kvpd.proxy.server import ClientConnection
@@ -56,13 +57,20 @@ class PrefillFirst:
     def id_in_use(self, request_id: str) -> bool:
         return False  # the engines make their internal ids unique
 
-    def __init__(self, steps: Steps, metrics: ProxyMetrics) -> None:
+    def __init__(self, steps: Steps, metrics: ProxyMetrics, limits: ModelLimits | None) -> None:
         self.steps = steps
         self.metrics = metrics
+        self.limits = limits
 
     async def handle(self, call: GenerationCall) -> None:
         client, req, body, extra = call.client, call.req, call.body, call.extra
         prompt_tokens = estimate_prompt_tokens(body)
+        if self.limits is not None and self.limits.refused(body, call.route):
+            # the decoder answers its own 400 before any work: no prefill for it
+            self.metrics.refused_before_prefill += 1
+            tokens = decode_tokens(body, prompt_tokens)
+            await self.steps.decode(client, req, encode(body), tokens, extra, call.request_id)
+            return
         p_body = prefill_request_body(body, dict(PREFILL_KV_PARAMS), LIMIT_FIELDS[call.route])
         answer = await self.steps.prefill(req.path, encode(p_body), prompt_tokens, extra)
         kv = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
@@ -106,12 +114,13 @@ def make_flow(
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
     prefill_timeout: float,
     metaserver_url: str,
+    limits: ModelLimits | None = None,
 ) -> Flow:
     if name == "layerwise":
         return Layerwise(steps, metrics, spawn, prefill_timeout, metaserver_url)
     if name == "mixed":
         return Mixed(steps)
-    return PrefillFirst(steps, metrics)
+    return PrefillFirst(steps, metrics, limits)
 
 
 class BackendAuth:

@@ -69,6 +69,7 @@ class ProxyMetrics:
         self.failures: Counter[str] = Counter({k: 0 for k in FAILURE_KINDS})
         self.disaggregated = 0  # prefill succeeded and its kv_transfer_params reached decode
         self.prefill_without_params = 0  # prefill succeeded but returned no kv_transfer_params
+        self.refused_before_prefill = 0  # sent to a decoder without a prefill (see limits.py)
         self.kv_handoff_tokens = 0  # decoders' cached-token figures beyond the prefills'
         self.retries = 0
         self.inflight = 0
@@ -103,6 +104,13 @@ class ProxyMetrics:
             "Prefills that succeeded without returning kv_transfer_params (e.g. ExampleConnector).",
         )
         out.append(f"kvpd_proxy_prefill_without_kv_params_total {self.prefill_without_params}")
+        family(
+            "kvpd_proxy_sent_without_prefill_total",
+            "counter",
+            "Requests the decoder would surely refuse for their output limit, sent to it "
+            "without a prefill (it answers the engine's own 400).",
+        )
+        out.append(f"kvpd_proxy_sent_without_prefill_total {self.refused_before_prefill}")
         family(
             "kvpd_proxy_kv_handoff_tokens_total",
             "counter",

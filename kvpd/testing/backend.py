@@ -121,7 +121,9 @@ class StandInBackend:
     def _models(self, client: ClientConnection, req: Request) -> None:
         body = {
             "object": "list",
-            "data": [{"id": "stand-in", "object": "model", "owned_by": self.role}],
+            "data": [
+                {"id": "stand-in", "object": "model", "owned_by": self.role, "max_model_len": 512}
+            ],  # fmt: skip
         }
         client.send_json(200, json.dumps(body).encode())
 

@@ -216,3 +216,54 @@ def test_cached_figures_are_rewritten_in_place() -> None:
     assert prefill_cached_tokens({"usage": {"input_tokens_details": {"cached_tokens": 3}}}) == 3
     assert prefill_cached_tokens({"usage": {"cache_read_input_tokens": 4}}) == 4
     assert prefill_cached_tokens({"usage": None}) == 0
+
+
+# --- requests the decoder will refuse --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("route", "change"),
+    [("/v1/completions", {"max_tokens": "ten"}), ("/v1/completions", {"max_tokens": 100000}),
+     ("/v1/completions", {"max_tokens": 512}), ("/v1/completions", {"max_tokens": -3}),
+     ("/v1/chat/completions", {"max_completion_tokens": [1]}),
+     ("/v1/responses", {"max_output_tokens": 4096}), ("/v1/messages", {"max_tokens": 1e9})],
+)  # fmt: skip
+def test_a_request_the_decoder_will_refuse_gets_no_prefill(
+    route: str, change: dict[str, Any]
+) -> None:
+    async def t(c: Cluster) -> None:
+        assert await c.app.limits.refresh()
+        assert c.app.limits.max_model_len == {"stand-in": 512}
+        body = {"model": "stand-in", "prompt": "x", "messages": [], "input": "x", **change}
+        c.d[0].fail_status = 400  # as vLLM answers it
+        r = await c.call("POST", route, body)
+        assert r.status == 400 and r.json()["error"]["message"] == "stand-in decode failure"
+        assert not c.p[0].requests
+        ((_, _, d_body),) = c.d[0].requests
+        assert d_body == body  # as sent, no KV parameters
+        assert c.metric("kvpd_proxy_sent_without_prefill_total") == 1
+
+    run_cluster(t)
+
+
+@pytest.mark.parametrize(
+    "change", [{"max_tokens": 511}, {"max_tokens": "12"}, {"max_tokens": None}, {"model": "x",
+               "max_tokens": 9999}, {"max_tokens": 0}, {}]
+)  # fmt: skip
+def test_a_request_that_may_be_valid_gets_its_prefill(change: dict[str, Any]) -> None:
+    async def t(c: Cluster) -> None:
+        await c.app.limits.refresh()
+        body = {"model": "stand-in", "prompt": "x", **change}
+        r = await c.call("POST", "/v1/completions", body)
+        assert r.status == 200 and len(c.p[0].requests) == 1
+
+    run_cluster(t)
+
+
+def test_without_a_known_length_nothing_is_decided_by_length() -> None:
+    async def t(c: Cluster) -> None:
+        await asyncio.sleep(0.1)  # the proxy's own first fetch is done
+        c.app.limits.pools = []
+        c.app.limits.max_model_len = {}
+        r = await c.call("POST", "/v1/completions", {"prompt": "x", "max_tokens": 100000})
+        assert r.status == 200 and len(c.p[0].requests) == 1
+
+    run_cluster(t)
