@@ -54,6 +54,17 @@ PASS_THROUGH: tuple[tuple[str, str], ...] = (
 PASS_THROUGH_TIMEOUT_S = 10.0
 
 
+def json_media_refusal(req: Request) -> bytes | None:
+    """vLLM's 400 for a body whose Content-Type is not application/json (its generation and
+    tokenizer routes check it), or None. A request without a Content-Type is taken as JSON,
+    a tolerance vLLM does not have (curl -d sends form-urlencoded, so it is refused)."""
+    ctype = req.headers.get(b"content-type")
+    if ctype is None or ctype.split(b";", 1)[0].strip().lower() == b"application/json":
+        return None
+    message = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+    return error_body(message, "Bad Request", 400)
+
+
 def is_chat(route: GenerationRoute, body: dict[str, object]) -> bool:
     """Whether vLLM answers the request as a chat completion (its ids are chatcmpl-...)."""
     if route == "invocations":
@@ -72,6 +83,10 @@ class PassThrough:
 
     async def handle(self, client: ClientConnection, req: Request) -> None:
         data = b""
+        refusal = json_media_refusal(req) if req.path.endswith(b"tokenize") else None
+        if refusal is not None:
+            client.send_json(400, refusal)
+            return
         if req.body:
             try:
                 data = encode(parse_body(req.body))

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kvpd.proxy.apis import LIMIT_FIELDS, GenerationRoute
+from kvpd.proxy.apis import LIMIT_FIELDS, GenerationRoute, json_media_refusal
 from kvpd.proxy.layerwise import Layerwise
 from kvpd.proxy.relay import Failure
 from kvpd.proxy.requestids import backend_headers, client_request_id, new_request_id
@@ -176,6 +176,9 @@ class Generation:
         m.inflight += 1
         request_id = ""
         try:
+            refusal = json_media_refusal(req)
+            if refusal is not None:
+                raise Failure(400, "bad_request", "not application/json", refusal)
             body = client_body(req.body)
             request_id = client_request_id(req, body)
             if not request_id or self.flow.id_in_use(request_id):

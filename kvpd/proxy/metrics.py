@@ -86,6 +86,7 @@ class ProxyMetrics:
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
 
+        out.append("# The proxy's own metrics only: each engine serves its own at its /metrics.")
         family("kvpd_proxy_requests_total", "counter", "Generation requests received, by route.")
         for route in GENERATION_PATHS.values():
             out.append(f'kvpd_proxy_requests_total{{route="{route}"}} {self.requests[route]}')

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 
 def error_body(message: str, kind: str, code: int, **extra: Any) -> bytes:
-    """An OpenAI-style error object."""
-    err = {"message": message, "type": kind, "code": code, **extra}
+    """vLLM's error object: message, type, param (the field at fault, or null), code."""
+    err = {"message": message, "type": kind, "param": extra.pop("param", None), "code": code,
+           **extra}  # fmt: skip
     return json.dumps({"error": err}).encode()
 
 

@@ -53,12 +53,17 @@ class Router:
     def __init__(self) -> None:
         self.sync: dict[tuple[bytes, bytes], SyncHandler] = {}
         self.async_: dict[tuple[bytes, bytes], AsyncHandler] = {}
-        self.paths: set[bytes] = set()
+        self.paths: dict[bytes, list[bytes]] = {}  # path -> its methods (a 405's Allow)
 
     def add(self, method: str, path: str, handler: SyncHandler) -> None:
         self.sync[(method.encode(), path.encode())] = handler
-        self.paths.add(path.encode())
+        self.paths.setdefault(path.encode(), []).append(method.encode())
 
     def add_async(self, method: str, path: str, handler: AsyncHandler) -> None:
         self.async_[(method.encode(), path.encode())] = handler
-        self.paths.add(path.encode())
+        self.paths.setdefault(path.encode(), []).append(method.encode())
+
+    def slash_alternative(self, path: bytes) -> bytes | None:
+        """The served path this one differs from by a trailing slash (Starlette redirects)."""
+        alt = path[:-1] if path.endswith(b"/") else path + b"/"
+        return alt if alt and alt in self.paths else None

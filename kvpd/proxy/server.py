@@ -22,6 +22,7 @@ from kvpd.proxy.http1 import (
 from kvpd.proxy.relay import error_body
 from kvpd.proxy.routing import AsyncHandler, Request
 from kvpd.proxy.serverstate import FIRST_REQUEST_S, ClientGate, Limits, ServerState
+from kvpd.proxy.unrouted import is_preflight, unrouted
 
 __all__ = ["ClientConnection", "ClientGate", "Limits", "ServerState", "FIRST_REQUEST_S"]
 
@@ -196,7 +197,7 @@ class ClientConnection(asyncio.Protocol):
         path, _, query = head.target.partition(b"?")
         req = Request(head.method, path, query, headers, keep_alive, self.state.loop.time())
         gate = self.state.gate
-        if gate is not None and not gate.allows(req):
+        if gate is not None and not is_preflight(req) and not gate.allows(req):
             # before its body: a client without the key gets no buffer, and the connection
             # closes (its body, if any, is never read)
             self._reject(401, "", gate.refusal, b"www-authenticate: Bearer\r\n")
@@ -280,10 +281,10 @@ class ClientConnection(asyncio.Protocol):
         if ahandler is not None:
             self.task = self.state.spawn(self._run(ahandler, req))
             return
-        if req.path in router.paths:
-            self.send_json(405, _error("method not allowed", 405))
-        else:
-            self.send_json(404, _error("not found", 404))
+        status, body, ctype, extra = unrouted(router, req)
+        if body is None:
+            body = _error(HTTPStatus(status).phrase.lower(), status)
+        self.send(status, body, ctype, extra)
 
     async def _run(self, handler: AsyncHandler, req: Request) -> None:
         try:

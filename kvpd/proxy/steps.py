@@ -96,7 +96,7 @@ class Steps:
                 backend.errors += 1
                 backend.last_error = f"HTTP {resp.status}"
                 raise Failure(resp.status, "prefill_rejected", snippet, resp.body)
-            pool.failed(backend, f"HTTP {resp.status}")
+            _answered_5xx(pool, backend, f"HTTP {resp.status}")
             problems.append(f"{backend.name} answered HTTP {resp.status}: {snippet}")
         raise Failure(
             502,
@@ -176,7 +176,7 @@ class Steps:
                     break
                 continue
             # a 5xx answer, buffered
-            pool.failed(backend, f"HTTP {relay.status}")
+            _answered_5xx(pool, backend, f"HTTP {relay.status}")
             snippet = b"".join(relay.error_parts or ())[:300].decode(errors="replace")
             problems.append(f"{backend.name} answered HTTP {relay.status}: {snippet}")
         raise Failure(502 if kind == "decode_error" else 504, kind,
@@ -213,6 +213,20 @@ class Steps:
                 continue
             return outcome
         return None
+
+
+def _answered_5xx(pool: BackendPool, backend: Backend, reason: str) -> None:
+    """A backend answered 5xx. With others in its pool that is evidence for its circuit
+    breaker (requests go elsewhere meanwhile). The only backend of its role keeps its circuit
+    closed: opening it would answer every client 503 for the cooldown with nowhere else to
+    go, and a 5xx can be one request's (a client retrying one such request three times would
+    take the deployment down). An engine that is really gone fails its health check, which
+    takes it out either way."""
+    if len(pool.backends) > 1:
+        pool.failed(backend, reason)
+    else:
+        backend.errors += 1
+        backend.last_error = reason
 
 
 def _none_usable(pool: BackendPool) -> str:
