@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kvpd.proxy.apis import LIMIT_FIELDS, GenerationRoute, json_media_refusal
 from kvpd.proxy.layerwise import Layerwise
 from kvpd.proxy.relay import Failure
-from kvpd.proxy.requestids import backend_headers, client_request_id, new_request_id
+from kvpd.proxy.requestids import (
+    backend_headers,
+    client_request_id,
+    log_replaced,
+    new_request_id,
+)
 from kvpd.proxy.rewrite import (
     PREFILL_KV_PARAMS,
     client_body,
@@ -180,9 +185,12 @@ class Generation:
             if refusal is not None:
                 raise Failure(400, "bad_request", "not application/json", refusal)
             body = client_body(req.body)
-            request_id = client_request_id(req, body)
+            request_id, given = client_request_id(req, body)
             if not request_id or self.flow.id_in_use(request_id):
+                why = "already in flight" if request_id else "not a header value"
                 request_id = new_request_id()
+                if given:
+                    log_replaced(given, request_id, why)
             extra = backend_headers(req, request_id) + self.auth.header(req)
             await self.flow.handle(GenerationCall(client, req, body, route, request_id, extra))
         except Failure as f:

@@ -23,19 +23,21 @@ TRACE_HEADERS = (b"traceparent", b"tracestate")
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]{1,256}")
 
 
-def client_request_id(req: Request, body: dict[str, Any]) -> str:
-    """The client's id (header first, as vLLM reads them), or "" when it gave none usable."""
+def client_request_id(req: Request, body: dict[str, Any]) -> tuple[str, str]:
+    """(the client's id if it can be sent on, else ""; the id it gave, else ""), the header
+    first, as vLLM reads them."""
     given = req.headers.get(b"x-request-id")
     if given is not None:
         text = given.decode(errors="replace")
     else:
         value = body.get("request_id")
         text = value if isinstance(value, str) else ""
-    if text and _HEADER_SAFE.fullmatch(text):
-        return text
-    if text:
-        log.info("client request id %r cannot be sent on; the proxy's id is used", text[:80])
-    return ""
+    return (text if text and _HEADER_SAFE.fullmatch(text) else ""), text
+
+
+def log_replaced(given: str, request_id: str, why: str) -> None:
+    """The mapping from a client's id to the one the engines and the answer carry."""
+    log.info("client request id %r is served as %s (%s)", given[:80], request_id, why)
 
 
 def backend_headers(req: Request, request_id: str) -> bytes:

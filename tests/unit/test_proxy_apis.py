@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -139,15 +140,20 @@ def test_the_body_request_id_is_sent_as_the_header() -> None:
     run_cluster(t)
 
 
-def test_an_id_that_cannot_be_a_header_gets_the_proxys_own() -> None:
+def test_an_id_that_cannot_be_a_header_gets_the_proxys_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def t(c: Cluster) -> None:
         body = {"prompt": "x", "request_id": "two words\r\nX-Evil: 1"}
         r = await c.call("POST", "/v1/completions", body)
         assert r.status == 200
         for _, h, _ in _legs(c):
             assert len(h[b"x-request-id"]) == 32 and b"x-evil" not in h
+        rid = r.headers["x-request-id"]
+        assert f"is served as {rid} (not a header value)" in caplog.text
 
-    run_cluster(t)
+    with caplog.at_level(logging.INFO, logger="kvpd.proxy"):
+        run_cluster(t)
 
 
 @pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages", "/invocations"])
