@@ -122,8 +122,9 @@ class DecodeRelay:
         client = self.client
         if client.closed:
             return
-        if self.usage is not None:
-            data = self.usage.patch(data)
+        usage = self.usage
+        if usage is not None and b"cache" in data:  # most chunks: no call
+            data = usage.patch(data)
         if self._rechunk:
             data = encode_chunk(data)
         elif self._dechunk is not None:

@@ -191,8 +191,11 @@ class ClientConnection(asyncio.Protocol):
         # HTTP/1.1 keeps the connection unless the client says close; HTTP/1.0 closes it
         # unless the client asks for keep-alive (and then the answer says keep-alive too).
         http10 = head.version == b"HTTP/1.0"
-        tokens = [t.strip() for t in conn.split(b",")]
-        keep_alive = b"keep-alive" in tokens if http10 else b"close" not in tokens
+        if not conn:
+            keep_alive = not http10
+        else:
+            tokens = [t.strip() for t in conn.split(b",")]
+            keep_alive = b"keep-alive" in tokens if http10 else b"close" not in tokens
         self.http10 = http10
         path, _, query = head.target.partition(b"?")
         req = Request(head.method, path, query, headers, keep_alive, self.state.loop.time())
