@@ -5,6 +5,7 @@ timestamps and the engines' own KV hand-over figures aside), errors included."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.local_deploy import LocalDeployment
+from tests.e2e.local_deploy import LocalDeployment, metric
 
 openai = pytest.importorskip("openai")
 
@@ -228,20 +229,70 @@ ERRORS: list[dict[str, Any]] = [
 @pytest.mark.parametrize(
     "change", ERRORS, ids=[next(iter(e)) + str(i) for i, e in enumerate(ERRORS)]
 )
-def test_errors_are_the_engines(pair: tuple[Any, Any], change: dict[str, Any]) -> None:
+def test_errors_are_the_engines(
+    pair: tuple[Any, Any], change: dict[str, Any], local_deployment: LocalDeployment
+) -> None:
+    proxy_url = local_deployment.proxy
     args = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4}
     args.update(change)
     extra = {k: v for k, v in args.items() if k not in ("model", "prompt")}
+    before = metric(proxy_url, "kvpd_proxy_sent_without_prefill_total")
     got = assert_same(pair, lambda c: c.completions.create(
         model=args["model"], prompt=args["prompt"], extra_body=extra))  # fmt: skip
     assert isinstance(got, dict) and got["status"] in (400, 404), got
+    # refused for its output limit: the decoder answered without a prefill being run
+    sure = "max_tokens" in change
+    assert metric(proxy_url, "kvpd_proxy_sent_without_prefill_total") - before == int(sure)
 
 
 def test_usage_counts_only_prefix_cache_hits_as_cached(pair: tuple[Any, Any]) -> None:
     def call(c: Any) -> Any:
         return c.completions.create(model="tiny", prompt=prompt, max_tokens=2)
 
-    prompt = f"{PROMPT} {time.time()} usage"  # no engine has it cached
+    # no engine has it cached; several whole 32-token blocks, so KV is handed over
+    prompt = f"{time.time()} {PROMPT} {PROMPT} {PROMPT} {PROMPT}"
 
     via_proxy, direct = both(pair, call)
     assert via_proxy.usage.model_dump() == direct.usage.model_dump()
+    assert via_proxy.usage.prompt_tokens > 64 and via_proxy.usage.prompt_tokens_details
+
+
+def _exchange(url: str, method: str, path: str, body: bytes, headers: dict[str, str]) -> Any:
+    """(status, selected headers, body) with no redirect followed."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, path, body=body or None, headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        keep = ("allow", "access-control-allow-methods", "access-control-max-age",
+                "access-control-allow-headers")  # fmt: skip
+        got = {k: r.getheader(k) for k in keep if r.getheader(k) is not None}
+        location = r.getheader("location")
+        if location:  # the host part is each server's own
+            got["location"] = "/" + location.split("/", 3)[-1]
+        return r.status, got, data
+    finally:
+        conn.close()
+
+
+JSON = {"Content-Type": "application/json"}
+EDGES = [
+    ("GET", "/v1/completions", b"", {}),  # 405 with Allow
+    ("POST", "/v1/completions/", b"{}", JSON),  # a trailing slash
+    ("POST", "/v1/completions", b'{"model": "tiny", "prompt": "x"}',
+     {"Content-Type": "text/plain"}),
+    ("OPTIONS", "/v1/completions", b"", {"Origin": "http://a.example",
+     "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers"), EDGES)
+def test_edges_answer_as_vllm(
+    local_deployment: LocalDeployment, method: str, path: str, body: bytes, headers: dict
+) -> None:
+    via_proxy = _exchange(local_deployment.proxy, method, path, body, headers)
+    direct = _exchange(local_deployment.decode, method, path, body, headers)
+    assert via_proxy[:2] == direct[:2]
+    if via_proxy[0] == 400:
+        assert via_proxy[2] == direct[2]
