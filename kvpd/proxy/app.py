@@ -12,12 +12,14 @@ import signal
 import sys
 
 from kvpd.proxy.admin import Admin
+from kvpd.proxy.apis import GENERATION_PATHS, PASS_THROUGH, PassThrough
 from kvpd.proxy.backends import Backend, BackendPool, HealthChecker
 from kvpd.proxy.cache_aware import install_routing
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
 from kvpd.proxy.flows import BackendAuth, Generation, make_flow
 from kvpd.proxy.hostpool import HostPool, fetch
 from kvpd.proxy.layerwise import Layerwise
+from kvpd.proxy.limits import ModelLimits
 from kvpd.proxy.metrics import ProxyMetrics
 from kvpd.proxy.relay import error_body
 from kvpd.proxy.routing import Request, Router
@@ -52,17 +54,22 @@ class ProxyApp:
         self.state = ServerState(router, loop, cfg.access_log, limits)
         steps = Steps(cfg, self.prefillers, self.decoders, metrics, loop)
         install_routing(cfg, self.prefillers, self.decoders, steps)
-        self.flow = make_flow(
-            cfg.flow, steps, metrics, self.state.spawn, cfg.prefill_timeout, cfg.metaserver
-        )
         self.auth = BackendAuth(cfg.api_key, checks_clients=bool(cfg.client_key))
+        self.limits = ModelLimits([self.decoders, self.prefillers], self.auth.fixed)
+        self.flow = make_flow(
+            cfg.flow, steps, metrics, self.state.spawn, cfg.prefill_timeout, cfg.metaserver,
+            self.limits,
+        )  # fmt: skip
         self.admin = Admin(pools, cfg.admin_token, cfg.drain_timeout, loop, self.auth.fixed)
         # The admin interface and the metaserver check their own credentials.
         own = self.admin.paths | {path.encode() for _, path, _ in self.flow.routes}
         self.state.gate = ClientGate(cfg.client_key, cfg.open_path_set, frozenset(own))
         gen = Generation(self.flow, self.auth, metrics, loop)
-        router.add_async("POST", "/v1/completions", gen.completions)
-        router.add_async("POST", "/v1/chat/completions", gen.chat_completions)
+        for path, route in GENERATION_PATHS.items():
+            router.add_async("POST", path, gen.handler(route))
+        passing = PassThrough([self.decoders, self.prefillers], self.auth)
+        for method, path in PASS_THROUGH:
+            router.add_async(method, path, passing.handle)
         for method, path, handler in (*self.flow.routes, *self.admin.routes):
             router.add_async(method, path, handler)
         router.add_async("GET", "/v1/models", self.models)
@@ -85,7 +92,8 @@ class ProxyApp:
         if self.cfg.port == 0 and isinstance(self.flow, Layerwise) and not self.cfg.metaserver_url:
             self.flow.set_metaserver(self.cfg.with_port(self.port).metaserver)
         self._tasks = [self.loop.create_task(self.health.run()),
-                       self.loop.create_task(self.state.sweep())]  # fmt: skip
+                       self.loop.create_task(self.state.sweep()),
+                       self.loop.create_task(self.limits.run())]  # fmt: skip
 
     async def stop(self) -> None:
         """Stop listening; answer, within the grace period, every request in flight or still

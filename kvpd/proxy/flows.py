@@ -12,12 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvpd.proxy.apis import LIMIT_FIELDS, GenerationRoute, json_media_refusal
 from kvpd.proxy.layerwise import Layerwise
 from kvpd.proxy.relay import Failure
+from kvpd.proxy.requestids import (
+    backend_headers,
+    client_request_id,
+    log_replaced,
+    new_request_id,
+)
 from kvpd.proxy.rewrite import (
     PREFILL_KV_PARAMS,
     client_body,
@@ -27,8 +33,10 @@ from kvpd.proxy.rewrite import (
     prefill_request_body,
 )
 from kvpd.proxy.routing import GenerationCall
+from kvpd.proxy.usage import CachedTokens, prefill_cached_tokens
 
 if TYPE_CHECKING:
+    from kvpd.proxy.limits import ModelLimits
     from kvpd.proxy.metrics import ProxyMetrics
     from kvpd.proxy.routing import AsyncHandler, Request
     from kvpd.proxy.server import ClientConnection
@@ -43,19 +51,35 @@ class Flow(Protocol):
 
     async def handle(self, call: GenerationCall) -> None: ...
 
+    def id_in_use(self, request_id: str) -> bool:
+        """Whether a request with this id is in flight where ids must be unique."""
+        ...
+
 
 class PrefillFirst:
     routes: tuple[tuple[str, str, AsyncHandler], ...] = ()
 
-    def __init__(self, steps: Steps, metrics: ProxyMetrics) -> None:
+    def id_in_use(self, request_id: str) -> bool:
+        return False  # the engines make their internal ids unique
+
+    def __init__(self, steps: Steps, metrics: ProxyMetrics, limits: ModelLimits | None) -> None:
         self.steps = steps
         self.metrics = metrics
+        self.limits = limits
 
     async def handle(self, call: GenerationCall) -> None:
         client, req, body, extra = call.client, call.req, call.body, call.extra
         prompt_tokens = estimate_prompt_tokens(body)
         keys = self.steps.keys(body)  # before the rewrites below: the client's prompt
-        p_body = prefill_request_body(body, dict(PREFILL_KV_PARAMS))
+        if self.limits is not None and self.limits.refused(body, call.route):
+            # the decoder answers its own 400 before any work: no prefill for it
+            self.metrics.refused_before_prefill += 1
+            tokens = decode_tokens(body, prompt_tokens)
+            await self.steps.decode(
+                client, req, encode(body), tokens, extra, call.request_id, keys=keys
+            )
+            return
+        p_body = prefill_request_body(body, dict(PREFILL_KV_PARAMS), LIMIT_FIELDS[call.route])
         answer = await self.steps.prefill(req.path, encode(p_body), prompt_tokens, extra, keys)
         kv = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
         if kv:
@@ -65,13 +89,21 @@ class PrefillFirst:
             self.metrics.prefill_without_params += 1
             d_data = encode(body)
         tokens = decode_tokens(body, prompt_tokens)
-        ok = await self.steps.decode(client, req, d_data, tokens, extra, call.request_id, keys=keys)
+        # the decoder counts the KV it receives as cached: clients get the prefill's hits
+        # (with KV in shared storage too: kv_transfer_params or not)
+        cached = CachedTokens(prefill_cached_tokens(answer))
+        ok = await self.steps.decode(
+            client, req, d_data, tokens, extra, call.request_id, keys=keys, cached=cached
+        )
         if kv and ok:
             self.metrics.disaggregated += 1
 
 
 class Mixed:
     routes: tuple[tuple[str, str, AsyncHandler], ...] = ()
+
+    def id_in_use(self, request_id: str) -> bool:
+        return False
 
     def __init__(self, steps: Steps) -> None:
         self.steps = steps
@@ -91,12 +123,13 @@ def make_flow(
     spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
     prefill_timeout: float,
     metaserver_url: str,
+    limits: ModelLimits | None = None,
 ) -> Flow:
     if name == "layerwise":
         return Layerwise(steps, metrics, spawn, prefill_timeout, metaserver_url)
     if name == "mixed":
         return Mixed(steps)
-    return PrefillFirst(steps, metrics)
+    return PrefillFirst(steps, metrics, limits)
 
 
 class BackendAuth:
@@ -123,7 +156,8 @@ class BackendAuth:
 
 
 class Generation:
-    """POST /v1/completions and /v1/chat/completions: parse, count, hand to the flow."""
+    """The generation APIs (kvpd.proxy.apis.GENERATION_PATHS): parse, count, hand to the
+    flow."""
 
     def __init__(
         self,
@@ -137,21 +171,31 @@ class Generation:
         self.metrics = metrics
         self.loop = loop
 
-    async def completions(self, client: ClientConnection, req: Request) -> None:
-        await self._generate(client, req, "completions")
+    def handler(self, route: GenerationRoute) -> AsyncHandler:
+        async def generate(client: ClientConnection, req: Request) -> None:
+            await self._generate(client, req, route)
 
-    async def chat_completions(self, client: ClientConnection, req: Request) -> None:
-        await self._generate(client, req, "chat_completions")
+        return generate
 
-    async def _generate(self, client: ClientConnection, req: Request, route: str) -> None:
+    async def _generate(
+        self, client: ClientConnection, req: Request, route: GenerationRoute
+    ) -> None:
         m = self.metrics
         m.requests[route] += 1
         m.inflight += 1
         request_id = ""
         try:
+            refusal = json_media_refusal(req)
+            if refusal is not None:
+                raise Failure(400, "bad_request", "not application/json", refusal)
             body = client_body(req.body)
-            request_id = os.urandom(16).hex()
-            extra = b"X-Request-Id: " + request_id.encode() + b"\r\n" + self.auth.header(req)
+            request_id, given = client_request_id(req, body)
+            if not request_id or self.flow.id_in_use(request_id):
+                why = "already in flight" if request_id else "not a header value"
+                request_id = new_request_id()
+                if given:
+                    log_replaced(given, request_id, why)
+            extra = backend_headers(req, request_id) + self.auth.header(req)
             await self.flow.handle(GenerationCall(client, req, body, route, request_id, extra))
         except Failure as f:
             m.failures[f.kind] += 1

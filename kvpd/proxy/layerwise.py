@@ -16,6 +16,7 @@ import secrets
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from kvpd.proxy.apis import GENERATION_PATHS, LIMIT_FIELDS, is_chat
 from kvpd.proxy.relay import DecodeRelay, Failure, error_body
 from kvpd.proxy.rewrite import (
     child_request_ids,
@@ -85,6 +86,11 @@ class Layerwise:
             ("POST", "/v1/metaserver", self.metaserver),
         )
 
+    def id_in_use(self, request_id: str) -> bool:
+        """The metaserver finds a request by the ids its decoder reports, which derive from
+        the request id: two requests in flight must not share one."""
+        return any(record.request_id == request_id for record in self.records.values())
+
     def set_metaserver(self, url: str) -> None:
         self._meta_url = url + ("&" if "?" in url else "?") + "token="
 
@@ -97,7 +103,13 @@ class Layerwise:
             call.client, call.req, call.body, call.request_id, call.extra
         )  # fmt: skip
         prompt_tokens = estimate_prompt_tokens(body)
-        children = child_request_ids(request_id, call.route == "chat_completions", body)
+        if call.route == "responses":
+            # vLLM names a Responses API request after its body's request_id, not the header
+            rid = request_id if body.get("request_id") == request_id else f"resp_{request_id}"
+            body = dict(body, request_id=rid)
+            children = [rid]
+        else:
+            children = child_request_ids(request_id, is_chat(call.route, body), body)
         record = LayerwiseRecord(
             request_id, req.path, body, children, extra, prompt_tokens, self.loop
         )
@@ -184,7 +196,8 @@ class Layerwise:
 
     async def _prefill(self, record: LayerwiseRecord, done: asyncio.Future[Failure | None]) -> None:
         params = [record.params[c] for c in record.children]
-        p_body = prefill_request_body(record.body, dict(params[0]))
+        route = GENERATION_PATHS.get(record.path.decode(), "completions")
+        p_body = prefill_request_body(record.body, dict(params[0]), LIMIT_FIELDS[route])
         if len(params) > 1:
             p_body["batch_kv_transfer_params"] = dict(zip(record.children, params, strict=True))
         relay = record.relay

@@ -6,6 +6,7 @@ import bisect
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from kvpd.proxy.apis import GENERATION_PATHS
 from kvpd.proxy.backends import CLOSED, HALF_OPEN, OPEN, TRANSITIONS
 from kvpd.proxy.cache_aware import render as render_routing
 
@@ -64,11 +65,13 @@ class Histogram:
 
 class ProxyMetrics:
     def __init__(self) -> None:
-        self.requests: Counter[str] = Counter()  # by route: completions, chat_completions
+        self.requests: Counter[str] = Counter()  # by kvpd.proxy.apis.GenerationRoute
         self.responses: Counter[int] = Counter()  # by HTTP status sent to the client
         self.failures: Counter[str] = Counter({k: 0 for k in FAILURE_KINDS})
         self.disaggregated = 0  # prefill succeeded and its kv_transfer_params reached decode
         self.prefill_without_params = 0  # prefill succeeded but returned no kv_transfer_params
+        self.refused_before_prefill = 0  # sent to a decoder without a prefill (see limits.py)
+        self.kv_handoff_tokens = 0  # decoders' cached-token figures beyond the prefills'
         self.retries = 0
         self.inflight = 0
         self.prefill_seconds = Histogram()
@@ -84,8 +87,9 @@ class ProxyMetrics:
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
 
+        out.append("# The proxy's own metrics only: each engine serves its own at its /metrics.")
         family("kvpd_proxy_requests_total", "counter", "Generation requests received, by route.")
-        for route in ("completions", "chat_completions"):
+        for route in GENERATION_PATHS.values():
             out.append(f'kvpd_proxy_requests_total{{route="{route}"}} {self.requests[route]}')
         family("kvpd_proxy_responses_total", "counter", "Generation responses, by HTTP status.")
         for status in sorted(self.responses):
@@ -102,6 +106,20 @@ class ProxyMetrics:
             "Prefills that succeeded without returning kv_transfer_params (e.g. ExampleConnector).",
         )
         out.append(f"kvpd_proxy_prefill_without_kv_params_total {self.prefill_without_params}")
+        family(
+            "kvpd_proxy_sent_without_prefill_total",
+            "counter",
+            "Requests the decoder would surely refuse for their output limit, sent to it "
+            "without a prefill (it answers the engine's own 400).",
+        )
+        out.append(f"kvpd_proxy_sent_without_prefill_total {self.refused_before_prefill}")
+        family(
+            "kvpd_proxy_kv_handoff_tokens_total",
+            "counter",
+            "Prompt tokens decoders reported as cached beyond the prefill's prefix-cache hits "
+            "(the KV handed over; clients see the prefill's figure as cached_tokens).",
+        )
+        out.append(f"kvpd_proxy_kv_handoff_tokens_total {self.kv_handoff_tokens}")
         family("kvpd_proxy_failures_total", "counter", "Failed requests, by kind.")
         for kind in sorted(self.failures):
             out.append(f'kvpd_proxy_failures_total{{kind="{kind}"}} {self.failures[kind]}')

@@ -7,16 +7,18 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
-from kvpd.proxy.http1 import encode_chunk, status_line
+from kvpd.proxy.http1 import ChunkedReader, encode_chunk, status_line
 
 if TYPE_CHECKING:
     from kvpd.proxy.server import ClientConnection
     from kvpd.proxy.upstream import UpstreamConnection, UpstreamError
+    from kvpd.proxy.usage import CachedTokens
 
 
 def error_body(message: str, kind: str, code: int, **extra: Any) -> bytes:
-    """An OpenAI-style error object."""
-    err = {"message": message, "type": kind, "code": code, **extra}
+    """vLLM's error object: message, type, param (the field at fault, or null), code."""
+    err = {"message": message, "type": kind, "param": extra.pop("param", None), "code": code,
+           **extra}  # fmt: skip
     return json.dumps({"error": err}).encode()
 
 
@@ -50,6 +52,8 @@ class DecodeRelay:
         "_rechunk",
         "_chunked",
         "_sse",
+        "_dechunk",
+        "usage",
         "first_byte_at",
         "loop",
     )
@@ -67,6 +71,8 @@ class DecodeRelay:
         self._rechunk = False
         self._chunked = False  # the client's response is chunked (an event can be appended)
         self._sse = False
+        self._dechunk: ChunkedReader | None = None  # an HTTP/1.0 client gets the payload only
+        self.usage: CachedTokens | None = None  # rewrites cached-token figures (P/D)
         self.first_byte_at = 0.0
 
     def on_head(self, status: int, headers: dict[bytes, bytes]) -> None:
@@ -78,11 +84,20 @@ class DecodeRelay:
         ctype = headers.get(b"content-type", b"application/json")
         self._sse = ctype.startswith(b"text/event-stream")
         te = headers.get(b"transfer-encoding")
-        if te is not None and b"chunked" in te.lower():
+        chunked = te is not None and b"chunked" in te.lower()
+        if not chunked and b"content-length" in headers:
+            framing = b"content-length: " + headers[b"content-length"] + b"\r\n"
+            if client.http10 and client.keep_alive:
+                framing += b"connection: keep-alive\r\n"
+        elif client.http10:
+            # HTTP/1.0 has no chunked framing: the payload alone, ended by closing
+            client.keep_alive = False
+            framing = b""
+            if chunked:
+                self._dechunk = ChunkedReader(collect=True)
+        elif chunked:
             self._chunked = True
             framing = b"transfer-encoding: chunked\r\n"
-        elif b"content-length" in headers:
-            framing = b"content-length: " + headers[b"content-length"] + b"\r\n"
         else:  # close-delimited upstream body: re-frame it for a keep-alive client
             self._rechunk = self._chunked = True
             framing = b"transfer-encoding: chunked\r\n"
@@ -107,8 +122,17 @@ class DecodeRelay:
         client = self.client
         if client.closed:
             return
+        usage = self.usage
+        if usage is not None and b"cache" in data:  # most chunks: no call
+            data = usage.patch(data)
         if self._rechunk:
             data = encode_chunk(data)
+        elif self._dechunk is not None:
+            self._dechunk.feed(data)
+            parts = self._dechunk.parts
+            assert parts is not None
+            data = b"".join(parts)
+            parts.clear()
         head = self._head
         if head is not None:
             self._head = None

@@ -60,21 +60,39 @@ def encode(body: dict[str, Any]) -> bytes:
         raise Failure(400, "bad_request", f"the body cannot be re-encoded: {e}"[:300]) from None
 
 
+def _part_chars(parts: Any) -> int:
+    """Characters of a string, or of the `text` of each part in a content list."""
+    if isinstance(parts, str):
+        return len(parts)
+    chars = 0
+    for part in parts if isinstance(parts, list) else ():
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            chars += len(part["text"])
+    return chars
+
+
+def _message_chars(messages: Any) -> int:
+    """Characters of text in a string or a list of messages (each a string, or an object
+    with `content`: a string or a list of parts); two levels only, whatever the nesting."""
+    if isinstance(messages, str):
+        return len(messages)
+    chars = 0
+    for message in messages if isinstance(messages, list) else ():
+        if isinstance(message, str):
+            chars += len(message)
+        elif isinstance(message, dict):
+            chars += _part_chars(message.get("content"))
+    return chars
+
+
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
-    """Cheap token estimate: token-id lists count exactly, text counts 4 characters a token.
-    Total over any JSON: a field of an unexpected type counts as little, never raises."""
+    """Cheap token estimate: token-id lists count exactly, text counts 4 characters a token
+    (chat and Anthropic messages, a Responses API input, a system prompt). Total over any
+    JSON: a field of an unexpected type counts as little, never raises."""
     prompt = body.get("prompt")
     if prompt is None:
-        chars = 0
-        messages = body.get("messages")
-        for message in messages if isinstance(messages, list) else ():
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        chars += len(part["text"])
+        chars = _message_chars(body.get("messages")) + _message_chars(body.get("input"))
+        chars += _part_chars(body.get("system"))
         return chars // 4 + 1
     if isinstance(prompt, str):
         return len(prompt) // 4 + 1
@@ -89,7 +107,12 @@ def estimate_prompt_tokens(body: dict[str, Any]) -> int:
 
 
 def decode_tokens(body: dict[str, Any], prompt_tokens: int) -> int:
-    limit = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
+    limit = (
+        body.get("max_tokens")
+        or body.get("max_completion_tokens")
+        or body.get("max_output_tokens")
+        or DEFAULT_MAX_TOKENS
+    )
     n = body.get("n") or 1
     try:
         return prompt_tokens + int(limit) * int(n)
@@ -97,16 +120,28 @@ def decode_tokens(body: dict[str, Any], prompt_tokens: int) -> int:
         return prompt_tokens + DEFAULT_MAX_TOKENS
 
 
-def prefill_request_body(body: dict[str, Any], kv_params: dict[str, Any]) -> dict[str, Any]:
-    """The prefiller's copy: one token, no streaming, no minimum length."""
+def prefill_request_body(
+    body: dict[str, Any],
+    kv_params: dict[str, Any],
+    limit_fields: tuple[str, ...] = ("max_tokens", "max_completion_tokens"),
+) -> dict[str, Any]:
+    """The prefiller's copy: one token (the API's first limit field set to 1, the others too
+    where the client set them), no streaming, no minimum length, in the foreground and not
+    stored (a Responses API request)."""
     p = dict(body)
-    p["max_tokens"] = 1
-    if "max_completion_tokens" in p:
-        p["max_completion_tokens"] = 1
+    first, *others = limit_fields
+    p[first] = 1
+    for name in others:
+        if name in p:
+            p[name] = 1
     p["stream"] = False
     p.pop("stream_options", None)
     p.pop("min_tokens", None)  # a minimum above 1 would contradict max_tokens=1
     p.pop("min_completion_tokens", None)
+    if "background" in p:
+        p["background"] = False
+    if first == "max_output_tokens":
+        p["store"] = False
     p["kv_transfer_params"] = kv_params
     return p
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kvpd.proxy.apis import GenerationRoute
     from kvpd.proxy.server import ClientConnection
 
 
@@ -39,7 +40,7 @@ class GenerationCall:
     client: ClientConnection
     req: Request
     body: dict[str, Any]  # the client's JSON body; flows rewrite copies of it
-    route: str  # "completions" or "chat_completions"
+    route: GenerationRoute
     request_id: str
     extra: bytes  # header lines sent to every backend (request id, authorization)
 
@@ -52,12 +53,17 @@ class Router:
     def __init__(self) -> None:
         self.sync: dict[tuple[bytes, bytes], SyncHandler] = {}
         self.async_: dict[tuple[bytes, bytes], AsyncHandler] = {}
-        self.paths: set[bytes] = set()
+        self.paths: dict[bytes, list[bytes]] = {}  # path -> its methods (a 405's Allow)
 
     def add(self, method: str, path: str, handler: SyncHandler) -> None:
         self.sync[(method.encode(), path.encode())] = handler
-        self.paths.add(path.encode())
+        self.paths.setdefault(path.encode(), []).append(method.encode())
 
     def add_async(self, method: str, path: str, handler: AsyncHandler) -> None:
         self.async_[(method.encode(), path.encode())] = handler
-        self.paths.add(path.encode())
+        self.paths.setdefault(path.encode(), []).append(method.encode())
+
+    def slash_alternative(self, path: bytes) -> bytes | None:
+        """The served path this one differs from by a trailing slash (Starlette redirects)."""
+        alt = path[:-1] if path.endswith(b"/") else path + b"/"
+        return alt if alt and alt in self.paths else None

@@ -22,6 +22,7 @@ from kvpd.proxy.http1 import (
 from kvpd.proxy.relay import error_body
 from kvpd.proxy.routing import AsyncHandler, Request
 from kvpd.proxy.serverstate import FIRST_REQUEST_S, ClientGate, Limits, ServerState
+from kvpd.proxy.unrouted import is_preflight, unrouted
 
 __all__ = ["ClientConnection", "ClientGate", "Limits", "ServerState", "FIRST_REQUEST_S"]
 
@@ -48,6 +49,7 @@ class ClientConnection(asyncio.Protocol):
         self.busy = False
         self.response_started = False
         self.keep_alive = True
+        self.http10 = False  # the current request is HTTP/1.0: no chunked framing for it
         # While a decoder stream is relayed here: that upstream connection (for backpressure)
         # and a callback for a client that goes away mid-request.
         self.relay: UpstreamConnection | None = None
@@ -186,14 +188,19 @@ class ClientConnection(asyncio.Protocol):
             return
         headers = head.headers
         conn = headers.get(b"connection", b"").lower()
-        if head.version == b"HTTP/1.1":
-            keep_alive = conn != b"close"
+        # HTTP/1.1 keeps the connection unless the client says close; HTTP/1.0 closes it
+        # unless the client asks for keep-alive (and then the answer says keep-alive too).
+        http10 = head.version == b"HTTP/1.0"
+        if not conn:
+            keep_alive = not http10
         else:
-            keep_alive = conn == b"keep-alive"
+            tokens = [t.strip() for t in conn.split(b",")]
+            keep_alive = b"keep-alive" in tokens if http10 else b"close" not in tokens
+        self.http10 = http10
         path, _, query = head.target.partition(b"?")
         req = Request(head.method, path, query, headers, keep_alive, self.state.loop.time())
         gate = self.state.gate
-        if gate is not None and not gate.allows(req):
+        if gate is not None and not is_preflight(req) and not gate.allows(req):
             # before its body: a client without the key gets no buffer, and the connection
             # closes (its body, if any, is never read)
             self._reject(401, "", gate.refusal, b"www-authenticate: Bearer\r\n")
@@ -213,7 +220,8 @@ class ClientConnection(asyncio.Protocol):
         self._req = req
         self._parts = []
         self._got = 0
-        if headers.get(b"expect", b"").lower() == b"100-continue" and len(rest) == 0:
+        continue_ = headers.get(b"expect", b"").lower() == b"100-continue"
+        if continue_ and not http10 and len(rest) == 0:
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
         if rest:
             self._body_data(rest)
@@ -276,10 +284,10 @@ class ClientConnection(asyncio.Protocol):
         if ahandler is not None:
             self.task = self.state.spawn(self._run(ahandler, req))
             return
-        if req.path in router.paths:
-            self.send_json(405, _error("method not allowed", 405))
-        else:
-            self.send_json(404, _error("not found", 404))
+        status, body, ctype, extra = unrouted(router, req)
+        if body is None:
+            body = _error(HTTPStatus(status).phrase.lower(), status)
+        self.send(status, body, ctype, extra)
 
     async def _run(self, handler: AsyncHandler, req: Request) -> None:
         try:
@@ -323,6 +331,8 @@ class ClientConnection(asyncio.Protocol):
             self.busy = False
             return
         self.response_started = True
+        if self.http10 and self.keep_alive:
+            extra += b"connection: keep-alive\r\n"
         self.transport.write(  # type: ignore[union-attr]
             build_response(status, body, content_type, extra, close=not self.keep_alive)
         )

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from kvpd.proxy.metrics import ProxyMetrics
     from kvpd.proxy.routing import Request
     from kvpd.proxy.server import ClientConnection
+    from kvpd.proxy.usage import CachedTokens
 
 log = logging.getLogger("kvpd.proxy")
 
@@ -100,7 +101,7 @@ class Steps:
                 backend.errors += 1
                 backend.last_error = f"HTTP {resp.status}"
                 raise Failure(resp.status, "prefill_rejected", snippet, resp.body)
-            pool.failed(backend, f"HTTP {resp.status}")
+            _answered_5xx(pool, backend, f"HTTP {resp.status}")
             problems.append(f"{backend.name} answered HTTP {resp.status}: {snippet}")
         raise Failure(
             502,
@@ -118,6 +119,7 @@ class Steps:
         request_id: str,
         on_attempt: Callable[[DecodeRelay, int], None] | None = None,
         keys: tuple[int, ...] = (),
+        cached: CachedTokens | None = None,
     ) -> bool:
         """Relay a decoder's response; retry another decoder while nothing was sent. True when
         a complete answer went out. `on_attempt(relay, n)` runs before each attempt."""
@@ -138,6 +140,7 @@ class Steps:
                 await asyncio.sleep(cfg.retry_delay * 2 ** (attempt - 1))
             tried += (backend,)
             relay = DecodeRelay(client, rid, self.loop)
+            relay.usage = cached
             if on_attempt is not None:
                 on_attempt(relay, attempt)
             backend.begin(tokens)
@@ -148,6 +151,8 @@ class Steps:
             if outcome is None:
                 if relay.status < 400:
                     pool.succeeded(backend)
+                    if cached is not None:
+                        self.metrics.kv_handoff_tokens += cached.handoff
                     self.metrics.first_byte_seconds.observe(relay.first_byte_at - req.started)
                 else:
                     backend.errors += 1
@@ -177,7 +182,7 @@ class Steps:
                     break
                 continue
             # a 5xx answer, buffered
-            pool.failed(backend, f"HTTP {relay.status}")
+            _answered_5xx(pool, backend, f"HTTP {relay.status}")
             snippet = b"".join(relay.error_parts or ())[:300].decode(errors="replace")
             problems.append(f"{backend.name} answered HTTP {relay.status}: {snippet}")
         raise Failure(502 if kind == "decode_error" else 504, kind,
@@ -218,6 +223,20 @@ class Steps:
 
 def _no_keys(body: dict[str, Any]) -> tuple[int, ...]:
     return ()
+
+
+def _answered_5xx(pool: BackendPool, backend: Backend, reason: str) -> None:
+    """A backend answered 5xx. With others in its pool that is evidence for its circuit
+    breaker (requests go elsewhere meanwhile). The only backend of its role keeps its circuit
+    closed: opening it would answer every client 503 for the cooldown with nowhere else to
+    go, and a 5xx can be one request's (a client retrying one such request three times would
+    take the deployment down). An engine that is really gone fails its health check, which
+    takes it out either way."""
+    if len(pool.backends) > 1:
+        pool.failed(backend, reason)
+    else:
+        backend.errors += 1
+        backend.last_error = reason
 
 
 def _none_usable(pool: BackendPool) -> str:

@@ -23,6 +23,7 @@ import signal
 import sys
 from typing import Any
 
+from kvpd.proxy.apis import GENERATION_PATHS, is_chat
 from kvpd.proxy.http1 import encode_chunk
 from kvpd.proxy.routing import Request, Router
 from kvpd.proxy.server import ClientConnection, ServerState
@@ -65,15 +66,25 @@ class StandInBackend:
         self.trickle_s = 0.0
         self.body_200: bytes | None = None
         self.first_chunk_after_s = 0.0
+        # usage.prompt_tokens_details.cached_tokens in answers (None: no details, as vLLM
+        # without --enable-prompt-tokens-details)
+        self.cached_tokens: int | None = None
         self.served = 0
         self.server: asyncio.AbstractServer | None = None
-        self._events: dict[tuple[bytes, int], list[bytes]] = {}
+        self._events: dict[tuple[bytes, int, int | None], list[bytes]] = {}
         router = Router()
         router.add("GET", "/health", self._health)
         router.add("GET", "/v1/models", self._models)
         router.add("POST", "/reset_prefix_cache", self._reset)
-        router.add_async("POST", "/v1/completions", self._generate)
-        router.add_async("POST", "/v1/chat/completions", self._generate)
+        for path in ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+                     "/invocations"):  # fmt: skip
+            router.add_async("POST", path, self._generate)
+        router.add("POST", "/tokenize", self._tokenize)
+        router.add("POST", "/detokenize", self._tokenize)
+        router.add("GET", "/version", self._version)
+        router.add("GET", "/ping", self._health)
+        router.add("POST", "/ping", self._health)
+        router.add("GET", "/openapi.json", self._version)
         self._router = router
 
     @property
@@ -113,9 +124,26 @@ class StandInBackend:
     def _models(self, client: ClientConnection, req: Request) -> None:
         body = {
             "object": "list",
-            "data": [{"id": "stand-in", "object": "model", "owned_by": self.role}],
+            "data": [
+                {"id": "stand-in", "object": "model", "owned_by": self.role, "max_model_len": 512}
+            ],  # fmt: skip
         }
         client.send_json(200, json.dumps(body).encode())
+
+    def _tokenize(self, client: ClientConnection, req: Request) -> None:
+        """Echoes what it got: path, query and parsed body (tests compare them)."""
+        body = json.loads(req.body) if req.body else None
+        if self.record:
+            self.requests.append((req.path.decode(), req.headers, body or {}))
+        if isinstance(body, dict) and body.get("prompt") == "":
+            msg = {"error": {"message": "empty prompt", "type": "BadRequestError", "code": 400}}
+            client.send_json(400, json.dumps(msg).encode())
+            return
+        answer = {"path": req.path.decode(), "query": req.query.decode(), "body": body}
+        client.send_json(200, json.dumps(answer).encode())
+
+    def _version(self, client: ClientConnection, req: Request) -> None:
+        client.send_json(200, json.dumps({"version": "stand-in", "role": self.role}).encode())
 
     def _reset(self, client: ClientConnection, req: Request) -> None:
         client.send_json(200, b"{}")
@@ -186,7 +214,7 @@ class StandInBackend:
             "object": "text_completion",
             "model": "fake",
             "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
-            "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
+            "usage": self._usage(1),
             "kv_transfer_params": {
                 "do_remote_prefill": True,
                 "do_remote_decode": False,
@@ -200,7 +228,8 @@ class StandInBackend:
         client.send_json(200, json.dumps(answer).encode())
 
     def _event_chunks(self, path: bytes) -> list[bytes]:
-        events = self._events.get((path, self.chunks))
+        key = (path, self.chunks, self.cached_tokens)
+        events = self._events.get(key)
         if events is None:
             chat = path.endswith(b"chat/completions")
             events = []
@@ -214,8 +243,11 @@ class StandInBackend:
                     obj = {"id": "cmpl-fake", "object": "text_completion"}
                 obj["choices"] = [choice]
                 events.append(encode_chunk(b"data: " + json.dumps(obj).encode() + b"\n\n"))
+            if self.cached_tokens is not None:
+                usage = {"id": "cmpl-fake", "choices": [], "usage": self._usage(self.chunks)}
+                events.append(encode_chunk(b"data: " + json.dumps(usage).encode() + b"\n\n"))
             events.append(encode_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-            self._events[(path, self.chunks)] = events
+            self._events[key] = events
         return events
 
     async def _stream(self, client: ClientConnection, path: bytes, head_sent: bool = False) -> None:
@@ -240,15 +272,25 @@ class StandInBackend:
         else:
             choice = {"index": 0, "text": text}
             obj = "text_completion"
-        body = {"id": "fake", "object": obj, "model": "fake", "choices": [choice]}
+        body: dict[str, Any] = {"id": "fake", "object": obj, "model": "fake", "choices": [choice]}
+        body["usage"] = self._usage(self.chunks)
         client.send_json(200, json.dumps(body).encode())
+
+    def _usage(self, completion_tokens: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": 300, "completion_tokens": completion_tokens,
+                                 "total_tokens": 300 + completion_tokens}  # fmt: skip
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
     async def _call_metaserver(
         self, client: ClientConnection, req: Request, url: str, body: dict[str, Any]
     ) -> bool:
         """Report each child request to the proxy's metaserver, as a layerwise decoder does."""
         rid = req.headers.get(b"x-request-id", b"").decode()
-        if req.path.endswith(b"chat/completions"):
+        if req.path == b"/v1/responses":
+            ids = [str(body.get("request_id"))]
+        elif is_chat(GENERATION_PATHS.get(req.path.decode(), "completions"), body):
             ids = [f"chatcmpl-{rid}"]
         else:
             prompt = body.get("prompt")

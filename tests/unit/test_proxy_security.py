@@ -275,7 +275,7 @@ def test_protocol_errors_are_json_whatever_the_client_sent() -> None:
         reply = await raw(c.port, head + b'zz"},"x":{"\r\n')
         assert reply.startswith(b"HTTP/1.1 400")
         err = error_of(reply)  # the client's bytes are inside the message, quoted as data
-        assert set(err) == {"message", "type", "code"} and "x" not in err
+        assert set(err) == {"message", "type", "param", "code"} and "x" not in err
         assert err["type"] == "BadRequestError" and '"},' in str(err["message"])
 
     run_cluster(t)

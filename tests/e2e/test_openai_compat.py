@@ -1,0 +1,298 @@
+"""The proxy against the engines it fronts, as a real client sees them: the official `openai`
+SDK calls every vLLM API the proxy serves, through the proxy and directly against the local
+CPU deployment's decode engine, streaming and not, and the answers must be equal (ids,
+timestamps and the engines' own KV hand-over figures aside), errors included."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.local_deploy import LocalDeployment, metric
+
+openai = pytest.importorskip("openai")
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = "The quick brown fox jumps over the lazy dog and then runs away into the forest where"
+# Fields that differ between any two calls of the same request.
+VOLATILE = frozenset(("id", "created", "created_at", "system_fingerprint", "request_id",
+                      "item_id", "response_id", "kv_transfer_params",
+                      "prompt_tokens_details", "sequence_number"))  # fmt: skip
+
+
+def strip(value: Any) -> Any:
+    """The value without the volatile fields, at any depth."""
+    if isinstance(value, dict):
+        return {k: strip(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [strip(v) for v in value]
+    return value
+
+
+def stream_summary(events: list[Any]) -> dict[str, Any]:
+    """A stream as what it says, not how it is cut: vLLM puts one or several tokens in an
+    event as the engine runs ahead of the API server, so the text is joined and consecutive
+    events that differ only in their text are one."""
+    text: list[str] = []
+    shapes: list[Any] = []
+    for event in events:
+        event = strip(event)
+        _pull_text(event, text)
+        if not shapes or shapes[-1] != event:
+            shapes.append(event)
+    return {"text": "".join(text), "events": shapes}
+
+
+def _pull_text(event: Any, text: list[str]) -> None:
+    """Move the generated text out of an event: completions, chat, Responses, Anthropic."""
+    if not isinstance(event, dict):
+        return
+    for choice in event.get("choices") or ():
+        if isinstance(choice.get("text"), str):
+            text.append(choice.pop("text"))
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+            text.append(delta.pop("content"))
+    if isinstance(event.get("delta"), str):  # response.output_text.delta
+        text.append(event.pop("delta"))
+    data = event.get("data")
+    delta = data.get("delta") if isinstance(data, dict) else None
+    if isinstance(delta, dict) and isinstance(delta.get("text"), str):  # content_block_delta
+        text.append(delta.pop("text"))
+
+
+@pytest.fixture
+def pair(local_deployment: LocalDeployment) -> Iterator[tuple[Any, Any]]:
+    """SDK clients for the proxy and for the decode engine, no retries (an error is data)."""
+    clients = tuple(
+        openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+        for url in (local_deployment.proxy, local_deployment.decode)
+    )
+    yield clients  # type: ignore[misc]
+    for c in clients:
+        c.close()
+
+
+def both(pair: tuple[Any, Any], call: Any) -> tuple[Any, Any]:
+    """`call(client)` directly, then through the proxy (a cold decoder when called directly:
+    its prefix cache holds the prompt only after the proxy's call): each result, or the
+    exception raised, proxy's first."""
+    out = []
+    for client in reversed(pair):
+        try:
+            out.append(call(client))
+        except openai.APIError as e:
+            out.append(e)
+    return out[1], out[0]
+
+
+def dumped(result: Any) -> Any:
+    if isinstance(result, openai.APIStatusError):
+        return {"status": result.status_code, "class": type(result).__name__,
+                "body": strip(result.body)}  # fmt: skip
+    if isinstance(result, Exception):
+        return {"class": type(result).__name__}
+    if isinstance(result, openai.Stream):
+        return stream_summary([event.model_dump() for event in result])
+    if hasattr(result, "model_dump"):
+        return strip(result.model_dump())
+    return strip(result)
+
+
+def assert_same(pair: tuple[Any, Any], call: Any) -> Any:
+    via_proxy, direct = (dumped(r) for r in both(pair, call))
+    assert via_proxy == direct
+    return via_proxy
+
+
+GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions(pair: tuple[Any, Any], stream: bool) -> None:
+    extra = {"stream_options": {"include_usage": True}} if stream else {}
+    got = assert_same(pair, lambda c: c.completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=6, stream=stream, **GREEDY, **extra))  # fmt: skip
+    assert got
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_completions(pair: tuple[Any, Any], stream: bool) -> None:
+    extra = {"stream_options": {"include_usage": True}} if stream else {}
+    messages = [{"role": "user", "content": PROMPT}]
+    assert_same(pair, lambda c: c.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=6, stream=stream,
+        **GREEDY, **extra))  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses(pair: tuple[Any, Any], stream: bool) -> None:
+    got = assert_same(pair, lambda c: c.responses.create(
+        model="tiny", input=PROMPT, max_output_tokens=6, stream=stream, temperature=0))  # fmt: skip
+    assert not isinstance(got, dict) or "status" not in got or got["status"] != 404
+
+
+def plain(method: str, url: str, body: Any = None) -> tuple[int, bytes]:
+    """A plain request (urllib: no SDK in between): (status, body)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _raw(url: str, path: str, body: Any, stream: bool = False) -> Any:
+    status, raw = plain("POST", url + path, body)
+    if stream:
+        events = [e for e in raw.decode().split("\n\n") if e.strip()]
+        return status, stream_summary([_event(e) for e in events])
+    return status, strip(json.loads(raw))
+
+
+def _event(text: str) -> Any:
+    lines = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
+    data = lines.get("data", "")
+    return {"event": lines.get("event"), "data": json.loads(data) if data[:1] == "{" else data}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_messages(local_deployment: LocalDeployment, stream: bool) -> None:
+    body = {"model": "tiny", "max_tokens": 6, "temperature": 0, "stream": stream,
+            "messages": [{"role": "user", "content": PROMPT}]}  # fmt: skip
+    via_proxy = _raw(local_deployment.proxy, "/v1/messages", body, stream)
+    direct = _raw(local_deployment.decode, "/v1/messages", body, stream)
+    assert via_proxy == direct and via_proxy[0] == 200
+
+
+def test_invocations(local_deployment: LocalDeployment) -> None:
+    for body in ({"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
+                 {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}],
+                  "max_tokens": 4, "temperature": 0}):  # fmt: skip
+        via_proxy = _raw(local_deployment.proxy, "/invocations", body)
+        assert via_proxy == _raw(local_deployment.decode, "/invocations", body)
+        assert via_proxy[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/tokenize", {"model": "tiny", "prompt": PROMPT}),
+        ("POST", "/detokenize", {"model": "tiny", "tokens": [1, 2, 3]}),
+        ("GET", "/version", None),
+        ("GET", "/ping", None),
+        ("GET", "/v1/models", None),
+        ("GET", "/openapi.json", None),
+    ],
+)
+def test_passed_through(
+    local_deployment: LocalDeployment, method: str, path: str, body: Any
+) -> None:
+    a = plain(method, local_deployment.proxy + path, body)
+    b = plain(method, local_deployment.decode + path, body)
+    assert a[0] == b[0] == 200
+    assert strip(json.loads(a[1]) if a[1] else None) == strip(json.loads(b[1]) if b[1] else None)
+
+
+def test_the_clients_request_id_is_kept(pair: tuple[Any, Any]) -> None:
+    proxy, direct = pair
+    for client in pair:
+        done = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
+                                         extra_headers={"X-Request-Id": "client-7"})  # fmt: skip
+        assert done.id == "cmpl-client-7"
+        chat = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            extra_body={"request_id": "client-8"})  # fmt: skip
+        assert chat.id == "chatcmpl-client-8"
+
+
+ERRORS: list[dict[str, Any]] = [
+    {"max_tokens": 100000},
+    {"max_tokens": "ten"},
+    {"max_tokens": -1},
+    {"prompt": PROMPT * 40},  # longer than the model
+    {"model": "no-such-model"},
+    {"temperature": "hot"},
+]
+
+
+@pytest.mark.parametrize(
+    "change", ERRORS, ids=[next(iter(e)) + str(i) for i, e in enumerate(ERRORS)]
+)
+def test_errors_are_the_engines(
+    pair: tuple[Any, Any], change: dict[str, Any], local_deployment: LocalDeployment
+) -> None:
+    proxy_url = local_deployment.proxy
+    args = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4}
+    args.update(change)
+    extra = {k: v for k, v in args.items() if k not in ("model", "prompt")}
+    before = metric(proxy_url, "kvpd_proxy_sent_without_prefill_total")
+    got = assert_same(pair, lambda c: c.completions.create(
+        model=args["model"], prompt=args["prompt"], extra_body=extra))  # fmt: skip
+    assert isinstance(got, dict) and got["status"] in (400, 404), got
+    # refused for its output limit: the decoder answered without a prefill being run
+    sure = "max_tokens" in change
+    assert metric(proxy_url, "kvpd_proxy_sent_without_prefill_total") - before == int(sure)
+
+
+def test_usage_counts_only_prefix_cache_hits_as_cached(pair: tuple[Any, Any]) -> None:
+    def call(c: Any) -> Any:
+        return c.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+
+    # no engine has it cached; several whole 32-token blocks, so KV is handed over
+    prompt = f"{time.time()} {PROMPT} {PROMPT} {PROMPT} {PROMPT}"
+
+    via_proxy, direct = both(pair, call)
+    assert via_proxy.usage.model_dump() == direct.usage.model_dump()
+    assert via_proxy.usage.prompt_tokens > 64 and via_proxy.usage.prompt_tokens_details
+
+
+def _exchange(url: str, method: str, path: str, body: bytes, headers: dict[str, str]) -> Any:
+    """(status, selected headers, body) with no redirect followed."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(method, path, body=body or None, headers=headers)
+        r = conn.getresponse()
+        data = r.read()
+        keep = ("allow", "access-control-allow-methods", "access-control-max-age",
+                "access-control-allow-headers")  # fmt: skip
+        got = {k: r.getheader(k) for k in keep if r.getheader(k) is not None}
+        location = r.getheader("location")
+        if location:  # the host part is each server's own
+            got["location"] = "/" + location.split("/", 3)[-1]
+        return r.status, got, data
+    finally:
+        conn.close()
+
+
+JSON = {"Content-Type": "application/json"}
+EDGES = [
+    ("GET", "/v1/completions", b"", {}),  # 405 with Allow
+    ("POST", "/v1/completions/", b"{}", JSON),  # a trailing slash
+    ("POST", "/v1/completions", b'{"model": "tiny", "prompt": "x"}',
+     {"Content-Type": "text/plain"}),
+    ("OPTIONS", "/v1/completions", b"", {"Origin": "http://a.example",
+     "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers"), EDGES)
+def test_edges_answer_as_vllm(
+    local_deployment: LocalDeployment, method: str, path: str, body: bytes, headers: dict
+) -> None:
+    via_proxy = _exchange(local_deployment.proxy, method, path, body, headers)
+    direct = _exchange(local_deployment.decode, method, path, body, headers)
+    assert via_proxy[:2] == direct[:2]
+    if via_proxy[0] == 400:  # the same text, or the same JSON object
+        assert via_proxy[2] == direct[2] or json.loads(via_proxy[2]) == json.loads(direct[2])
