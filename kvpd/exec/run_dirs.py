@@ -75,7 +75,8 @@ def entries(plan: Plan, host: str, run_dir: str) -> list[str]:
     """The top-level names kvpd writes into `host`'s run dir."""
     paths: Iterable[str] = [f.path for f in plan.files if f.host == host]
     procs = [p for p in plan.processes if p.host == host]
-    paths = [*paths, *plan.fresh_dirs, *(p.script for p in procs), *(p.log for p in procs if p.log)]
+    paths = [*paths, *plan.fresh_dirs, *plan.made_dirs, *(p.script for p in procs)]
+    paths += [p.log for p in procs if p.log]
     # Folders the plan points its processes at through env variables named for a path
     # (VLLM_CACHE_ROOT, VLLM_RPC_BASE_PATH, TMPDIR, ...): relative ones are in the run dir,
     # their cwd, and absolute ones may be too.

@@ -272,6 +272,7 @@ def build_plan(
         bench=bench_spec(profile.bench),
         rehearsal=bool(rehearse),
         fresh_dirs=tuple(profile.runtime.fresh_dirs),
+        made_dirs=tuple(profile.runtime.dirs),
         sizing=_sizing(profile),
         secret_values=tuple(secrets),
         requirements=requirements,

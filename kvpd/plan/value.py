@@ -228,6 +228,7 @@ class Plan:
     # What preflight verifies per host (read-only), by host name.
     requirements: dict[str, HostRequirements] = field(default_factory=dict)
     fresh_dirs: tuple[str, ...] = ()  # relative to each host's run dir; emptied by every `up`
+    made_dirs: tuple[str, ...] = ()  # relative to each host's run dir; the launch scripts make them
     # Inputs of the sizing `kvpd plan` shows (e.g. the sparse-offload hot buffer)
     sizing: Sizing = field(default_factory=Sizing)
     # The node bundle: which hosts get kvpd, for which processes and Python (kvpd.plan.bundle)
@@ -285,8 +286,9 @@ class Plan:
                 h.pop("bundle_builder", None)
         d["sizing"] = self.sizing.to_dict()
         secrets = d.pop("secret_values")
-        if not d["client_key_file"]:  # plans without a client key keep plan.json's old form
-            d.pop("client_key_file")
+        for key in ("client_key_file", "made_dirs"):  # unset: plan.json keeps its old form
+            if not d[key]:
+                d.pop(key)
         for f in d["files"]:
             for s in secrets:
                 f["content"] = f["content"].replace(s, "****")
@@ -323,6 +325,7 @@ class Plan:
                 h: HostRequirements.from_dict(r) for h, r in d.get("requirements", {}).items()
             },
             fresh_dirs=tuple(d.get("fresh_dirs", ())),
+            made_dirs=tuple(d.get("made_dirs", ())),
             sizing=Sizing.from_dict(d.get("sizing", {})),
             bundle=tuple(BundleUse.from_dict(u) for u in d.get("bundle", ())),
             log_checks=tuple(LogCheck(**c) for c in d.get("log_checks", ())),

@@ -15,7 +15,7 @@ from tests.e2e.local_deploy import REPO, engine_missing, kvpd, local_sets, set_a
 
 pytestmark = pytest.mark.e2e
 
-NAME, PORT = "e2e-standin-empty", 18700  # own deployment and ports
+NAME, PORT = "e2e-standin-empty", 18680  # own deployment and ports (the shared local one: 18600)
 
 
 def test_zero_token_completions_fail_canary_and_bench(tmp_path: Path) -> None:
@@ -29,7 +29,9 @@ def test_zero_token_completions_fail_canary_and_bench(tmp_path: Path) -> None:
         r = kvpd("up", "local", "--rehearse-with", "standin", "--yes", "--json",
                  "--keep-on-failure", *args, check=False)  # fmt: skip
         assert r.returncode != 0, r.stdout
-        canary = json.loads(r.stdout)["canary"]
+        out = json.loads(r.stdout)
+        assert "canary" in out, f"up failed before its canary:\n{r.stdout}\n{r.stderr}"
+        canary = out["canary"]
         assert "no tokens came back" in " ".join(canary["problems"]), canary
         r = kvpd("bench", "local", *args, "--num-prompts", "4", "--input-len", "64",
                  "--output-len", "8", "--results", str(tmp_path), "--json", "--no-verify-outputs",

@@ -80,3 +80,11 @@ def test_dotdot_is_refused_in_run_dir_with_its_field(value: str) -> None:
     with pytest.raises(ProfileError) as e:
         load_plan("local", sets=[f"hosts.{HOST}.run_dir={value}"])
     assert f"hosts.{HOST}.run_dir: {value!r} has a '..' component" in str(e.value)
+
+
+def test_the_dirs_the_launch_scripts_make_are_kvpds_on_every_host() -> None:
+    # `runtime.dirs` are made by every process's launch script (the proxy host's too), and
+    # their names need not be any env variable's: purge knows them from the plan.
+    plan = load_plan("local", sets=["runtime.dirs=[cache, scratch]", "env={}"])
+    assert plan.made_dirs == ("cache", "scratch")
+    assert {"cache", "scratch"} <= set(run_dirs.entries(plan, HOST, "/r"))
