@@ -45,3 +45,20 @@ def test_the_site_builds_with_strict_link_checking(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "site" / "reference" / "profile" / "index.html").exists()
     shutil.rmtree(tmp_path / "site")
+
+
+def _first_yaml_block(path: Path) -> str:
+    return path.read_text().split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readmes_annotated_profile_is_the_guides() -> None:
+    """The README's one annotated profile is the one "Writing a profile" explains: one text."""
+    assert _first_yaml_block(REPO / "README.md") == _first_yaml_block(REPO / "docs" / "profiles.md")
+
+
+def test_the_readme_stays_short_and_links_only_pages_that_exist() -> None:
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250, "README.md: at most ~250 lines; move detail to docs/"
+    links = [m.split(")", 1)[0] for m in text.split("](")[1:]]
+    missing = [t for t in links if "://" not in t and not (REPO / t.split("#")[0]).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
