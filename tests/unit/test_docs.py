@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -62,3 +63,80 @@ def test_the_readme_stays_short_and_links_only_pages_that_exist() -> None:
     links = [m.split(")", 1)[0] for m in text.split("](")[1:]]
     missing = [t for t in links if "://" not in t and not (REPO / t.split("#")[0]).exists()]
     assert not missing, f"README.md links to missing files: {missing}"
+
+
+# --- the rules index: which rule names which profile field in its messages ----------------------
+
+RULES_DIR = REPO / "kvpd" / "plan" / "rules"
+RULES_PAGE = REPO / "docs" / "reference" / "rules.md"
+# How a rule spells a path element it computes: a group's role, a host's name (after "hosts"),
+# a list index, or another key.
+_GROUP_VARS = ("role", "last", "have")
+RULES_HEAD = """# Rules by field
+
+Generated from the rules' source (`kvpd/plan/rules/`) by `pytest tests/unit/test_docs.py
+--update-golden`; do not edit by hand. Each profile field a rule names in its messages, with the
+rule (module and function) that checks it: what the schema cannot see alone (combinations of
+fields, the hardware, the guides' constraints). The schema's own checks per field (type, bounds,
+patterns) are in [the profile reference](profile.md); what the rules refuse, in words, in
+[writing a profile](../profiles.md#what-the-rules-refuse). `<group>` is `prefill`, `decode` or
+`mixed`; `<host>` a host's name; `<key>` a field or key the rule picks, `<index>` a list
+position. Rules that compute a field's whole path at run time (a KV service's section, a
+scenario) are not listed here.
+
+| field | checked by |
+|---|---|
+"""
+
+
+def _path_element(e: ast.expr, before: str | None) -> str | None:
+    if isinstance(e, ast.Constant) and isinstance(e.value, str):
+        return e.value
+    if isinstance(e, ast.Name):
+        if e.id in _GROUP_VARS:
+            return "<group>"
+        return "<host>" if before == "hosts" else "<index>" if e.id == "i" else "<key>"
+    return None  # computed (a starred prefix, a conditional): the path is not known statically
+
+
+def _spelled(arg: ast.expr) -> str | None:
+    """The dotted path of a tuple the rule spells out, or None."""
+    if not isinstance(arg, ast.Tuple) or not arg.elts:
+        return None
+    parts: list[str | None] = []
+    for e in arg.elts:
+        parts.append(_path_element(e, parts[-1] if parts else None))
+    return None if None in parts else ".".join(p for p in parts if p)
+
+
+def _named_paths(fn: ast.FunctionDef) -> set[str]:
+    """The field paths `fn` passes to `.err(...)`/`.warn(...)` as tuples it spells out."""
+    paths = set()
+    for call in ast.walk(fn):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)):
+            continue
+        if call.func.attr not in ("err", "warn") or not call.args:
+            continue
+        if (path := _spelled(call.args[0])) is not None:
+            paths.add(path)
+    return paths
+
+
+def render_rules_index() -> str:
+    by_field: dict[str, set[str]] = {}
+    for f in sorted(RULES_DIR.glob("*.py")):
+        for fn in ast.walk(ast.parse(f.read_text())):
+            if isinstance(fn, ast.FunctionDef):
+                for path in _named_paths(fn):
+                    by_field.setdefault(path, set()).add(f"`{f.stem}.{fn.name}`")
+    rows = [f"| `{p}` | {', '.join(sorted(r))} |" for p, r in sorted(by_field.items())]
+    return RULES_HEAD + "\n".join(rows) + "\n"
+
+
+def test_the_rules_index_is_the_rules(update_golden: bool) -> None:
+    page = render_rules_index()
+    if update_golden:
+        RULES_PAGE.write_text(page)
+    assert RULES_PAGE.read_text() == page, (
+        "docs/reference/rules.md is stale: pytest tests/unit/test_docs.py --update-golden"
+    )
