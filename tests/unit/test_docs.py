@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -140,3 +141,49 @@ def test_the_rules_index_is_the_rules(update_golden: bool) -> None:
     assert RULES_PAGE.read_text() == page, (
         "docs/reference/rules.md is stale: pytest tests/unit/test_docs.py --update-golden"
     )
+
+
+# --- troubleshooting quotes kvpd's own messages ---------------------------------------------------
+
+TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
+# What the page writes in place of a message's values: these names, `...`, numbers, quoted
+# values and dotted field names (the message's own words stay literal).
+_STAND_INS = (
+    "NAME|HOST|N|M|Ns|DIR|PROFILE|D|PORT|PATH|FILE|KEY|USER|BASTION|ADDRESS|PLATFORM|BACKEND|X|URL"
+)
+_VALUE = re.compile(rf"\.\.\.|\b(?:{_STAND_INS})\b|\S*\d\S*|'[^']*'|~|\b[a-z_]+\.[a-z_.]*[a-z_]\b")
+
+
+def _source_strings() -> list[str]:
+    """Every string literal of kvpd, an f-string's fields as NUL, backticks and line breaks
+    dropped (messages are wrapped in the source and code-quoted in the page)."""
+    out = []
+    for f in sorted((REPO / "kvpd").rglob("*.py")):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.JoinedStr):
+                out.append(
+                    "".join(v.value if isinstance(v, ast.Constant) else "\0" for v in n.values)
+                )
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+                out.append(n.value)
+    return [" ".join(s.replace("`", "").split()) for s in out]
+
+
+def _literal_pieces(message: str) -> list[str]:
+    pieces = []
+    for chunk in _VALUE.split(message):
+        for piece in re.split(r": |\(|\)", chunk):
+            piece = " ".join(piece.split()).strip(" .,;")
+            if len(piece) >= 10:
+                pieces.append(piece)
+    return pieces
+
+
+def test_troubleshooting_quotes_messages_kvpd_prints() -> None:
+    """Each message the page indexes (a bold code span) has a literal piece of 10 or more
+    characters that some string in kvpd/ carries: the page does not invent or keep stale ones."""
+    sources = _source_strings()
+    messages = re.findall(r"\*\*`([^`]+)`\*\*", TROUBLESHOOTING.read_text())
+    assert len(messages) >= 40
+    unknown = [m for m in messages if not any(p in s for p in _literal_pieces(m) for s in sources)]
+    assert not unknown, f"troubleshooting.md quotes messages kvpd does not print: {unknown}"
