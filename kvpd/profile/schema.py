@@ -105,7 +105,7 @@ class Host(_Model):
     memory_gb: float | None = Field(None, gt=0, description="host DRAM, for pool sizing checks")
     run_dir: RunDir | None = Field(None, description="where kvpd writes files and logs on the host")
     container: Container | None = Field(
-        None, description="run this host's processes inside a container (see README Containers)"
+        None, description="run this host's processes inside a container (docs: cluster/containers)"
     )
     bundle_builder: bool = Field(
         False, description="its node wheel build serves all hosts of its platform (else itself)"

@@ -2,7 +2,7 @@
 (prefill with a one-token limit and the KV handshake, then decode); the others are passed to a
 healthy engine as they are (their answer depends on the model, not on which engine gives it).
 
-The README's proxy section has this as a table; tests/unit/test_proxy_apis.py holds the proxy
+docs/proxy.md has this as a table ("APIs"); tests/unit/test_proxy_apis.py holds the proxy
 to it."""
 
 from __future__ import annotations

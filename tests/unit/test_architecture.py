@@ -1,4 +1,4 @@
-"""The shape of the package, as README's "Layout" states it: no import cycle, small modules,
+"""The shape of the package, as docs/architecture.md states it: no import cycle, small modules,
 dependencies pointing one way (cli -> bench -> exec -> plan -> profile), node side apart.
 
 Only module-level imports count: an import inside a function or under `TYPE_CHECKING` runs
