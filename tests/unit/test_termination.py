@@ -37,26 +37,36 @@ def alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] != "Z"
 
 
-def test_sigterm_stops_the_benchmarks_backends_and_proxy() -> None:
+def test_sigterm_stops_the_benchmarks_backends_and_proxy(tmp_path: Path) -> None:
+    # stderr goes to a file, not a pipe nobody reads while the benchmark runs: its children
+    # inherit it, and a full pipe would block a writer (a hang this test would blame on SIGTERM).
+    # faulthandler lets a hang be shown: SIGABRT dumps every thread's stack into that file.
+    err_path = tmp_path / "stderr.txt"
+    err = err_path.open("w")
     bench = subprocess.Popen(
-        [sys.executable, str(REPO / "benchmarks" / "proxy_overhead.py"), "--streams", "1",
-         "--reps", "50", "--duration", "2"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-X", "faulthandler", str(REPO / "benchmarks" / "proxy_overhead.py"),
+         "--streams", "1", "--reps", "50", "--duration", "2"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True,
     )  # fmt: skip
+    err.close()
     started: set[int] = set()
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(started) < 2:  # stand-in backends + proxy
             started = children(bench.pid)
             time.sleep(0.2)
-        assert len(started) >= 2, bench.stderr.read() if bench.poll() is not None else started
+        assert len(started) >= 2, err_path.read_text() if bench.poll() is not None else started
         time.sleep(1.0)  # measuring now
         bench.send_signal(signal.SIGTERM)
         try:
             code = bench.wait(timeout=180)  # stops its children within seconds; slack for load
         except subprocess.TimeoutExpired:
-            pytest.fail(f"the benchmark did not exit after SIGTERM: {children(bench.pid)}")
-        assert code != 0, bench.stderr.read() if bench.stderr else ""
+            left = children(bench.pid)
+            bench.send_signal(signal.SIGABRT)  # faulthandler: the stacks of the hang
+            bench.wait(timeout=30)
+            pytest.fail(f"the benchmark did not exit after SIGTERM (children {left}):\n"
+                        f"{err_path.read_text()[-6000:]}")  # fmt: skip
+        assert code != 0, err_path.read_text()
         time.sleep(0.5)
         assert [p for p in started if alive(p)] == []
     finally:
