@@ -19,6 +19,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvpd.plan.rehearsal_mode import Rehearsal
 from kvpd.plan.supervision import policy_for
 from kvpd.profile.roles import ENGINE_ROLES
 
@@ -84,16 +85,16 @@ def native_need(group: Group | None) -> str:
     return {"kvpd": "required", "auto": "preferred"}.get(sparse_planner(group) or "", "optional")
 
 
-def proxy_python(profile: Profile, rehearse: bool) -> str:
+def proxy_python(profile: Profile, rehearsal: Rehearsal) -> str:
     """The interpreter of the kvpd proxy: `proxy.python` when the profile sets it, else the
     runtime's (or, rehearsing, the rehearsal's) Python."""
     px = profile.proxy
     if px is not None and "python" in px.model_fields_set:
         return px.python
-    return profile.rehearsal.python if rehearse else profile.runtime.python
+    return rehearsal.python(profile)
 
 
-def _reasons(profile: Profile, p: ProcessDraft, rehearse: bool) -> tuple[str, str] | None:
+def _reasons(profile: Profile, p: ProcessDraft, rehearsal: Rehearsal) -> tuple[str, str] | None:
     """(slot, why) when process `p` imports kvpd, else None. A supervised process imports kvpd
     for its supervisor (`python -m kvpd.supervisor`, standard library only)."""
     supervised: tuple[str, str] | None = None
@@ -101,13 +102,13 @@ def _reasons(profile: Profile, p: ProcessDraft, rehearse: bool) -> tuple[str, st
         supervised = (PROXY_SLOT if p.role == "proxy" else ENGINE_SLOT, "supervised (restart)")
     if p.role == "proxy":
         px = profile.proxy
-        if px is not None and (px.impl == "kvpd" or rehearse):
+        if px is not None and (px.impl == "kvpd" or rehearsal.on):
             return PROXY_SLOT, "kvpd proxy"
         return supervised
     if p.role not in ENGINE_ROLES:
         return None
     group: Group = getattr(profile, p.role)
-    if not rehearse and "kvpd_store" in group.kv_connectors:
+    if not rehearsal.on and "kvpd_store" in group.kv_connectors:
         return ENGINE_SLOT, "kv connector kvpd_store"
     planner = sparse_planner(group) if p.role == "decode" else None
     if planner in ("kvpd", "auto"):
@@ -116,18 +117,18 @@ def _reasons(profile: Profile, p: ProcessDraft, rehearse: bool) -> tuple[str, st
 
 
 def bundle_uses(
-    profile: Profile, procs: list[ProcessDraft], rehearse: bool
+    profile: Profile, procs: list[ProcessDraft], rehearsal: Rehearsal
 ) -> tuple[BundleUse, ...]:
     """Every (host, slot) that needs the bundle, in host order of the profile."""
-    vllm = profile.rehearsal.vllm if rehearse else profile.runtime.vllm
+    vllm = rehearsal.vllm(profile)
     found: dict[tuple[str, str], dict[str, Any]] = {}
     rank = {"optional": 0, "preferred": 1, "required": 2}
     for p in procs:
-        r = _reasons(profile, p, rehearse)
+        r = _reasons(profile, p, rehearsal)
         if r is None:
             continue
         slot, why = r
-        python = proxy_python(profile, rehearse) if slot == PROXY_SLOT else interpreter_of(vllm)
+        python = proxy_python(profile, rehearsal) if slot == PROXY_SLOT else interpreter_of(vllm)
         need = native_need(getattr(profile, p.role)) if slot == ENGINE_SLOT else "optional"
         u = found.setdefault(
             (p.host, slot),

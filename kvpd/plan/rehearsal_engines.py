@@ -17,7 +17,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from kvpd.plan.processes import ProcessDraft, StatedNeeds, addr
+from kvpd.plan.engine_argv import addr
+from kvpd.plan.processes import ProcessDraft, StatedNeeds
 from kvpd.plan.requirements import python_of
 from kvpd.plan.sparse_planner import planner_env
 from kvpd.profile.schema import Group, Profile

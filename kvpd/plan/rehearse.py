@@ -22,6 +22,7 @@ from kvpd.errors import KvpdError
 from kvpd.plan.bundle import proxy_python
 from kvpd.plan.processes import ProcessDraft, kvpd_proxy, proxy_flow
 from kvpd.plan.rehearsal_engines import CpuVllm, StandIn
+from kvpd.plan.rehearsal_mode import REHEARSING
 from kvpd.profile.roles import ENGINE_ROLES
 from kvpd.profile.schema import Group, Profile
 
@@ -77,7 +78,7 @@ def rehearse(profile: Profile, procs: list[ProcessDraft], engine: Engine) -> Reh
             # layerwise metaserver, so the layerwise flow becomes prefill-first.
             flow = proxy_flow(profile)
             flow = "prefill-first" if flow == "layerwise" else flow
-            q = kvpd_proxy(profile, engines, p.stage, proxy_python(profile, True), flow) or p
+            q = kvpd_proxy(profile, engines, p.stage, proxy_python(profile, REHEARSING), flow) or p
             notes[p.name] = f"kvpd proxy, {flow} flow"
         else:
             q = p

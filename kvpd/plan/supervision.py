@@ -8,6 +8,7 @@ every supervised process and puts on its PYTHONPATH (kvpd.plan.bundle).
 
 from __future__ import annotations
 
+from kvpd.plan.rehearsal_mode import Rehearsal
 from kvpd.profile.roles import ENGINE_ROLES
 from kvpd.profile.schema import Profile, RestartPolicy
 
@@ -15,10 +16,10 @@ STATUS_DIR = "supervise"  # relative to the host's run dir (launch scripts cd th
 GRACE_S = 10.0  # child SIGTERM -> SIGKILL; below `kvpd down`'s default grace (20 s)
 
 
-def python_for(profile: Profile, rehearse: bool) -> str:
+def python_for(profile: Profile, rehearsal: Rehearsal) -> str:
     """The python that runs the supervisor on the hosts (the one of kvpd's other node-side
     processes); the supervisor needs nothing but the standard library and the bundle."""
-    return profile.rehearsal.python if rehearse else profile.runtime.python
+    return rehearsal.python(profile)
 
 
 def status_path(name: str) -> str:
