@@ -90,13 +90,9 @@ def plain(value: object, limit: int = 300) -> str:
     return shown(value, limit)[1:-1]
 
 
-def vet(rep: dict[str, Any], slot: str) -> dict[str, Any]:
-    """A host's report on one slot, every field the controller uses checked: a platform key
-    that is not one, a bundle platform that is neither the host's nor the pure wheel's, a
-    digest that is not a sha256 make the slot not ready, saying so."""
-    out = dict(rep)
-    out["slot"] = slot
-    out["ready"] = rep.get("ready") is True
+def _untrusted(rep: dict[str, Any], out: dict[str, Any]) -> list[str]:
+    """What is wrong with the fields of `rep` the controller relies on; a platform key or
+    digest that is not one is dropped from `out`."""
     bad = []
     p = rep.get("platform")
     if p is not None and not platform_ok(p):
@@ -115,6 +111,17 @@ def vet(rep: dict[str, Any], slot: str) -> dict[str, Any]:
     if d is not None and not (isinstance(d, str) and _DIGEST.fullmatch(d)):
         bad.append(f"reported the digest {shown(d)}, which is not a sha256")
         out.pop("digest")
+    return bad
+
+
+def vet(rep: dict[str, Any], slot: str) -> dict[str, Any]:
+    """A host's report on one slot, every field the controller uses checked: a platform key
+    that is not one, a bundle platform that is neither the host's nor the pure wheel's, a
+    digest that is not a sha256 make the slot not ready, saying so."""
+    out = dict(rep)
+    out["slot"] = slot
+    out["ready"] = rep.get("ready") is True
+    bad = _untrusted(rep, out)
     for k in _TEXT_FIELDS:
         if k in out and out[k] is not None:
             out[k] = plain(out[k])
