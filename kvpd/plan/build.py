@@ -44,14 +44,13 @@ from kvpd.profile.load import Source, load_profile
 from kvpd.profile.messages import dotted
 from kvpd.profile.roles import Role
 from kvpd.profile.schema import Profile
-
-LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+from kvpd.profile.types import transport_of
 
 
 def host_specs(profile: Profile, base_dir: str | None) -> list[HostSpec]:
     out = []
     for name, h in profile.hosts.items():
-        transport = h.transport or ("local" if h.address in LOCAL_ADDRESSES else "ssh")
+        transport = transport_of(h.transport, h.address)
         ssh = profile.ssh.model_dump()
         if h.ssh is not None:
             ssh.update(h.ssh.model_dump(exclude_unset=True))
@@ -248,8 +247,7 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
     """When every host is this machine, relative data paths mean: relative to `base_dir` (the
     directory kvpd runs in), not to each process's run directory."""
     if not base_dir or not all(
-        (h.transport or ("local" if h.address in LOCAL_ADDRESSES else "ssh")) == "local"
-        for h in profile.hosts.values()
+        transport_of(h.transport, h.address) == "local" for h in profile.hosts.values()
     ):
         return profile
 

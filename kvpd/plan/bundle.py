@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvpd.plan.rehearsal_mode import Rehearsal
 from kvpd.plan.supervision import policy_for
-from kvpd.profile.roles import ENGINE_ROLES
+from kvpd.profile.roles import ENGINE_ROLES, Role
 
 if TYPE_CHECKING:  # only types: kvpd.plan.value imports this module
     from kvpd.plan.processes import ProcessDraft
@@ -99,18 +99,18 @@ def _reasons(profile: Profile, p: ProcessDraft, rehearsal: Rehearsal) -> tuple[s
     for its supervisor (`python -m kvpd.supervisor`, standard library only)."""
     supervised: tuple[str, str] | None = None
     if policy_for(profile, p.role) is not None:
-        supervised = (PROXY_SLOT if p.role == "proxy" else ENGINE_SLOT, "supervised (restart)")
-    if p.role == "proxy":
+        supervised = (PROXY_SLOT if p.role == Role.PROXY else ENGINE_SLOT, "supervised (restart)")
+    if p.role == Role.PROXY:
         px = profile.proxy
         if px is not None and (px.impl == "kvpd" or rehearsal.on):
             return PROXY_SLOT, "kvpd proxy"
         return supervised
     if p.role not in ENGINE_ROLES:
         return None
-    group: Group = getattr(profile, p.role)
+    group: Group = profile.engine_group(p.role)
     if not rehearsal.on and "kvpd_store" in group.kv_connectors:
         return ENGINE_SLOT, "kv connector kvpd_store"
-    planner = sparse_planner(group) if p.role == "decode" else None
+    planner = sparse_planner(group) if p.role == Role.DECODE else None
     if planner in ("kvpd", "auto"):
         return ENGINE_SLOT, f"sparse planner {planner}"
     return supervised
@@ -129,7 +129,7 @@ def bundle_uses(
             continue
         slot, why = r
         python = proxy_python(profile, rehearsal) if slot == PROXY_SLOT else interpreter_of(vllm)
-        need = native_need(getattr(profile, p.role)) if slot == ENGINE_SLOT else "optional"
+        need = native_need(profile.engine_group(p.role)) if slot == ENGINE_SLOT else "optional"
         u = found.setdefault(
             (p.host, slot),
             {"python": python, "processes": [], "why": [], "native": "optional"},

@@ -55,7 +55,7 @@ def memcache_ranks(profile: Profile, layout: Layout) -> int:
     """LocalService ranks that join memcache: every TP x PP rank of every memcache user."""
     n = 0
     for role in ROLES:
-        g = getattr(profile, role)
+        g = profile.group(role)
         if g is None or not MEMCACHE_USERS & set(g.kv_connectors):
             continue
         if g.layerwise is None or g.layerwise.backend == "memcache":
@@ -66,7 +66,7 @@ def memcache_ranks(profile: Profile, layout: Layout) -> int:
 def derive_facts(profile: Profile, layout: Layout, procs: list[ProcessDraft]) -> Facts:
     groups = []
     for role in ROLES:
-        g: Group | None = getattr(profile, role)
+        g: Group | None = profile.group(role)
         if g is None:
             continue
         opts = merged(profile, g)

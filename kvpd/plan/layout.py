@@ -109,7 +109,7 @@ def build_layout(profile: Profile) -> Layout:
     out = Layout()
     used: dict[str, int] = {}  # devices taken per host, over all groups
     for role in ROLES:
-        group: Group | None = getattr(profile, role)
+        group: Group | None = profile.group(role)
         if group is None:
             continue
         unknown = [h for h in group.hosts if h not in profile.hosts]

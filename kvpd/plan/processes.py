@@ -91,7 +91,7 @@ def kv_ports(profile: Profile, group: Group, ep: EnginePlacement) -> list[tuple[
                 out.append((side + i, f"mooncake kv_port dp{r} rank{i}"))
     elif "nixl" in comps:
         out.append((ep.kv_port, "nixl side channel"))
-    elif "sfa_d2h" in comps and ep.role == "decode":
+    elif "sfa_d2h" in comps and ep.role == Role.DECODE:
         for r in ep.dp_ranks:
             for t in range(group.tp):
                 out.append((ep.kv_port + r * group.tp + t, f"sfa_d2h kv_port dp{r} tp{t}"))
@@ -210,7 +210,7 @@ def _proxy(
 ) -> ProcessDraft:
     px = profile.proxy
     assert px is not None
-    pre = [p for p in engines if p.role == "prefill"]
+    pre = [p for p in engines if p.role == Role.PREFILL]
     dec = [p for p in engines if p.role in DECODING_ROLES]
     if pre:
         argv += ["--prefiller-hosts", *(addr(profile, p.host) for p in pre)]
@@ -257,9 +257,9 @@ def all_procs(profile: Profile, layout: Layout) -> list[ProcessDraft]:
     d = profile.decode
     decode_after_prefill = d is not None and "sfa_d2h" in d.kv_connectors
     for ep in layout.procs:
-        group = getattr(profile, ep.role)
+        group = profile.engine_group(ep.role)
         stage = services_stage + 1
-        if ep.role == "decode" and decode_after_prefill:
+        if ep.role == Role.DECODE and decode_after_prefill:
             stage += 1
         engines.append(engine_proc(profile, group, ep, stage))
     out += engines

@@ -15,6 +15,7 @@ from typing import Any
 from kvpd.plan.bench import BenchSpec, default_bench
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.container import ContainerSpec
+from kvpd.profile.types import TransportKind
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class HostSpec:
 
     name: str
     address: str  # where kvpd connects and where peers reach it (node IP)
-    transport: str = "ssh"  # "local" or "ssh"
+    transport: TransportKind = "ssh"
     user: str | None = None
     port: int = 22
     key: str | None = None

@@ -42,6 +42,7 @@ from kvpd.profile.types import (
     NicName,
     RunDir,
     Text,
+    TransportKind,
 )
 
 Hardware = Literal["a2", "a3", "950", "cuda", "cpu"]
@@ -82,7 +83,7 @@ class Host(_Model):
         description="numeric IP for HCCL_IF_IP / VLLM_HOST_IP when `address` is a host "
         "name (kvpd does not resolve names while planning)",
     )
-    transport: Literal["ssh", "local"] | None = Field(
+    transport: TransportKind | None = Field(
         None, description="'local' runs on this machine without SSH (default: local for 127.0.0.1)"
     )
     ssh: SSH | None = None

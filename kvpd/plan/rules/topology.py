@@ -90,7 +90,7 @@ def rule_groups_present(c: Checker) -> None:
         )
     if p.prefill and p.decode:
         for role in ("prefill", "decode"):
-            g = getattr(p, role)
+            g = p.engine_group(role)
             if not g.kv_connectors:
                 c.err(
                     (role, "kv_connectors"),
