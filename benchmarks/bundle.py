@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle import BundleInstaller
-from kvpd.exec.bundle_result import SlotResult
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle.installer import BundleInstaller
+from kvpd.exec.bundle.result import SlotResult
 from kvpd.exec.pool import TransportPool
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.value import HostSpec, Plan

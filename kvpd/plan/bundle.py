@@ -9,7 +9,7 @@ script of each such process puts its slot first on `PYTHONPATH`; no other proces
 A slot is one Python interpreter of a host: `engine` (the interpreter of the vLLM command) or
 `proxy` (the interpreter the proxy runs with). The plan only says which slots exist and why;
 resolving the interpreter, choosing or building the wheel and installing it is the executor's
-(`kvpd.exec.bundle`).
+(`kvpd.exec.bundle.installer`).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from kvpd.errors import DeployError
-from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle import Build, BundleInstaller, choose_builds
-from kvpd.exec.bundle_result import SlotResult
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle.installer import Build, BundleInstaller, choose_builds
+from kvpd.exec.bundle.result import SlotResult
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.purge import unsafe_run_dir
 from kvpd.exec.stop import NullReporter
@@ -276,7 +276,7 @@ def test_foreign_platform_is_built_on_its_host(tmp_path: Path, monkeypatch) -> N
 
 
 def test_preflight_checks_each_slot_python(cache: Path, tmp_path: Path) -> None:
-    from kvpd.exec.bundle_preflight import preflight_checks
+    from kvpd.exec.bundle.preflight import preflight_checks
 
     good = one_host_plan(tmp_path / "run")
     t = LocalTransport(good.hosts[0])
@@ -432,7 +432,7 @@ def test_a_failed_native_build_is_not_retried_on_every_up(
 
 
 def test_preflight_says_a_cross_buildable_platform_is_the_controllers_cross_build() -> None:
-    from kvpd.exec.bundle_preflight import _native_check
+    from kvpd.exec.bundle.preflight import _native_check
 
     arm = "cpython-311-aarch64-linux-gnu"
     facts = {"hosts": ["a1", "a2"], "builders": [], "required": ["a1"]}

@@ -18,17 +18,17 @@ from typing import Any
 import pytest
 
 from kvpd.cli.bundle_view import status_table
-from kvpd.exec import wheel as wheels
-from kvpd.exec import wheel_build
-from kvpd.exec.bundle import BundleInstaller
-from kvpd.exec.bundle_host import BUILD_SH, BUILT, CHECK_SH, vet
-from kvpd.exec.bundle_preflight import preflight_checks
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle import wheel_build
+from kvpd.exec.bundle.host import BUILD_SH, BUILT, CHECK_SH, vet
+from kvpd.exec.bundle.installer import BundleInstaller
+from kvpd.exec.bundle.preflight import preflight_checks
+from kvpd.exec.bundle.wheel_cache import UnsafeCache
+from kvpd.exec.bundle.wheel_trust import Refused, native_member, native_members, verify_host_wheel
 from kvpd.exec.checks import Check
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.stop import NullReporter
 from kvpd.exec.transport import CommandResult
-from kvpd.exec.wheel_cache import UnsafeCache
-from kvpd.exec.wheel_trust import Refused, native_member, native_members, verify_host_wheel
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.value import HostSpec, Plan
 

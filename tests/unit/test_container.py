@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvpd.errors import ProfileError, TransportError
-from kvpd.exec.container import ContainerTransport
+from kvpd.exec.containers.transport import ContainerTransport
 from kvpd.exec.local import LocalTransport
 from kvpd.plan.build import load_plan
 from kvpd.plan.value import Plan
@@ -173,8 +173,8 @@ def _standin_plan(tmp_path: Path, name: str, **extra: str) -> Plan:
 
 def test_up_starts_only_its_containers_and_down_removes_only_those(tmp_path: Path) -> None:
     from kvpd.errors import DeployError
-    from kvpd.exec.container_life import inspect, remove_containers, start_containers
-    from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.containers.life import inspect, remove_containers, start_containers
+    from kvpd.exec.containers.preflight import preflight_checks
     from kvpd.exec.pool import TransportPool
     from kvpd.exec.stop import NullReporter
     from tests.unit.standin import can_unshare
@@ -211,7 +211,7 @@ def test_up_starts_only_its_containers_and_down_removes_only_those(tmp_path: Pat
 
 
 def test_preflight_names_a_missing_container_and_a_missing_runtime(tmp_path: Path) -> None:
-    from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.containers.preflight import preflight_checks
     from kvpd.exec.pool import TransportPool
 
     plan = _standin_plan(tmp_path, "kvpd-no-such-container")
@@ -249,8 +249,8 @@ def test_kvpd_plan_shows_the_exec_and_run_lines_and_names_the_stand_in(tmp_path:
 def test_a_stopped_container_and_a_denied_socket_say_what_to_do(tmp_path: Path) -> None:
     import os
 
-    from kvpd.exec.container import runtime_failure
-    from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.containers.preflight import preflight_checks
+    from kvpd.exec.containers.transport import runtime_failure
     from kvpd.exec.pool import TransportPool
     from kvpd.exec.transport import CommandResult
 

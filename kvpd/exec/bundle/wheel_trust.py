@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from kvpd import __version__
 from kvpd.errors import KvpdError
-from kvpd.exec import wheel_build
+from kvpd.exec.bundle import wheel_build
 from kvpd.native.sources import EXTENSIONS
 
 ANY = "any"  # platform key of a wheel without the native core (the controller's own key)

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpd.exec import cross_build
-from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle_host import CHECK_SH, NODE_SCRIPT, json_lines, vet
-from kvpd.exec.bundle_result import fix_hint
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle.host import CHECK_SH, NODE_SCRIPT, json_lines, vet
+from kvpd.exec.bundle.result import fix_hint
 from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.transport import Transport

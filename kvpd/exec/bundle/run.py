@@ -8,15 +8,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle_builds import Build, Group, group_of
-from kvpd.exec.bundle_result import SlotResult, judge
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle.builds import Build, Group, group_of
+from kvpd.exec.bundle.result import SlotResult, judge
 from kvpd.exec.fanout import Fanout
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.value import Plan
 
 if TYPE_CHECKING:
-    from kvpd.exec.bundle import BundleInstaller
+    from kvpd.exec.bundle.installer import BundleInstaller
 
 
 def fallback(r: SlotResult) -> bool:

@@ -1,13 +1,13 @@
 """The bundle step of `kvpd up`: put kvpd on every host slot of `Plan.bundle`, verified.
 
-One round trip per host checks every slot (`bundle_node.py check` in the slot's Python): a slot
+One round trip per host checks every slot (`bundle/node.py check` in the slot's Python): a slot
 that already holds this kvpd for its platform is verified and kept, so a second `up` costs one
 check per host. For the others, one wheel per platform: the controller's own build where the
 platform is the controller's, else a cached one, else one built on a host of that platform that
 has a compiler, else the wheel without the native core (NumPy fallback; an error when a process
 requires the native core). A host's build serves only that host unless the profile makes it a
 `bundle_builder` (then it serves every host of its platform); it is verified and packed again on
-the controller before it is cached or installed (kvpd.exec.bundle_host). Each wheel is then
+the controller before it is cached or installed (kvpd.exec.bundle.host). Each wheel is then
 installed with the slot's own pip into `<run dir>/bundle/<digest>/` and verified the same way.
 Hosts run in parallel.
 
@@ -23,18 +23,18 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpd.exec import cross_build
-from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle_builds import Build as Build
-from kvpd.exec.bundle_builds import Group
-from kvpd.exec.bundle_builds import choose_builds as choose_builds
-from kvpd.exec.bundle_host import CHECK_SH, NODE_SCRIPT, build_on, json_lines, origin, vet
-from kvpd.exec.bundle_result import SlotResult
-from kvpd.exec.bundle_run import InstallRun
-from kvpd.exec.bundle_run import fallback as fallback
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle.builds import Build as Build
+from kvpd.exec.bundle.builds import Group
+from kvpd.exec.bundle.builds import choose_builds as choose_builds
+from kvpd.exec.bundle.host import CHECK_SH, NODE_SCRIPT, build_on, json_lines, origin, vet
+from kvpd.exec.bundle.result import SlotResult
+from kvpd.exec.bundle.run import InstallRun
+from kvpd.exec.bundle.run import fallback as fallback
+from kvpd.exec.bundle.wheel_trust import platform_ok
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.stop import NullReporter, Reporter
 from kvpd.exec.transport import Transport
-from kvpd.exec.wheel_trust import platform_ok
 from kvpd.plan.bundle import BUNDLE_DIR, BundleUse
 from kvpd.plan.value import Plan
 
