@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kvpd.plan.layout import ROLES, Layout, hardware_of, merged
 from kvpd.plan.processes import ProcessDraft, proxy_flow
-from kvpd.profile.schema import Group, Profile, ServeOptions
+from kvpd.profile.schema import Group, Hardware, Profile, ServeOptions
 
 MEMCACHE_USERS = frozenset({"ascend_store"})
 
@@ -43,7 +43,7 @@ class Facts:
     def group(self, role: str) -> GroupFacts | None:
         return next((g for g in self.groups if g.role == role), None)
 
-    def hardware(self, host: str) -> str:
+    def hardware(self, host: str) -> Hardware:
         return hardware_of(self.profile, host)
 
     @property

@@ -15,6 +15,7 @@ from typing import Any
 from kvpd.plan.bench import BenchSpec, default_bench
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.container import ContainerSpec
+from kvpd.profile.schema import Hardware
 from kvpd.profile.types import TransportKind
 
 
@@ -31,7 +32,7 @@ class HostSpec:
     known_hosts: str | None = None
     jump: str | None = None  # ProxyJump spec "user@host:port"
     jump_key: str | None = None  # key for the jump host(s); unset: ssh_config's, else `key`
-    hardware: str = "cpu"  # a2 | a3 | 950 | cuda | cpu
+    hardware: Hardware = "cpu"
     devices: int = 0
     nic: str | None = None
     run_dir: str = ".kvpd/run"  # relative: to the login dir (ssh) or kvpd's cwd (local)
