@@ -28,9 +28,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle import BundleInstaller
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle.installer import BundleInstaller
+from kvpd.exec.bundle.result import SlotResult
 from kvpd.exec.pool import TransportPool
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.value import HostSpec, Plan
@@ -97,6 +99,46 @@ def ssh_floor(plan: Plan, pool: TransportPool) -> float:
     return time.perf_counter() - t0
 
 
+def _print_figures(
+    figures: dict[str, Any],
+    args: argparse.Namespace,
+    w: wheels.Wheel,
+    first: list[SlotResult],
+    re_walls: list[float],
+    floor: list[float],
+    times: tuple[float, float, float],
+) -> None:
+    """What main measured, as text (its `figures` as JSON with --json)."""
+    build_s, connect_s, first_s = times
+    per_host_first = [r.seconds for r in first]
+    print(f"node bundle on {args.hosts} bed hosts ({w.name}, {figures['wheel_kib']} KiB):")
+    print(f"  wheel build on the controller (empty cache): {build_s:.2f}s")
+    print(f"  connect + resolve run dirs (before the step): {connect_s:.2f}s")
+    med_first = statistics.median(per_host_first)
+    print(
+        f"  first up:  {first_s:.2f}s wall; per host median {med_first:.2f}s, max "
+        f"{max(per_host_first):.2f}s (check, upload, pip install, verify)"
+    )
+    for r in first:
+        if r.source.startswith("host:"):
+            print(
+                f"  {r.host}: another platform ({r.report.get('platform')}): wheel built on the "
+                f"host and installed in {r.seconds:.2f}s"
+            )
+    print(
+        f"  re-up:     wall median {statistics.median(re_walls):.3f}s over {args.repeat} runs; "
+        f"per host median {figures['reup_per_host_median_s']:.3f}s, max "
+        f"{figures['reup_per_host_max_s']:.3f}s (target <= 0.2s: "
+        f"{'met' if figures['reup_per_host_max_s'] <= 0.2 else 'MISSED'})"
+    )
+    print(
+        f"  SSH floor: `true` on every host in parallel: median {statistics.median(floor):.3f}s "
+        f"({os.cpu_count()} CPUs shared by all {args.hosts} bed hosts and the controller)"
+    )
+    if args.json:
+        print(json.dumps(figures))
+
+
 def main() -> None:
     stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -161,32 +203,7 @@ def main() -> None:
         "ssh_floor_s": [round(x, 3) for x in floor],
         "cpus": os.cpu_count(),
     }
-    print(f"node bundle on {args.hosts} bed hosts ({w.name}, {figures['wheel_kib']} KiB):")
-    print(f"  wheel build on the controller (empty cache): {build_s:.2f}s")
-    print(f"  connect + resolve run dirs (before the step): {connect_s:.2f}s")
-    med_first = statistics.median(per_host_first)
-    print(
-        f"  first up:  {first_s:.2f}s wall; per host median {med_first:.2f}s, max "
-        f"{max(per_host_first):.2f}s (check, upload, pip install, verify)"
-    )
-    for r in first:
-        if r.source.startswith("host:"):
-            print(
-                f"  {r.host}: another platform ({r.report.get('platform')}): wheel built on the "
-                f"host and installed in {r.seconds:.2f}s"
-            )
-    print(
-        f"  re-up:     wall median {statistics.median(re_walls):.3f}s over {args.repeat} runs; "
-        f"per host median {figures['reup_per_host_median_s']:.3f}s, max "
-        f"{figures['reup_per_host_max_s']:.3f}s (target <= 0.2s: "
-        f"{'met' if figures['reup_per_host_max_s'] <= 0.2 else 'MISSED'})"
-    )
-    print(
-        f"  SSH floor: `true` on every host in parallel: median {statistics.median(floor):.3f}s "
-        f"({os.cpu_count()} CPUs shared by all {args.hosts} bed hosts and the controller)"
-    )
-    if args.json:
-        print(json.dumps(figures))
+    _print_figures(figures, args, w, first, re_walls, floor, (build_s, connect_s, first_s))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kvpd
-from kvpd.exec.container import ContainerTransport
+from kvpd.exec.containers.transport import ContainerTransport
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.transport import Transport
 from kvpd.plan.container import ContainerSpec

@@ -18,7 +18,7 @@ from kvpd.exec import client_key
 from kvpd.exec.http_wire import endpoint
 from kvpd.exec.transport import ChannelError, Transport, Transports
 from kvpd.plan.value import Plan
-from kvpd.profile.roles import ENGINE_ROLES
+from kvpd.profile.roles import ENGINE_ROLES, Role
 
 # Long enough to span several KV blocks of any engine (block sizes 16..128 tokens).
 _TEXT = (
@@ -131,7 +131,7 @@ def run(
     tgts = metrics.targets(plan)
     roles = {t.role for t in tgts}
     disaggregated = "prefill" in roles and "decode" in roles
-    n = 1 if disaggregated else max(1, sum(1 for t in tgts if t.role == "mixed"))
+    n = 1 if disaggregated else max(1, sum(1 for t in tgts if t.role == Role.MIXED))
     if not plan.proxy_url:
         return CanaryResult(False, "canary: the plan has no proxy/serving URL to send to.",
                             ["no proxy URL"])  # fmt: skip
@@ -184,7 +184,7 @@ def with_outputs(result: CanaryResult, report: outputs.OutputReport) -> CanaryRe
 
 def layerwise(plan: Plan) -> bool:
     """The proxy runs the decode-first flow, where the decoder calls its /v1/metaserver."""
-    return any(p.role == "proxy" and "layerwise" in p.command for p in plan.processes)
+    return any(p.role == Role.PROXY and "layerwise" in p.command for p in plan.processes)
 
 
 def judge(

@@ -10,7 +10,7 @@ from typing import Any
 from kvpd.exec.http_wire import endpoint
 from kvpd.exec.transport import ChannelError, Transport, Transports
 from kvpd.plan.value import Plan
-from kvpd.profile.roles import ENGINE_ROLES
+from kvpd.profile.roles import ENGINE_ROLES, Role
 
 # A sample line: name{label="value",...} value [timestamp]. Label values may hold escaped quotes.
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
@@ -220,7 +220,7 @@ def delta(tgts: list[Target], before: Snapshot, after: Snapshot) -> Delta:
             why = before.errors.get(t.name) or after.errors.get(t.name) or "not scraped"
             d.missing[t.name] = f"{t.url}: {why}"
             continue
-        counters = _PROXY_COUNTERS if t.role == "proxy" else _ENGINE_COUNTERS
+        counters = _PROXY_COUNTERS if t.role == Role.PROXY else _ENGINE_COUNTERS
         b, a = before.samples[t.name], after.samples[t.name]
         row: dict[str, float] = {}
         for key, (name, match) in counters.items():

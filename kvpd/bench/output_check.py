@@ -20,6 +20,7 @@ from kvpd.bench import metrics, outputs
 from kvpd.errors import TransportError
 from kvpd.exec.transport import Transports
 from kvpd.plan.value import Plan, ProcessSpec
+from kvpd.profile.roles import Role
 
 PROMPTS = 4
 TOKENS = 16
@@ -62,7 +63,7 @@ def expectation_for(plan: Plan, ref: ProcessSpec, *, live: bool = False) -> outp
     the check's batches; vLLM's kernels are not batch-invariant, so only a tolerance holds."""
     if live:
         return outputs.Expectation("tolerance", outputs.TOLERANCE, "live traffic shares batches")
-    dst_role = "decode" if any(p.role == "decode" for p in plan.processes) else "mixed"
+    dst_role = "decode" if any(p.role == Role.DECODE for p in plan.processes) else "mixed"
     dsts = [p for p in plan.processes if p.role == dst_role]
     hw = {h.name: h.hardware for h in plan.hosts}
     hardware = {hw.get(p.host, "cpu") for p in [ref, *dsts]}
@@ -127,7 +128,7 @@ def run(
         exp = outputs.Expectation("identical", outputs.IDENTICAL_TOLERANCE, "")
         return outputs.OutputReport(n_tokens, exp, errors=["no reference engine or no proxy"])
     report = outputs.OutputReport(n_tokens, expectation_for(plan, ref, live=live))
-    tgts = [t for t in metrics.targets(plan) if t.role != "proxy"]
+    tgts = [t for t in metrics.targets(plan) if t.role != Role.PROXY]
     for i in range(prompts):
         b = body(plan.served_model, prompt(), n_tokens)
         try:

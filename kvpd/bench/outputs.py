@@ -22,6 +22,7 @@ When exact equality is expected, and when only a tolerance:
 from __future__ import annotations
 
 import math
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -51,7 +52,7 @@ class Expectation:
     reason: str
 
 
-def expectation(ref_tp: int, dst_tps: set[int], hardware: set[str]) -> Expectation:
+def expectation(ref_tp: int, dst_tps: set[int], hardware: AbstractSet[str]) -> Expectation:
     """`identical` when the reference and every decode engine run one TP size on one kind of
     hardware, else `tolerance` (see the module docstring)."""
     tps = {ref_tp, *dst_tps}

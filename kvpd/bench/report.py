@@ -79,18 +79,25 @@ def results_table(run: BenchRun, stat: str = "mean") -> Table:
             cells.append("-" if row[2] is None else str(row[2]))
         first = _find(run, cols[base], row) if cols else None
         for i, col in enumerate(cols):
-            r = _find(run, col, row)
-            vals = [value(r.result, k, stat) if r else None for k, _ in TABLE_METRICS]
-            group = [_fmt(v) for v in vals]
-            if i != base:
-                group.append(speedup(first, r, stat))
-            if r is not None and not int(r.result.get("completed") or 0):
-                group = ["[red]failed[/]"] + ["-"] * (len(group) - 1)
-            elif r is not None and not r.ok:
-                group = [f"[red strike]{c}[/]" for c in group]
-            cells += group
+            cells += _group_cells(_find(run, col, row), first, stat, speedup_col=i != base)
         t.add_row(*cells)
     return t
+
+
+def _group_cells(
+    r: Record | None, first: Record | None, stat: str, *, speedup_col: bool
+) -> list[str]:
+    """One scenario's cells of a row: the metrics, the speedup against `first` (not in the
+    baseline's own column), and a failed record marked as no result."""
+    vals = [value(r.result, k, stat) if r else None for k, _ in TABLE_METRICS]
+    group = [_fmt(v) for v in vals]
+    if speedup_col:
+        group.append(speedup(first, r, stat))
+    if r is not None and not int(r.result.get("completed") or 0):
+        group = ["[red]failed[/]"] + ["-"] * (len(group) - 1)
+    elif r is not None and not r.ok:
+        group = [f"[red strike]{c}[/]" for c in group]
+    return group
 
 
 def latency_table(record: Record) -> Table:

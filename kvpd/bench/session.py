@@ -29,6 +29,7 @@ from kvpd.exec.diagnose import current_run
 from kvpd.exec.health import probe
 from kvpd.exec.service import Deployments
 from kvpd.plan.value import HealthCheck, Plan
+from kvpd.profile.roles import Role
 
 # How much of each engine's log the confirmations read (a line per request at most).
 LOG_LINES = 20000
@@ -209,7 +210,7 @@ class Session:
         plan = state.plan if state is not None and state.status == "up" else base
         target = self._target(plan)
         health = HealthCheck(target.base_url.rstrip("/") + "/health")
-        proxy = next((p for p in plan.processes if p.role == "proxy" and p.health), None)
+        proxy = next((p for p in plan.processes if p.role == Role.PROXY and p.health), None)
         if proxy is not None and proxy.health is not None:
             health = proxy.health
         host = plan.proxy_host or (plan.hosts[0].name if plan.hosts else "")

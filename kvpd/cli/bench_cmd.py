@@ -16,173 +16,195 @@ if TYPE_CHECKING:
     from kvpd.plan.value import Plan
 
 
+def bench_cmd(
+    profile: str | None = typer.Argument(
+        None, help="Profile file or bundled profile name (not needed with --compare)."
+    ),
+    protocol: str | None = typer.Option(
+        None,
+        "--protocol",
+        help="plain | prefix (seed input x ratio with output 1, then measure) | twice "
+        "(cold, then warm). Default: the profile's bench.protocol.",
+    ),
+    input_len: str | None = typer.Option(
+        None, "--input-len", help="Input length(s), comma-separated for a sweep."
+    ),
+    output_len: str | None = typer.Option(
+        None, "--output-len", help="Output length(s), comma-separated for a sweep."
+    ),
+    concurrency: str | None = typer.Option(
+        None, "--concurrency", help="--max-concurrency value(s), comma-separated for a sweep."
+    ),
+    num_prompts: int | None = typer.Option(None, "--num-prompts", min=1, max=1_000_000),
+    request_rate: str | None = typer.Option(None, "--request-rate", help="req/s or inf."),
+    seed: int | None = typer.Option(None, "--seed"),
+    prefix_ratio: float | None = typer.Option(
+        None, "--prefix-ratio", help="Seeded share of the input (prefix protocol)."
+    ),
+    scenario: list[str] = typer.Option(
+        [],
+        "--scenario",
+        help="Restart the deployment with this variant and bench it; repeat to compare. "
+        "NAME from the profile's bench.scenarios or a preset (recompute: no prefix cache "
+        "of any kind; hbm: vLLM's prefix cache only; external: as deployed; as-is), or "
+        "NAME:field.path=value;... inline. Speedups are against recompute (else the first).",
+    ),
+    all_scenarios: bool = typer.Option(
+        False,
+        "--all-scenarios",
+        help="Run every scenario of the profile's bench.scenarios (none defined: the "
+        "presets recompute, hbm, external).",
+    ),
+    sets: list[str] = typer.Option(
+        [], "--set", help="Override a profile field for every run (field.path=value)."
+    ),
+    results_dir: Path | None = typer.Option(
+        None,
+        "--results",
+        help="Results folder (default .kvpd/<deployment>/bench/<time>).",
+    ),
+    stat: str = typer.Option("mean", "--stat", help="Latency shown: mean, median or p99."),
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="Tokenizer for the client (default: the plan's)."
+    ),
+    phase_timeout: float = typer.Option(
+        3600.0, "--phase-timeout", help="Seconds one vllm bench serve run may take."
+    ),
+    keep_up: bool = typer.Option(
+        False, "--keep-up", help="After scenarios, leave the last one running."
+    ),
+    restore: bool = typer.Option(
+        True,
+        "--restore/--no-restore",
+        help="After scenarios, start the deployment again as it was if it was running.",
+    ),
+    compare: tuple[str, str] | None = typer.Option(
+        None, "--compare", help="Print the differences between two saved runs A B."
+    ),
+    baseline: Path | None = typer.Option(
+        None, "--baseline", help="Saved run (folder or results.json) to gate against."
+    ),
+    max_regression: str | None = typer.Option(
+        None,
+        "--max-regression",
+        help="Largest allowed regression (default 10% with --baseline; with --compare it "
+        "gates B against A).",
+    ),
+    verify_outputs: bool | None = typer.Option(
+        None,
+        "--verify-outputs/--no-verify-outputs",
+        help="After each measured phase, compare greedy completions through the proxy with a "
+        "prefill (or mixed) engine's own. Default: on for rehearsals, CPU deployments and "
+        "scenarios bench restarts; off for a real cluster benched as it is (the canary of "
+        "`kvpd up` checked it).",
+    ),
+    charts: bool = typer.Option(True, "--charts/--no-charts", help="Write PNG charts."),
+    json_out: bool = typer.Option(False, "--json", help="Print the run as JSON."),
+) -> None:
+    """Benchmark a deployment through its proxy with the real `vllm bench serve`.
+
+    Prints the guide-shaped table (TTFT/TPOT/E2EL per scenario, throughput, speedup) and the proof from /metrics; saves JSON, CSV and charts. Exits non-zero when a phase failed, decode received no KV, an external scenario had no external hits, or a metric regressed beyond --max-regression against --baseline.
+    """  # noqa: E501
+    if stat not in ("mean", "median", "p99"):
+        raise BenchError(f"--stat must be mean, median or p99, not {stat!r}.")
+    if compare:
+        _compare_runs(compare, max_regression)
+        return
+    if not profile:
+        raise BenchError("give a PROFILE to benchmark (or --compare A B for saved runs).")
+    run = _run(
+        profile=profile,
+        protocol=protocol,
+        input_len=input_len,
+        output_len=output_len,
+        concurrency=concurrency,
+        num_prompts=num_prompts,
+        request_rate=request_rate,
+        seed=seed,
+        prefix_ratio=prefix_ratio,
+        scenario=scenario,
+        all_scenarios=all_scenarios,
+        sets=sets,
+        results_dir=results_dir,
+        tokenizer=tokenizer,
+        phase_timeout=phase_timeout,
+        keep_up=keep_up,
+        restore=restore,
+        quiet=json_out,
+        verify_outputs=verify_outputs,
+    )
+    _show_run(run, stat, charts=charts, json_out=json_out)
+    _refuse_invalid(run, baseline, max_regression)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("bench")
-    def bench_cmd(
-        profile: str | None = typer.Argument(
-            None, help="Profile file or bundled profile name (not needed with --compare)."
-        ),
-        protocol: str | None = typer.Option(
-            None,
-            "--protocol",
-            help="plain | prefix (seed input x ratio with output 1, then measure) | twice "
-            "(cold, then warm). Default: the profile's bench.protocol.",
-        ),
-        input_len: str | None = typer.Option(
-            None, "--input-len", help="Input length(s), comma-separated for a sweep."
-        ),
-        output_len: str | None = typer.Option(
-            None, "--output-len", help="Output length(s), comma-separated for a sweep."
-        ),
-        concurrency: str | None = typer.Option(
-            None, "--concurrency", help="--max-concurrency value(s), comma-separated for a sweep."
-        ),
-        num_prompts: int | None = typer.Option(None, "--num-prompts", min=1, max=1_000_000),
-        request_rate: str | None = typer.Option(None, "--request-rate", help="req/s or inf."),
-        seed: int | None = typer.Option(None, "--seed"),
-        prefix_ratio: float | None = typer.Option(
-            None, "--prefix-ratio", help="Seeded share of the input (prefix protocol)."
-        ),
-        scenario: list[str] = typer.Option(
-            [],
-            "--scenario",
-            help="Restart the deployment with this variant and bench it; repeat to compare. "
-            "NAME from the profile's bench.scenarios or a preset (recompute: no prefix cache "
-            "of any kind; hbm: vLLM's prefix cache only; external: as deployed; as-is), or "
-            "NAME:field.path=value;... inline. Speedups are against recompute (else the first).",
-        ),
-        all_scenarios: bool = typer.Option(
-            False,
-            "--all-scenarios",
-            help="Run every scenario of the profile's bench.scenarios (none defined: the "
-            "presets recompute, hbm, external).",
-        ),
-        sets: list[str] = typer.Option(
-            [], "--set", help="Override a profile field for every run (field.path=value)."
-        ),
-        results_dir: Path | None = typer.Option(
-            None,
-            "--results",
-            help="Results folder (default .kvpd/<deployment>/bench/<time>).",
-        ),
-        stat: str = typer.Option("mean", "--stat", help="Latency shown: mean, median or p99."),
-        tokenizer: str | None = typer.Option(
-            None, "--tokenizer", help="Tokenizer for the client (default: the plan's)."
-        ),
-        phase_timeout: float = typer.Option(
-            3600.0, "--phase-timeout", help="Seconds one vllm bench serve run may take."
-        ),
-        keep_up: bool = typer.Option(
-            False, "--keep-up", help="After scenarios, leave the last one running."
-        ),
-        restore: bool = typer.Option(
-            True,
-            "--restore/--no-restore",
-            help="After scenarios, start the deployment again as it was if it was running.",
-        ),
-        compare: tuple[str, str] | None = typer.Option(
-            None, "--compare", help="Print the differences between two saved runs A B."
-        ),
-        baseline: Path | None = typer.Option(
-            None, "--baseline", help="Saved run (folder or results.json) to gate against."
-        ),
-        max_regression: str | None = typer.Option(
-            None,
-            "--max-regression",
-            help="Largest allowed regression (default 10% with --baseline; with --compare it "
-            "gates B against A).",
-        ),
-        verify_outputs: bool | None = typer.Option(
-            None,
-            "--verify-outputs/--no-verify-outputs",
-            help="After each measured phase, compare greedy completions through the proxy with a "
-            "prefill (or mixed) engine's own. Default: on for rehearsals, CPU deployments and "
-            "scenarios bench restarts; off for a real cluster benched as it is (the canary of "
-            "`kvpd up` checked it).",
-        ),
-        charts: bool = typer.Option(True, "--charts/--no-charts", help="Write PNG charts."),
-        json_out: bool = typer.Option(False, "--json", help="Print the run as JSON."),
-    ) -> None:
-        """Benchmark a deployment through its proxy with the real `vllm bench serve`.
+    app.command("bench")(bench_cmd)
 
-        Prints the guide-shaped table (TTFT/TPOT/E2EL per scenario, throughput, speedup) and the proof from /metrics; saves JSON, CSV and charts. Exits non-zero when a phase failed, decode received no KV, an external scenario had no external hits, or a metric regressed beyond --max-regression against --baseline.
-        """  # noqa: E501
-        from kvpd.bench import charts as charts_mod
-        from kvpd.bench import compare as cmp
-        from kvpd.bench import gate, records, report
-        from kvpd.cli import output
 
-        if stat not in ("mean", "median", "p99"):
-            raise BenchError(f"--stat must be mean, median or p99, not {stat!r}.")
-        if compare:
-            a, b = records.load(compare[0]), records.load(compare[1])
-            gate.refuse_wrong_outputs({compare[0]: a, compare[1]: b})
-            output.out.print(cmp.compare_table(a, b, compare[0], compare[1]))
-            only_a, only_b = cmp.unmatched(a, b)
-            for label in only_a:
-                output.err.print(f"only in {compare[0]}: {label}")
-            for label in only_b:
-                output.err.print(f"only in {compare[1]}: {label}")
-            if max_regression is not None:
-                gate.gate(a, b, gate.parse_percent(max_regression))
-            return
-        if not profile:
-            raise BenchError("give a PROFILE to benchmark (or --compare A B for saved runs).")
-        run = _run(
-            profile=profile,
-            protocol=protocol,
-            input_len=input_len,
-            output_len=output_len,
-            concurrency=concurrency,
-            num_prompts=num_prompts,
-            request_rate=request_rate,
-            seed=seed,
-            prefix_ratio=prefix_ratio,
-            scenario=scenario,
-            all_scenarios=all_scenarios,
-            sets=sets,
-            results_dir=results_dir,
-            tokenizer=tokenizer,
-            phase_timeout=phase_timeout,
-            keep_up=keep_up,
-            restore=restore,
-            quiet=json_out,
-            verify_outputs=verify_outputs,
-        )
-        out_dir = Path(run.out_dir)
-        json_path, csv_path = records.save(run, out_dir)
-        pngs = charts_mod.charts(run, out_dir) if charts and run.measured else []
-        if json_out:
-            output.print_json(run.to_dict())
-        else:
-            if len(run.measured) == 1:
-                output.out.print(report.latency_table(run.measured[0]))
-            elif run.measured:
-                output.out.print(report.results_table(run, stat))
-            if run.records:
-                output.out.print(report.proof_table(run))
-            for line in report.outputs_lines(run):
-                output.out.print(line)
-            for note in run.notes:
-                output.out.print(f"log: {note}")
-            output.out.print(f"Client: vllm bench serve ran on {run.client}")
-            output.out.print(f"Results: {json_path}, {csv_path}")
-            for p in pngs:
-                output.out.print(f"Chart: {p}")
-        problems = run.problems
-        gate_problems: list[str] = []
-        if baseline is not None:
-            allowed = gate.parse_percent(max_regression or "10%")
-            base_run = records.load(baseline)
-            gate.refuse_wrong_outputs({str(baseline): base_run})
-            gate_problems = gate.regressions(base_run, run, allowed)
-        if problems or gate_problems:
-            lines = [f"  - {p}" for p in problems]
-            if gate_problems:
-                lines.append(f"  regression gate against {baseline} (max {allowed:.0%}):")
-                lines += [f"    - {p}" for p in gate_problems]
-            what = "not a valid result" if problems else "regressed"
-            raise BenchError(f"bench of {run.deployment!r} {what}:\n" + "\n".join(lines))
+def _compare_runs(compare: tuple[str, str], max_regression: str | None) -> None:
+    """`--compare A B`: the differences between two saved runs, gated with --max-regression."""
+    from kvpd.bench import compare as cmp
+    from kvpd.bench import gate, records
+    from kvpd.cli import output
+
+    a, b = records.load(compare[0]), records.load(compare[1])
+    gate.refuse_wrong_outputs({compare[0]: a, compare[1]: b})
+    output.out.print(cmp.compare_table(a, b, compare[0], compare[1]))
+    only_a, only_b = cmp.unmatched(a, b)
+    for label in only_a:
+        output.err.print(f"only in {compare[0]}: {label}")
+    for label in only_b:
+        output.err.print(f"only in {compare[1]}: {label}")
+    if max_regression is not None:
+        gate.gate(a, b, gate.parse_percent(max_regression))
+
+
+def _show_run(run: BenchRun, stat: str, *, charts: bool, json_out: bool) -> None:
+    """Save the run (JSON, CSV, charts) and print it: as JSON, or as the guide's tables."""
+    from kvpd.bench import charts as charts_mod
+    from kvpd.bench import records, report
+    from kvpd.cli import output
+
+    out_dir = Path(run.out_dir)
+    json_path, csv_path = records.save(run, out_dir)
+    pngs = charts_mod.charts(run, out_dir) if charts and run.measured else []
+    if json_out:
+        output.print_json(run.to_dict())
+        return
+    if len(run.measured) == 1:
+        output.out.print(report.latency_table(run.measured[0]))
+    elif run.measured:
+        output.out.print(report.results_table(run, stat))
+    if run.records:
+        output.out.print(report.proof_table(run))
+    for line in report.outputs_lines(run):
+        output.out.print(line)
+    for note in run.notes:
+        output.out.print(f"log: {note}")
+    output.out.print(f"Client: vllm bench serve ran on {run.client}")
+    output.out.print(f"Results: {json_path}, {csv_path}")
+    for p in pngs:
+        output.out.print(f"Chart: {p}")
+
+
+def _refuse_invalid(run: BenchRun, baseline: Path | None, max_regression: str | None) -> None:
+    """Exit non-zero for a run that is no valid result, or regressed against `baseline`."""
+    from kvpd.bench import gate, records
+
+    problems = run.problems
+    gate_problems: list[str] = []
+    allowed = gate.parse_percent(max_regression or "10%") if baseline is not None else 0.0
+    if baseline is not None:
+        base_run = records.load(baseline)
+        gate.refuse_wrong_outputs({str(baseline): base_run})
+        gate_problems = gate.regressions(base_run, run, allowed)
+    if problems or gate_problems:
+        lines = [f"  - {p}" for p in problems]
+        if gate_problems:
+            lines.append(f"  regression gate against {baseline} (max {allowed:.0%}):")
+            lines += [f"    - {p}" for p in gate_problems]
+        what = "not a valid result" if problems else "regressed"
+        raise BenchError(f"bench of {run.deployment!r} {what}:\n" + "\n".join(lines))
 
 
 def _run(
@@ -285,7 +307,7 @@ def _profile_facts(profile: str, sets: list[str]) -> tuple[dict[str, list[str]],
     p, _ = load_profile(profile, sets=list(sets))
     lens: list[int] = []
     for role in ENGINE_ROLES:
-        group = getattr(p, role, None)
+        group = p.group(role)
         if group is not None:
             n = group.max_model_len or p.engine.max_model_len or p.model.max_model_len
             if n:

@@ -38,7 +38,7 @@ def fallback_warning(row: dict[str, Any], profile: str) -> str | None:
     retry a build that failed for this kvpd (its wheel cache remembers the failure)."""
     if row.get("slot") != "engine" or row.get("implementation") == "native":
         return None
-    from kvpd.exec.wheel import cache_dir
+    from kvpd.exec.bundle.wheel import cache_dir
 
     platform = row.get("platform")
     head = (
@@ -61,7 +61,7 @@ def fallback_warning(row: dict[str, Any], profile: str) -> str | None:
 def status_table(rows: list[dict[str, Any]]) -> Table:
     """What `up` verified per host slot: interpreter, digest, native implementation, and where
     its wheel came from (the controller, a host's build, the cache)."""
-    from kvpd.exec.bundle_host import origin
+    from kvpd.exec.bundle.host import origin
 
     t = Table(title="node bundle")
     for col in ("Host", "Slot", "Python", "Digest", "Native", "Wheel from", "Up did", "Seconds"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -12,6 +13,10 @@ from kvpd.cli import bench_view, bundle_view, container_view, route_view
 from kvpd.errors import PlanError
 from kvpd.exec.local import private_dirs
 from kvpd.plan.value import Plan, ProcessSpec
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 PROFILE_HELP = "profile: a YAML file or a bundled name (local, ucm-centralized-2p2d, ...)"
 
@@ -59,12 +64,11 @@ def _write_new(path: Path, content: str, mode: int) -> None:
         raise
 
 
-def show_plan(plan: Plan) -> None:
-    from rich.console import Console
+def _hosts_table(plan: Plan) -> Table:
+    """One row per process, grouped by host (a host without processes gets a row of its own)."""
     from rich.markup import escape
     from rich.table import Table
 
-    con = Console(width=None if Console().is_terminal else 150)
     title = f"kvpd plan: {escape(plan.deployment)}" + (
         " (rehearsal on CPU hosts)" if plan.rehearsal else ""
     )
@@ -79,20 +83,24 @@ def show_plan(plan: Plan) -> None:
         if not procs:
             hosts.add_row(escape(h.name), escape(h.address), h.hardware, "-", "", "", "", "")
         for i, p in enumerate(procs):
-            devs = _ranges(p.devices)
-            ports = ", ".join(str(x) for x in _ports_short(p.ports))
-            name = p.name + (" *" if p.substituted else "")
+            first = i == 0
             hosts.add_row(
-                escape(h.name) if i == 0 else "",
-                escape(h.address) if i == 0 else "",
-                h.hardware if i == 0 else "",
-                escape(name),
+                escape(h.name) if first else "",
+                escape(h.address) if first else "",
+                h.hardware if first else "",
+                escape(p.name + (" *" if p.substituted else "")),
                 p.role,
                 str(p.stage),
-                devs,
-                ports,
+                _ranges(p.devices),
+                ", ".join(str(x) for x in _ports_short(p.ports)),
             )
-    con.print(hosts)
+    return hosts
+
+
+def _show_layout(con: Console, plan: Plan) -> None:
+    """Start order, files per host, routes, the node bundle and containers."""
+    from rich.markup import escape
+
     order = " -> ".join(
         "{" + ", ".join(escape(p.name) for p in stage) + "}" for stage in plan.stages
     )
@@ -108,6 +116,14 @@ def show_plan(plan: Plan) -> None:
         con.print(line, highlight=False)
     for line in container_view.plan_lines(plan):  # containers on the nodes
         con.print(escape(line) if line.startswith(" ") else line, highlight=False)
+
+
+def _show_derived(con: Console, plan: Plan) -> None:
+    """Substitutions, the endpoint, sizing and derived values, the bench, the warnings."""
+    from rich.markup import escape
+
+    from kvpd.cli.sizing_view import sparse_sizing_lines
+
     subs = [p for p in plan.processes if p.substituted]
     if subs:
         con.print("[bold]rehearsal substitutions[/bold] (* above):")
@@ -117,11 +133,9 @@ def show_plan(plan: Plan) -> None:
         con.print(
             f"[bold]endpoint[/bold]: {escape(plan.proxy_url)}  (model {escape(plan.served_model)})"
         )
-    if plan.sizing.sparse is not None:
-        from kvpd.cli.sizing_view import sparse_sizing_lines
-
-        for line in sparse_sizing_lines(plan.sizing.sparse):
-            con.print(line, highlight=False)
+    sparse = plan.sizing.sparse
+    for line in sparse_sizing_lines(sparse) if sparse is not None else []:
+        con.print(line, highlight=False)
     if plan.derived:
         con.print("[bold]derived[/bold] (formula and inputs):")
         for line in plan.derived:
@@ -130,6 +144,15 @@ def show_plan(plan: Plan) -> None:
         con.print(escape(line), highlight=False)
     for w in plan.warnings:
         con.print(f"[yellow]warning[/yellow]: {escape(w)}")
+
+
+def show_plan(plan: Plan) -> None:
+    from rich.console import Console
+
+    con = Console(width=None if Console().is_terminal else 150)
+    con.print(_hosts_table(plan))
+    _show_layout(con, plan)
+    _show_derived(con, plan)
     con.print(f"plan digest {plan.profile_digest}; `kvpd plan ... --out DIR` writes every file.")
 
 
@@ -153,65 +176,67 @@ def _ports_short(ports: tuple[int, ...]) -> list[str]:
     return [str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs]
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("plan")
-    def plan_cmd(
-        profile: str = typer.Argument(..., help=PROFILE_HELP),
-        out: Path | None = typer.Option(None, "--out", help="write files per host + plan.json"),
-        as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
-        check: bool = typer.Option(False, "--check", help="also run preflight checks on hosts"),
-        rehearse: bool = typer.Option(False, "--rehearse", help="plan the CPU rehearsal"),
-        rehearse_with: str | None = typer.Option(
-            None,
-            "--rehearse-with",
-            help="plan the rehearsal with this engine: vllm (CPU vLLM, what --rehearse runs) "
-            "or standin (kvpd's stand-in: the topology at full size, no inference)",
-        ),
-        inventory: str | None = typer.Option(
-            None, "--inventory", help="YAML merged over the profile (real host addresses, ssh)"
-        ),
-        accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys"),
-        sets: list[str] = typer.Option([], "--set", help="override a field: path.to.field=value"),
-        strict: bool = typer.Option(
-            False, "--strict", help="exit 1 when the plan has warnings (for CI)"
-        ),
-    ) -> None:
-        """Validate PROFILE, derive every value, render every file, and show the plan."""
-        from kvpd.plan.build import load_plan
+def plan_cmd(
+    profile: str = typer.Argument(..., help=PROFILE_HELP),
+    out: Path | None = typer.Option(None, "--out", help="write files per host + plan.json"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    check: bool = typer.Option(False, "--check", help="also run preflight checks on hosts"),
+    rehearse: bool = typer.Option(False, "--rehearse", help="plan the CPU rehearsal"),
+    rehearse_with: str | None = typer.Option(
+        None,
+        "--rehearse-with",
+        help="plan the rehearsal with this engine: vllm (CPU vLLM, what --rehearse runs) "
+        "or standin (kvpd's stand-in: the topology at full size, no inference)",
+    ),
+    inventory: str | None = typer.Option(
+        None, "--inventory", help="YAML merged over the profile (real host addresses, ssh)"
+    ),
+    accept_new_host_keys: bool = typer.Option(False, "--accept-new-host-keys"),
+    sets: list[str] = typer.Option([], "--set", help="override a field: path.to.field=value"),
+    strict: bool = typer.Option(
+        False, "--strict", help="exit 1 when the plan has warnings (for CI)"
+    ),
+) -> None:
+    """Validate PROFILE, derive every value, render every file, and show the plan."""
+    from kvpd.plan.build import load_plan
 
-        plan = load_plan(
-            profile,
-            rehearse=rehearse_with or rehearse,
-            base_dir=os.getcwd(),
-            sets=sets,
-            inventory=inventory,
+    plan = load_plan(
+        profile,
+        rehearse=rehearse_with or rehearse,
+        base_dir=os.getcwd(),
+        sets=sets,
+        inventory=inventory,
+    )
+    if as_json:
+        print(plan.to_json())
+    else:
+        show_plan(plan)
+    if out is not None:
+        try:
+            paths = write_plan_dir(plan, out)
+        except OSError as e:
+            raise PlanError(
+                f"--out {out}: cannot write the plan there ({e.strerror or e}). Pass a "
+                "directory you can write to."
+            ) from None
+        if not as_json:
+            print(f"wrote {len(paths)} files under {out}")
+    if strict and plan.warnings:
+        typer.echo(
+            f"--strict: the plan has {len(plan.warnings)} warning(s) (shown above); fix "
+            "them or drop --strict.",
+            err=True,
         )
-        if as_json:
-            print(plan.to_json())
-        else:
-            show_plan(plan)
-        if out is not None:
-            try:
-                paths = write_plan_dir(plan, out)
-            except OSError as e:
-                raise PlanError(
-                    f"--out {out}: cannot write the plan there ({e.strerror or e}). Pass a "
-                    "directory you can write to."
-                ) from None
-            if not as_json:
-                print(f"wrote {len(paths)} files under {out}")
-        if strict and plan.warnings:
-            typer.echo(
-                f"--strict: the plan has {len(plan.warnings)} warning(s) (shown above); fix "
-                "them or drop --strict.",
-                err=True,
-            )
-            raise typer.Exit(1)
-        if check:
-            from kvpd.cli.output import show_preflight
-            from kvpd.exec.service import Deployments
+        raise typer.Exit(1)
+    if check:
+        from kvpd.cli.output import show_preflight
+        from kvpd.exec.service import Deployments
 
-            with Deployments(accept_new_host_keys=accept_new_host_keys) as svc:
-                checks = svc.check(plan)
-            if not show_preflight(plan.deployment, checks, as_json=as_json):
-                raise typer.Exit(1)
+        with Deployments(accept_new_host_keys=accept_new_host_keys) as svc:
+            checks = svc.check(plan)
+        if not show_preflight(plan.deployment, checks, as_json=as_json):
+            raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_cmd)

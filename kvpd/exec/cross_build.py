@@ -181,7 +181,7 @@ def wheel_tag(chain: CrossToolchain) -> str:
 
 def build_wheel(chain: CrossToolchain, src: Path, out: Path) -> dict[str, object]:
     """Cross-compile the native core and pack the node wheel of the prepared source tree `src`
-    (kvpd.exec.wheel.write_source) into `out`: wheel_build.py's result line, as a dict."""
+    (kvpd.exec.bundle.wheel.write_source) into `out`: wheel_build.py's result line, as a dict."""
     import json
     import sys
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
 from kvpd.exec import diagnose, logs, readiness, run_dirs
-from kvpd.exec.bundle import install_bundle
-from kvpd.exec.container_life import remove_containers, start_containers
+from kvpd.exec.bundle.installer import install_bundle
+from kvpd.exec.containers.life import remove_containers, start_containers
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.pool import TransportPool

@@ -188,16 +188,11 @@ def _shareable(members: dict[str, bytes], state: DeploymentState) -> dict[str, b
     return out
 
 
-def gather(pool: TransportPool, state: DeploymentState, out_dir: Path, *, lines: int = 200,
-           extra: dict[str, bytes] | None = None, shareable: bool = False) -> Report:  # fmt: skip
-    """Collect everything into `out_dir/<time>.tar.gz`; the report names a cause per process."""
+def _collect(
+    pool: TransportPool, state: DeploymentState, hosts: list[str], lines: int
+) -> tuple[dict[str, str], list[tuple[ProcessFinding, dict[str, str]]]]:
+    """Every host's facts and every process's finding and files, in parallel."""
     plan = state.plan
-    pool.add_hosts(plan.hosts)
-    members: dict[str, bytes] = dict(extra or {})
-    members["state.json"] = redact.scrub(json.dumps(state.to_dict(), indent=1)).encode()
-    for f in plan.files:  # masked by name in `state` already; by shape here
-        members[f"files/{f.host}/{f.path}"] = redact.scrub(f.content).encode()
-    hosts = sorted({h.name for h in plan.hosts})
 
     def host_job(h: str) -> tuple[str, str]:
         run_dir = state.run_dirs.get(h) or plan.host(h).run_dir
@@ -215,6 +210,21 @@ def gather(pool: TransportPool, state: DeploymentState, out_dir: Path, *, lines:
     with Fanout(16) as fan:
         facts = dict(fan.map(host_job, hosts))
         found = fan.map(proc_job, list(state.processes))
+    return facts, found
+
+
+def gather(pool: TransportPool, state: DeploymentState, out_dir: Path, *, lines: int = 200,
+           extra: dict[str, bytes] | None = None, shareable: bool = False) -> Report:  # fmt: skip
+    """Collect everything into `out_dir/<time>.tar.gz`; the report names a cause per process."""
+    plan = state.plan
+    pool.add_hosts(plan.hosts)
+    members: dict[str, bytes] = dict(extra or {})
+    members["state.json"] = redact.scrub(json.dumps(state.to_dict(), indent=1)).encode()
+    for f in plan.files:  # masked by name in `state` already; by shape here
+        members[f"files/{f.host}/{f.path}"] = redact.scrub(f.content).encode()
+    hosts = sorted({h.name for h in plan.hosts})
+
+    facts, found = _collect(pool, state, hosts, lines)
     report = Report(state.deployment, Path())
     for h, text in facts.items():
         members[f"hosts/{h}/facts.txt"] = redact.scrub(text).encode()

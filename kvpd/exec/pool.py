@@ -16,7 +16,7 @@ def open_transport(host: HostSpec, *, accept_unknown_host_key: bool = False) -> 
     container when it has one."""
     t = _host_transport(host, accept_unknown_host_key=accept_unknown_host_key)
     if host.container is not None:
-        from kvpd.exec.container import ContainerTransport
+        from kvpd.exec.containers.transport import ContainerTransport
 
         return ContainerTransport(t, host.container)
     return t

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpd.errors import KvpdError
-from kvpd.exec import bundle_preflight, container_preflight
+from kvpd.exec.bundle import preflight as bundle_preflight
 from kvpd.exec.channel_preflight import channel_checks
 from kvpd.exec.checks import Check
+from kvpd.exec.containers import preflight as container_preflight
 from kvpd.exec.fanout import Fanout, HostOutcome
 from kvpd.exec.pinned_versions import pinned_checks
 from kvpd.exec.planner_gate import planner_checks

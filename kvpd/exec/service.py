@@ -15,7 +15,7 @@ from types import TracebackType
 from kvpd.errors import DeployError, StateError
 from kvpd.exec import admin_token, client_key, gather, logs, rolling, supervised
 from kvpd.exec.checks import Check
-from kvpd.exec.container_life import remove_containers, start_containers
+from kvpd.exec.containers.life import remove_containers, start_containers
 from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor
 from kvpd.exec.interrupts import sigterm_as_interrupt

@@ -7,10 +7,9 @@ import posixpath
 from typing import Any
 
 from kvpd.errors import ProfileError
-from kvpd.plan import configfiles, kvconfig, supervision
 from kvpd.plan.bench import bench_spec
 from kvpd.plan.bundle import bundle_uses, with_bundle_paths
-from kvpd.plan.capacity import POOL_INIT_S_PER_GB, memcache_dram_need
+from kvpd.plan.capacity import memcache_dram_need
 from kvpd.plan.container_hosts import with_containers
 from kvpd.plan.derived import derived_lines
 from kvpd.plan.facts import derive_facts
@@ -18,14 +17,15 @@ from kvpd.plan.faults import warnings as fault_warnings
 from kvpd.plan.hashseed import pin_hash_seed
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
-from kvpd.plan.lognames import log_file
+from kvpd.plan.plan_files import PlanFiles, config_files, process_specs
 from kvpd.plan.processes import ProcessDraft, all_procs
 from kvpd.plan.quoting import mask
+from kvpd.plan.rehearsal_mode import Rehearsal
 from kvpd.plan.rehearse import DEFAULT_ENGINE, engine_named
 from kvpd.plan.rehearse import rehearse as rehearse_procs
-from kvpd.plan.render import launch_script
 from kvpd.plan.requirements import build_requirements
 from kvpd.plan.rules import check
+from kvpd.plan.rules.base import Finding
 from kvpd.plan.scenario_check import check_scenarios
 from kvpd.plan.sizing import (
     GiB,
@@ -35,26 +35,22 @@ from kvpd.plan.sizing import (
     round_up,
 )
 from kvpd.plan.value import (
-    FileSpec,
-    HealthCheck,
     HostSpec,
     Plan,
-    PortUse,
-    ProcessSpec,
     Sizing,
     SparseSizing,
 )
 from kvpd.profile.load import Source, load_profile
 from kvpd.profile.messages import dotted
-from kvpd.profile.schema import Group, Profile
-
-LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+from kvpd.profile.roles import Role
+from kvpd.profile.schema import Profile
+from kvpd.profile.types import transport_of
 
 
 def host_specs(profile: Profile, base_dir: str | None) -> list[HostSpec]:
     out = []
     for name, h in profile.hosts.items():
-        transport = h.transport or ("local" if h.address in LOCAL_ADDRESSES else "ssh")
+        transport = transport_of(h.transport, h.address)
         ssh = profile.ssh.model_dump()
         if h.ssh is not None:
             ssh.update(h.ssh.model_dump(exclude_unset=True))
@@ -128,6 +124,45 @@ def memcache_dram(
     return mc.dram_size, []
 
 
+def _validated(
+    profile: Profile,
+    source: Source,
+    findings: list[Finding],
+    extra: list[tuple[tuple[str, ...], str, bool]],
+) -> list[str]:
+    """The warnings, located in the profile's text; raises ProfileError listing every error."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    for f in findings:
+        (errors if f.error else warnings).append(
+            f"{source.where(f.path)}: {dotted(f.path)}: {f.message}"
+        )
+    for path, msg, is_err in extra:
+        (errors if is_err else warnings).append(f"{source.where(path)}: {dotted(path)}: {msg}")
+    if errors:
+        raise ProfileError(errors)
+    return warnings
+
+
+def _digest(source: Source, files: PlanFiles, secrets: list[str]) -> str:
+    # Over the redacted text: the digest is shown (plan, state, status) and would let anyone
+    # who sees it test guesses of a short secret. A change of a secret alone keeps the digest.
+    digested = source.text + "".join(f.content for f in files.files.values())
+    for s in sorted(secrets, key=len, reverse=True):
+        digested = digested.replace(s, "****")
+    return hashlib.sha256(digested.encode()).hexdigest()[:16]
+
+
+def _proxy_url(profile: Profile, procs: list[ProcessDraft], by_host: dict[str, HostSpec]) -> str:
+    """Where clients send requests: the proxy, else the first mixed engine."""
+    if profile.proxy is not None:
+        return f"http://{by_host[profile.proxy.host].address}:{profile.proxy.port}"
+    if profile.mixed is not None:
+        first = next(p for p in procs if p.role == Role.MIXED)
+        return f"http://{by_host[first.host].address}:{first.ports[0][0]}"
+    return ""
+
+
 def build_plan(
     profile: Profile,
     source: Source,
@@ -139,156 +174,55 @@ def build_plan(
 
     `rehearse` (True, or a rehearsal engine's name) rehearses the validated real deployment:
     one transform of its processes (`kvpd.plan.rehearse`)."""
+    rehearsal = Rehearsal.of(rehearse, DEFAULT_ENGINE)
     profile = _resolve_local_paths(profile, base_dir)
     layout = build_layout(profile)
     procs = pin_hash_seed(profile, all_procs(profile, layout))
     facts = derive_facts(profile, layout, procs)
     findings = check(facts)
     notes: dict[str, str] = {}
-    if rehearse:
+    if rehearsal.engine is not None:
         # The rehearsal runs on other hardware: what the rules say about the real one is moot.
         findings = [f for f in findings if not f.on_hardware]
-        engine = engine_named(DEFAULT_ENGINE if rehearse is True else rehearse)
-        rehearsed = rehearse_procs(profile, procs, engine)
+        rehearsed = rehearse_procs(profile, procs, engine_named(rehearsal.engine))
         procs, notes = rehearsed.procs, rehearsed.notes
-    bundle = bundle_uses(profile, procs, bool(rehearse))  # node bundle: who imports kvpd
+    bundle = bundle_uses(profile, procs, rehearsal)  # node bundle: who imports kvpd
     procs = with_bundle_paths(procs, bundle)
     dram, extra = memcache_dram(profile, facts.memcache_ranks)
-    errors: list[str] = []
-    warnings: list[str] = []
-    for f in findings:
-        (errors if f.error else warnings).append(
-            f"{source.where(f.path)}: {dotted(f.path)}: {f.message}"
-        )
-    for path, msg, is_err in extra:
-        (errors if is_err else warnings).append(f"{source.where(path)}: {dotted(path)}: {msg}")
-    if errors:
-        raise ProfileError(errors)
+    warnings = _validated(profile, source, findings, extra)
 
     hosts = host_specs(profile, base_dir)
     by_host = {h.name: h for h in hosts}
-    files: dict[tuple[str, str], FileSpec] = {}
-
-    def put(host: str, path: str, content: str, template: str, mode: int = 0o644) -> None:
-        files[(host, path)] = FileSpec(
-            host=host, path=path, content=content, mode=mode, template=template
-        )
-
-    mc = profile.kv.memcache
-    for p in procs:
-        for fpath in p.files:
-            if fpath == kvconfig.MMC_META and mc is not None:
-                text = configfiles.memcache_meta(mc, by_host[mc.host].address, profile.name)
-                put(p.host, fpath, text, "mmc-meta.conf")
-            elif fpath == kvconfig.MMC_LOCAL and mc is not None:
-                meta = by_host[mc.host].address
-                h = profile.hosts[p.host]
-                local = h.ip or h.address
-                text = configfiles.memcache_local(mc, meta, dram or "", profile.name, p.host, local)
-                put(p.host, fpath, text, "mmc-local.conf")
-            elif fpath == kvconfig.MOONCAKE_CONFIG and profile.kv.mooncake is not None:
-                mk = profile.kv.mooncake
-                text = configfiles.mooncake_json(
-                    mk.metadata_server,
-                    mk.protocol,
-                    mk.device_name,
-                    f"{configfiles.url_host(by_host[mk.host].address)}:{mk.port}",
-                    mk.global_segment_size,
-                )
-                put(p.host, fpath, text, "mooncake.json")
-            elif fpath == kvconfig.ucm_config_path(profile) and profile.kv.ucm is not None:
-                put(p.host, fpath, configfiles.ucm_yaml(profile.kv.ucm, profile.name), "ucm.yaml")
-
-    processes: list[ProcessSpec] = []
-    ports: list[PortUse] = []
+    files = config_files(profile, procs, by_host, dram or "")
+    processes, ports = process_specs(profile, procs, layout, notes, rehearsal, files)
     secrets = sorted({v for p in procs for k, v in p.env if v and mask(k, v) != v})
-    engine_procs = {ep.name: ep for ep in layout.procs}
-    for p in procs:
-        script = f"{p.name}/launch.sh"
-        ep = engine_procs.get(p.name)
-        log = log_file(getattr(profile, ep.role).log_name, ep) if ep else f"logs/{p.name}.log"
-        secret = any(mask(k, v) != v for k, v in p.env)
-        put(
-            p.host,
-            script,
-            launch_script(
-                p, profile.name, log, profile.runtime.dirs, _supervisor(profile, p, bool(rehearse))
-            ),
-            "launch.sh.j2",
-            0o700 if secret else 0o755,
-        )
-        processes.append(
-            ProcessSpec(
-                name=p.name,
-                host=p.host,
-                role=p.role,
-                stage=p.stage,
-                script=script,
-                command=p.argv,
-                env=tuple((k, mask(k, v)) for k, v in p.env),
-                log=log,
-                ports=tuple(port for port, _ in p.ports),
-                health=HealthCheck(
-                    url=p.health_url,
-                    timeout_s=_health_timeout(profile, p),
-                    ready_port=p.ready[0] if p.ready else None,
-                    ready_log=p.ready[1] if p.ready else "",
-                ),
-                devices=p.devices,
-                substituted=notes.get(p.name, ""),
-            )
-        )
-        ports += [
-            PortUse(host=p.host, port=port, owner=p.name, purpose=why) for port, why in p.ports
-        ]
-
-    # Over the redacted text: the digest is shown (plan, state, status) and would let anyone
-    # who sees it test guesses of a short secret. A change of a secret alone keeps the digest.
-    digested = source.text + "".join(f.content for f in files.values())
-    for s in sorted(secrets, key=len, reverse=True):
-        digested = digested.replace(s, "****")
-    digest = hashlib.sha256(digested.encode()).hexdigest()[:16]
-    proxy_url = ""
-    if profile.proxy is not None:
-        proxy_url = f"http://{by_host[profile.proxy.host].address}:{profile.proxy.port}"
-    elif profile.mixed is not None:
-        first = next(p for p in procs if p.role == "mixed")
-        proxy_url = f"http://{by_host[first.host].address}:{first.ports[0][0]}"
     model = profile.model
     requirements = build_requirements(profile, procs, dram, {h.name: h.run_dir for h in hosts})
     # Containers: hosts whose processes run inside one (kvpd.plan.container).
-    hosts = with_containers(profile, hosts, processes, requirements, rehearse=bool(rehearse))
+    hosts = with_containers(profile, hosts, processes, requirements, rehearsal)
     return Plan(
         deployment=profile.name,
-        profile_digest=digest,
+        profile_digest=_digest(source, files, secrets),
         hosts=tuple(hosts),
-        files=tuple(files.values()),
+        files=tuple(files.files.values()),
         processes=tuple(processes),
         ports=tuple(sorted(ports, key=lambda u: (u.host, u.port))),
         warnings=(*warnings, *fault_warnings(processes)),
-        proxy_url=proxy_url,
+        proxy_url=_proxy_url(profile, procs, by_host),
         served_model=model.served_name or model.path,
         tokenizer=model.tokenizer or model.path,
         bench=bench_spec(profile.bench),
-        rehearsal=bool(rehearse),
+        rehearsal=rehearsal.on,
         fresh_dirs=tuple(profile.runtime.fresh_dirs),
         made_dirs=tuple(profile.runtime.dirs),
         sizing=_sizing(profile),
         secret_values=tuple(secrets),
         requirements=requirements,
         bundle=bundle,
-        log_checks=log_checks(facts, procs, bool(rehearse)),
+        log_checks=log_checks(facts, procs, rehearsal),
         derived=derived_lines(profile, layout, facts.memcache_ranks, dram),
         client_key_file=(profile.proxy.client_key_file or "") if profile.proxy else "",
     )
-
-
-def _supervisor(profile: Profile, p: ProcessDraft, rehearse: bool) -> tuple[str, ...]:
-    pol = supervision.policy_for(profile, p.role)
-    if pol is None:
-        return ()
-    python = supervision.python_for(profile, rehearse)
-    return supervision.supervisor_argv(python, p.name, pol, p.health_url)
 
 
 def _sizing(profile: Profile) -> Sizing:
@@ -313,8 +247,7 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
     """When every host is this machine, relative data paths mean: relative to `base_dir` (the
     directory kvpd runs in), not to each process's run directory."""
     if not base_dir or not all(
-        (h.transport or ("local" if h.address in LOCAL_ADDRESSES else "ssh")) == "local"
-        for h in profile.hosts.values()
+        transport_of(h.transport, h.address) == "local" for h in profile.hosts.values()
     ):
         return profile
 
@@ -332,24 +265,6 @@ def _resolve_local_paths(profile: Profile, base_dir: str | None) -> Profile:
     if kv.ucm is not None:
         upd["ucm"] = kv.ucm.model_copy(update={"storage": absolute(kv.ucm.storage)})
     return profile.model_copy(update={"model": model, "kv": kv.model_copy(update=upd)})
-
-
-def _health_timeout(profile: Profile, p: ProcessDraft) -> float:
-    if p.health_timeout_s is not None:
-        return p.health_timeout_s
-    if p.role in ("metaservice", "mooncake", "proxy"):
-        return min(120.0, profile.runtime.health_timeout_s)
-    base = profile.runtime.health_timeout_s
-    group: Group | None = getattr(profile, p.role, None)
-    if group is None:
-        return base
-    if group.health_timeout_s is not None:
-        return group.health_timeout_s
-    so = group.sparse_offload
-    if so is not None and so.enabled:
-        ranks = max(1, len(p.devices) // max(1, group.tp * group.pp))
-        return base + POOL_INIT_S_PER_GB * so.dram_size_per_dp_gb * ranks
-    return base
 
 
 def load_plan(

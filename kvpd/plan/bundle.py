@@ -9,7 +9,7 @@ script of each such process puts its slot first on `PYTHONPATH`; no other proces
 A slot is one Python interpreter of a host: `engine` (the interpreter of the vLLM command) or
 `proxy` (the interpreter the proxy runs with). The plan only says which slots exist and why;
 resolving the interpreter, choosing or building the wheel and installing it is the executor's
-(`kvpd.exec.bundle`).
+(`kvpd.exec.bundle.installer`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvpd.plan.rehearsal_mode import Rehearsal
 from kvpd.plan.supervision import policy_for
-from kvpd.profile.roles import ENGINE_ROLES
+from kvpd.profile.roles import ENGINE_ROLES, Role
 
 if TYPE_CHECKING:  # only types: kvpd.plan.value imports this module
     from kvpd.plan.processes import ProcessDraft
@@ -84,51 +85,51 @@ def native_need(group: Group | None) -> str:
     return {"kvpd": "required", "auto": "preferred"}.get(sparse_planner(group) or "", "optional")
 
 
-def proxy_python(profile: Profile, rehearse: bool) -> str:
+def proxy_python(profile: Profile, rehearsal: Rehearsal) -> str:
     """The interpreter of the kvpd proxy: `proxy.python` when the profile sets it, else the
     runtime's (or, rehearsing, the rehearsal's) Python."""
     px = profile.proxy
     if px is not None and "python" in px.model_fields_set:
         return px.python
-    return profile.rehearsal.python if rehearse else profile.runtime.python
+    return rehearsal.python(profile)
 
 
-def _reasons(profile: Profile, p: ProcessDraft, rehearse: bool) -> tuple[str, str] | None:
+def _reasons(profile: Profile, p: ProcessDraft, rehearsal: Rehearsal) -> tuple[str, str] | None:
     """(slot, why) when process `p` imports kvpd, else None. A supervised process imports kvpd
     for its supervisor (`python -m kvpd.supervisor`, standard library only)."""
     supervised: tuple[str, str] | None = None
     if policy_for(profile, p.role) is not None:
-        supervised = (PROXY_SLOT if p.role == "proxy" else ENGINE_SLOT, "supervised (restart)")
-    if p.role == "proxy":
+        supervised = (PROXY_SLOT if p.role == Role.PROXY else ENGINE_SLOT, "supervised (restart)")
+    if p.role == Role.PROXY:
         px = profile.proxy
-        if px is not None and (px.impl == "kvpd" or rehearse):
+        if px is not None and (px.impl == "kvpd" or rehearsal.on):
             return PROXY_SLOT, "kvpd proxy"
         return supervised
     if p.role not in ENGINE_ROLES:
         return None
-    group: Group = getattr(profile, p.role)
-    if not rehearse and "kvpd_store" in group.kv_connectors:
+    group: Group = profile.engine_group(p.role)
+    if not rehearsal.on and "kvpd_store" in group.kv_connectors:
         return ENGINE_SLOT, "kv connector kvpd_store"
-    planner = sparse_planner(group) if p.role == "decode" else None
+    planner = sparse_planner(group) if p.role == Role.DECODE else None
     if planner in ("kvpd", "auto"):
         return ENGINE_SLOT, f"sparse planner {planner}"
     return supervised
 
 
 def bundle_uses(
-    profile: Profile, procs: list[ProcessDraft], rehearse: bool
+    profile: Profile, procs: list[ProcessDraft], rehearsal: Rehearsal
 ) -> tuple[BundleUse, ...]:
     """Every (host, slot) that needs the bundle, in host order of the profile."""
-    vllm = profile.rehearsal.vllm if rehearse else profile.runtime.vllm
+    vllm = rehearsal.vllm(profile)
     found: dict[tuple[str, str], dict[str, Any]] = {}
     rank = {"optional": 0, "preferred": 1, "required": 2}
     for p in procs:
-        r = _reasons(profile, p, rehearse)
+        r = _reasons(profile, p, rehearsal)
         if r is None:
             continue
         slot, why = r
-        python = proxy_python(profile, rehearse) if slot == PROXY_SLOT else interpreter_of(vllm)
-        need = native_need(getattr(profile, p.role)) if slot == ENGINE_SLOT else "optional"
+        python = proxy_python(profile, rehearsal) if slot == PROXY_SLOT else interpreter_of(vllm)
+        need = native_need(profile.engine_group(p.role)) if slot == ENGINE_SLOT else "optional"
         u = found.setdefault(
             (p.host, slot),
             {"python": python, "processes": [], "why": [], "native": "optional"},

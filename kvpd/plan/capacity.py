@@ -148,7 +148,7 @@ def memcache_sizing(profile: Profile, ranks: int) -> MemcacheSizing | None:
     else:
         seqs, parts = 0, []
         for role in ("prefill", "mixed", "decode"):
-            g: Group | None = getattr(profile, role)
+            g: Group | None = profile.group(role)
             if g is None or "ascend_store" not in g.kv_connectors:
                 continue
             opts = merged(profile, g)

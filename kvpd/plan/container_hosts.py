@@ -6,6 +6,7 @@ import dataclasses
 import posixpath
 
 from kvpd.plan.container import container_spec
+from kvpd.plan.rehearsal_mode import Rehearsal
 from kvpd.plan.value import HostRequirements, HostSpec, ProcessSpec
 from kvpd.profile.container_schema import Container
 from kvpd.profile.schema import Profile
@@ -21,13 +22,13 @@ def _absolute(paths: list[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def data_dirs(profile: Profile, rehearse: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def data_dirs(profile: Profile, rehearsal: Rehearsal) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Absolute folders the engines use outside the run dir, mounted at the same path inside:
     (read only: the model and the tokenizer, which an engine never writes; read-write: KV
     storage)."""
     m, kv = profile.model, profile.kv
-    models = [profile.rehearsal.model] if rehearse else [m.path, m.tokenizer or m.path]
-    paths = [kv.example_path or "", profile.rehearsal.storage if rehearse else ""]
+    models = [profile.rehearsal.model] if rehearsal.on else [m.path, m.tokenizer or m.path]
+    paths = [kv.example_path or "", profile.rehearsal.storage if rehearsal.on else ""]
     if kv.ucm is not None:
         paths.append(kv.ucm.storage)
     if kv.kvpd_store is not None:
@@ -53,8 +54,7 @@ def with_containers(
     hosts: list[HostSpec],
     processes: list[ProcessSpec],
     requirements: dict[str, HostRequirements],
-    *,
-    rehearse: bool,
+    rehearsal: Rehearsal,
 ) -> list[HostSpec]:
     """`hosts`, each with the container its profile entry asks for (devices: the NPUs the plan
     assigns to that host's processes; --shm-size: what its requirements size)."""
@@ -69,11 +69,11 @@ def with_containers(
         spec = container_spec(
             c,
             deployment=profile.name,
-            hardware="cpu" if rehearse else h.hardware,  # rehearsals run on CPUs
+            hardware="cpu" if rehearsal.on else h.hardware,  # rehearsals run on CPUs
             npus=npus,
             shm_needed_gb=req.shm_gb if req else 0.0,
             run_dir=h.run_dir,
-            data_dirs=data_dirs(profile, rehearse),
+            data_dirs=data_dirs(profile, rehearsal),
         )
         out.append(dataclasses.replace(h, container=spec))
     return out

@@ -29,7 +29,7 @@ def derived_lines(
     ]
     out += _kv_token(profile)
     for role in ENGINE_ROLES:
-        g = getattr(profile, role)
+        g = profile.group(role)
         cap = None if g is None else group_capacity(profile, role, g)
         if cap is not None:
             out.append(_capacity(role, cap))
@@ -44,7 +44,7 @@ def _pool_health_timeouts(profile: Profile, layout: Layout) -> list[str]:
     """`up` waits longer for engines that fill a sparse-offload host pool before /health."""
     out = []
     for ep in layout.procs:
-        g = getattr(profile, ep.role)
+        g = profile.engine_group(ep.role)
         so = g.sparse_offload
         if so is None or not so.enabled or g.health_timeout_s is not None:
             continue

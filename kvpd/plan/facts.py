@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kvpd.plan.layout import ROLES, Layout, hardware_of, merged
 from kvpd.plan.processes import ProcessDraft, proxy_flow
-from kvpd.profile.schema import Group, Profile, ServeOptions
+from kvpd.profile.schema import Group, Hardware, Profile, ServeOptions
 
 MEMCACHE_USERS = frozenset({"ascend_store"})
 
@@ -43,7 +43,7 @@ class Facts:
     def group(self, role: str) -> GroupFacts | None:
         return next((g for g in self.groups if g.role == role), None)
 
-    def hardware(self, host: str) -> str:
+    def hardware(self, host: str) -> Hardware:
         return hardware_of(self.profile, host)
 
     @property
@@ -55,7 +55,7 @@ def memcache_ranks(profile: Profile, layout: Layout) -> int:
     """LocalService ranks that join memcache: every TP x PP rank of every memcache user."""
     n = 0
     for role in ROLES:
-        g = getattr(profile, role)
+        g = profile.group(role)
         if g is None or not MEMCACHE_USERS & set(g.kv_connectors):
             continue
         if g.layerwise is None or g.layerwise.backend == "memcache":
@@ -66,7 +66,7 @@ def memcache_ranks(profile: Profile, layout: Layout) -> int:
 def derive_facts(profile: Profile, layout: Layout, procs: list[ProcessDraft]) -> Facts:
     groups = []
     for role in ROLES:
-        g: Group | None = getattr(profile, role)
+        g: Group | None = profile.group(role)
         if g is None:
             continue
         opts = merged(profile, g)

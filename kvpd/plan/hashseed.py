@@ -25,7 +25,7 @@ def seeded_groups(profile: Profile) -> list[str]:
     """The groups kvpd gives its seed: they use a shared store and none of them sets one."""
     users = []
     for role in ENGINE_ROLES:
-        g = getattr(profile, role)
+        g = profile.group(role)
         if g is None or not SHARED_STORES & set(g.kv_connectors):
             continue
         env = {**profile.env, **(merged(profile, g).env or {})}

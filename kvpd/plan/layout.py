@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvpd.profile.roles import ENGINE_ROLES
-from kvpd.profile.schema import DEFAULT_DEVICES, Group, Host, Profile, ServeOptions
+from kvpd.profile.schema import DEFAULT_DEVICES, Group, Hardware, Host, Profile, ServeOptions
 
 ROLES = ENGINE_ROLES
 DEFAULT_KV_PORT = {
@@ -49,7 +49,7 @@ def host_devices(profile: Profile, host: Host) -> int:
     return DEFAULT_DEVICES[host.hardware or profile.hardware]
 
 
-def hardware_of(profile: Profile, host_name: str) -> str:
+def hardware_of(profile: Profile, host_name: str) -> Hardware:
     h = profile.hosts.get(host_name)
     return (h.hardware if h and h.hardware else None) or profile.hardware
 
@@ -109,7 +109,7 @@ def build_layout(profile: Profile) -> Layout:
     out = Layout()
     used: dict[str, int] = {}  # devices taken per host, over all groups
     for role in ROLES:
-        group: Group | None = getattr(profile, role)
+        group: Group | None = profile.group(role)
         if group is None:
             continue
         unknown = [h for h in group.hosts if h not in profile.hosts]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kvpd.plan.facts import Facts
 from kvpd.plan.processes import ProcessDraft
+from kvpd.plan.rehearsal_mode import REAL, Rehearsal
 from kvpd.plan.value import LogCheck
 from kvpd.profile.roles import PREFILLING_ROLES
 
@@ -19,14 +20,16 @@ SUBSTITUTED = frozenset({"ucm", "ascend_store"})
 
 
 def log_checks(
-    facts: Facts, procs: tuple[ProcessDraft, ...] | list[ProcessDraft], rehearse: bool = False
+    facts: Facts,
+    procs: tuple[ProcessDraft, ...] | list[ProcessDraft],
+    rehearsal: Rehearsal = REAL,
 ) -> tuple[LogCheck, ...]:
     out: list[LogCheck] = []
     for p in procs:
         g = facts.group(p.role)
         if g is None or p.role not in PREFILLING_ROLES:
             continue
-        real = set(g.connectors) - (SUBSTITUTED if rehearse else set())
+        real = set(g.connectors) - (SUBSTITUTED if rehearsal.on else set())
         lw = g.group.layerwise
         if (
             "ascend_store" in real

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from typing import Any
 
 from kvpd.plan.bundle import proxy_python
-from kvpd.plan.kvconfig import (
-    MMC_LOCAL,
-    MMC_META,
-    MOONCAKE_CONFIG,
-    additional_config,
-    kv_transfer_config,
-    ucm_config_path,
-)
-from kvpd.plan.layout import EnginePlacement, Layout, hardware_of, merged
+from kvpd.plan.engine_argv import addr, engine_argv
+from kvpd.plan.engine_env import engine_env
+from kvpd.plan.kvconfig import MMC_META
+from kvpd.plan.layout import EnginePlacement, Layout, merged
 from kvpd.plan.memcache_compat import has_http, ready_line
 from kvpd.plan.proxyargs import proxy_routing_args, proxy_timeout_args
-from kvpd.plan.sparse_planner import planner_env
+from kvpd.plan.rehearsal_mode import REAL
 from kvpd.plan.value import Interpreter
 from kvpd.profile.roles import DECODING_ROLES, Role
-from kvpd.profile.schema import ASCEND, Group, Profile, ServeOptions
+from kvpd.profile.schema import Group, Profile, ServeOptions
 
 STAGE = {"metaservice": 0, "mooncake": 0, "prefill": 1, "decode": 1, "mixed": 1, "proxy": 2}
 
@@ -62,131 +55,9 @@ class StatedNeeds:
     shared_dirs: tuple[str, ...] = ()
 
 
-def addr(profile: Profile, host: str) -> str:
-    return profile.hosts[host].address
-
-
-def _flag(argv: list[str], name: str, value: Any) -> None:
-    if value is None or value is False:
-        return
-    if value is True:
-        argv.append(name)
-    else:
-        argv.extend([name, str(value)])
-
-
-def _json(d: dict[str, Any]) -> str:
-    return json.dumps(d, separators=(", ", ": "))
-
-
 def engine_proc(profile: Profile, group: Group, ep: EnginePlacement, stage: int) -> ProcessDraft:
     opts: ServeOptions = merged(profile, group)
-    hw = hardware_of(profile, ep.host)
-    host = profile.hosts[ep.host]
-    argv = [profile.runtime.vllm, "serve", profile.model.path]
-    # the host's cluster address, not the guides' 0.0.0.0: no other network reaches the API
-    argv += ["--host", opts.host or host.ip or host.address, "--port", str(ep.port)]
-    argv += ["--data-parallel-size", str(group.dp)]
-    if group.dp > 1:
-        if ep.per_rank:
-            dp_host = group.dp_address or group.hosts[0]
-            if dp_host not in profile.hosts:  # reported by the rules; derive something sane
-                dp_host = ep.host
-            argv += ["--data-parallel-address", addr(profile, dp_host)]
-            argv += ["--data-parallel-rpc-port", str(group.dp_rpc_port)]
-            argv += ["--data-parallel-rank", str(ep.dp_ranks[0])]
-    argv += ["--tensor-parallel-size", str(group.tp)]
-    if group.pp > 1:
-        argv += ["--pipeline-parallel-size", str(group.pp)]
-    _flag(argv, "--enable-expert-parallel", opts.enable_expert_parallel)
-    _flag(argv, "--seed", opts.seed)
-    max_len = opts.max_model_len or profile.model.max_model_len
-    _flag(argv, "--max-model-len", max_len)
-    _flag(argv, "--max-num-batched-tokens", opts.max_num_batched_tokens)
-    _flag(argv, "--max-num-seqs", opts.max_num_seqs)
-    _flag(argv, "--trust-remote-code", opts.trust_remote_code)
-    _flag(argv, "--gpu-memory-utilization", opts.gpu_memory_utilization)
-    _flag(argv, "--quantization", opts.quantization)
-    if opts.kv_cache_memory_bytes:
-        argv += ["--kv-cache-memory-bytes", opts.kv_cache_memory_bytes]
-    if profile.model.served_name:
-        argv += ["--served-model-name", profile.model.served_name]
-    eager = opts.enforce_eager
-    if eager is None and group.layerwise is not None and "ascend_store" in group.kv_connectors:
-        eager = True  # layerwise prefill offload requires eager mode; the code does not check
-    _flag(argv, "--enforce-eager", eager)
-    _flag(argv, "--block-size", opts.block_size)
-    if opts.enable_prefix_caching is not None:
-        argv.append(
-            "--enable-prefix-caching"
-            if opts.enable_prefix_caching
-            else "--no-enable-prefix-caching"
-        )
-    if opts.enable_chunked_prefill is not None:
-        argv.append(
-            "--enable-chunked-prefill"
-            if opts.enable_chunked_prefill
-            else "--no-enable-chunked-prefill"
-        )
-    add = additional_config(group, opts.additional_config)
-    if add:
-        argv += ["--additional-config", _json(add)]
-    if opts.compilation_config:
-        argv += ["--compilation-config", _json(opts.compilation_config)]
-    kvc = kv_transfer_config(profile, ep.role, group, ep)
-    if kvc:
-        argv += ["--kv-transfer-config", _json(kvc)]
-    argv += list(opts.args or [])
-
-    comps = set(group.kv_connectors)
-    env: dict[str, str] = {}
-    source: list[str] = []
-    files: list[str] = []
-    kv = profile.kv
-    if "ascend_store" in comps and kv.memcache is not None:
-        source += kv.memcache.set_env
-        env["MMC_LOCAL_CONFIG_PATH"] = MMC_LOCAL
-        files.append(MMC_LOCAL)
-    if "sfa_d2h" in comps:
-        for s in kv.memfabric.set_env:
-            if s not in source:
-                source.append(s)
-        if kv.memfabric.extend_lib_path:
-            env["MEMFABRIC_HYBRID_EXTEND_LIB_PATH"] = kv.memfabric.extend_lib_path
-    if "nixl" in comps and ep.kv_port is not None:
-        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host.address
-        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(ep.kv_port)
-        if hw == "cpu":  # UCX over TCP/shared memory on hosts without RDMA
-            env["UCX_TLS"] = "tcp,sm,self"
-            if host.address.startswith("127."):
-                env["UCX_NET_DEVICES"] = "lo"
-    if comps & {"mooncake", "mooncake_layerwise"}:
-        env["MOONCAKE_CONFIG_PATH"] = MOONCAKE_CONFIG
-        files.append(MOONCAKE_CONFIG)
-    if "ucm" in comps:
-        files.append(ucm_config_path(profile))
-    env.update(planner_env(group) if ep.role == "decode" else {})
-    env.update(profile.env)
-    env.update(opts.env or {})
-    devs = ",".join(str(d) for d in ep.devices)
-    ip = host.ip or host.address  # numeric (the rules refuse a name where one is needed)
-    if host.nic and hw in ASCEND:
-        env.setdefault("HCCL_IF_IP", ip)
-        for name in ("GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "HCCL_SOCKET_IFNAME"):
-            env.setdefault(name, host.nic)
-    elif host.nic:
-        env.setdefault("GLOO_SOCKET_IFNAME", host.nic)
-        env.setdefault("NCCL_SOCKET_IFNAME", host.nic)
-    if "sfa_d2h" in comps or host.nic:
-        # MemFabric and the ZMQ side channels advertise get_ip(), i.e. VLLM_HOST_IP.
-        env.setdefault("VLLM_HOST_IP", ip)
-    if hw in ASCEND:
-        env.setdefault("ASCEND_RT_VISIBLE_DEVICES", devs)
-    elif hw == "cuda":
-        env.setdefault("CUDA_VISIBLE_DEVICES", devs)
-    elif hw == "cpu" and devs:
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", devs)
-
+    setup = engine_env(profile, group, ep, opts)
     ports: list[tuple[int, str]] = [(ep.port, "http")]
     ports += kv_ports(profile, group, ep)
     if ep.per_rank and group.dp > 1 and ep.dp_ranks[0] == 0:
@@ -196,13 +67,13 @@ def engine_proc(profile: Profile, group: Group, ep: EnginePlacement, stage: int)
         host=ep.host,
         role=ep.role,
         stage=stage,
-        argv=tuple(argv),
-        env=tuple(env.items()),
-        source=tuple(source),
+        argv=tuple(engine_argv(profile, group, ep, opts)),
+        env=tuple(setup.env.items()),
+        source=tuple(setup.source),
         ports=tuple(ports),
         health_url=f"http://{addr(profile, ep.host)}:{ep.port}/health",
         devices=ep.devices,
-        files=tuple(files),
+        files=tuple(setup.files),
     )
 
 
@@ -220,7 +91,7 @@ def kv_ports(profile: Profile, group: Group, ep: EnginePlacement) -> list[tuple[
                 out.append((side + i, f"mooncake kv_port dp{r} rank{i}"))
     elif "nixl" in comps:
         out.append((ep.kv_port, "nixl side channel"))
-    elif "sfa_d2h" in comps and ep.role == "decode":
+    elif "sfa_d2h" in comps and ep.role == Role.DECODE:
         for r in ep.dp_ranks:
             for t in range(group.tp):
                 out.append((ep.kv_port + r * group.tp + t, f"sfa_d2h kv_port dp{r} tp{t}"))
@@ -301,9 +172,7 @@ def proxy_proc(profile: Profile, engines: list[ProcessDraft], stage: int) -> Pro
     if px is None or px.host not in profile.hosts:
         return None
     if px.impl == "kvpd":
-        return kvpd_proxy(
-            profile, engines, stage, proxy_python(profile, False), proxy_flow(profile)
-        )
+        return kvpd_proxy(profile, engines, stage, proxy_python(profile, REAL), proxy_flow(profile))
     flow = proxy_flow(profile)
     a = addr(profile, px.host)
     script = px.script or (
@@ -341,7 +210,7 @@ def _proxy(
 ) -> ProcessDraft:
     px = profile.proxy
     assert px is not None
-    pre = [p for p in engines if p.role == "prefill"]
+    pre = [p for p in engines if p.role == Role.PREFILL]
     dec = [p for p in engines if p.role in DECODING_ROLES]
     if pre:
         argv += ["--prefiller-hosts", *(addr(profile, p.host) for p in pre)]
@@ -388,9 +257,9 @@ def all_procs(profile: Profile, layout: Layout) -> list[ProcessDraft]:
     d = profile.decode
     decode_after_prefill = d is not None and "sfa_d2h" in d.kv_connectors
     for ep in layout.procs:
-        group = getattr(profile, ep.role)
+        group = profile.engine_group(ep.role)
         stage = services_stage + 1
-        if ep.role == "decode" and decode_after_prefill:
+        if ep.role == Role.DECODE and decode_after_prefill:
             stage += 1
         engines.append(engine_proc(profile, group, ep, stage))
     out += engines

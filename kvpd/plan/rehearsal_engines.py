@@ -17,9 +17,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-from kvpd.plan.processes import ProcessDraft, StatedNeeds, addr
+from kvpd.plan.engine_argv import addr
+from kvpd.plan.processes import ProcessDraft, StatedNeeds
 from kvpd.plan.requirements import python_of
 from kvpd.plan.sparse_planner import planner_env
+from kvpd.profile.roles import Role
 from kvpd.profile.schema import Group, Profile
 
 # Lean CPU flags (cpu-engine.md §7): eager, tiny KV cache, no chunked prefill (ExampleConnector
@@ -92,7 +94,7 @@ class CpuVllm:
             # DP ranks: vLLM's own placement (one core per rank, one core kept free)
             ("VLLM_CPU_OMP_THREADS_BIND", str(index % rh.cores) if dp == 1 else "auto"),
             # as on the real decode: the kvpd plugin reads it (no sparse offload manager on CPU)
-            *(planner_env(group).items() if real.role == "decode" else ()),
+            *(planner_env(group).items() if real.role == Role.DECODE else ()),
         )
         return ProcessDraft(
             name=real.name,

@@ -22,7 +22,8 @@ from kvpd.errors import KvpdError
 from kvpd.plan.bundle import proxy_python
 from kvpd.plan.processes import ProcessDraft, kvpd_proxy, proxy_flow
 from kvpd.plan.rehearsal_engines import CpuVllm, StandIn
-from kvpd.profile.roles import ENGINE_ROLES
+from kvpd.plan.rehearsal_mode import REHEARSING
+from kvpd.profile.roles import ENGINE_ROLES, Role
 from kvpd.profile.schema import Group, Profile
 
 
@@ -62,22 +63,22 @@ def rehearse(profile: Profile, procs: list[ProcessDraft], engine: Engine) -> Reh
     engines: list[ProcessDraft] = []
     for p in procs:
         if p.role in ENGINE_ROLES:
-            group: Group = getattr(profile, p.role)
+            group: Group = profile.engine_group(p.role)
             q = engine.substitute(profile, group, p, len(engines))
             engines.append(q)
             notes[p.name] = engine.note(profile, group)
-        elif p.role == "metaservice":
+        elif p.role == Role.METASERVICE:
             q = dataclasses.replace(p, argv=(rh.python, *p.argv[1:]), source=())
             notes[p.name] = "real memcache MetaService (CPU); no Ascend set_env scripts"
-        elif p.role == "mooncake":
+        elif p.role == Role.MOONCAKE:
             q = dataclasses.replace(p, argv=(rh.mooncake_master, *p.argv[1:]), env=())
             notes[p.name] = "real mooncake_master (CPU, non-CUDA wheel)"
-        elif p.role == "proxy":
+        elif p.role == Role.PROXY:
             # kvpd's proxy whatever the profile runs; ExampleConnector and the stand-in have no
             # layerwise metaserver, so the layerwise flow becomes prefill-first.
             flow = proxy_flow(profile)
             flow = "prefill-first" if flow == "layerwise" else flow
-            q = kvpd_proxy(profile, engines, p.stage, proxy_python(profile, True), flow) or p
+            q = kvpd_proxy(profile, engines, p.stage, proxy_python(profile, REHEARSING), flow) or p
             notes[p.name] = f"kvpd proxy, {flow} flow"
         else:
             q = p

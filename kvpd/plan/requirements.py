@@ -13,7 +13,7 @@ from kvpd.plan.processes import ProcessDraft
 from kvpd.plan.sizing import GiB, parse_size
 from kvpd.plan.sparse_planner import sparse_planner
 from kvpd.plan.value import HostRequirements, Interpreter, PackageNeed
-from kvpd.profile.roles import ENGINE_ROLES
+from kvpd.profile.roles import ENGINE_ROLES, Role
 from kvpd.profile.schema import ASCEND, Profile
 
 
@@ -86,63 +86,77 @@ def ucm_shm_gb(profile: Profile, devices: int, devices_per_rank: int) -> float:
     return float(ucm.cache_buffer_capacity_gb * ranks)
 
 
-def build_requirements(
+def _stated_needs(h: _Needs, p: ProcessDraft) -> None:
+    assert p.needs is not None
+    for py, pkg in p.needs.packages:
+        h.pkg(py, pkg)
+    for path in p.needs.paths:
+        _add(h.paths, path)
+    for d in p.needs.shared_dirs:
+        _add(h.shared_dirs, d)
+
+
+def _connector_needs(
     profile: Profile,
-    procs: list[ProcessDraft],
+    h: _Needs,
+    p: ProcessDraft,
+    py: Interpreter,
     dram_per_rank: str | None,
-    run_dirs: dict[str, str] | None = None,
-) -> dict[str, HostRequirements]:
-    req: dict[str, _Needs] = {}
+    created_on_use: set[str],
+) -> None:
+    """The packages, memory and shared folders an engine's KV connectors need."""
     kv = profile.kv
-    created_on_use: set[str] = set()  # ExampleConnector makes its folder; sharing matters only
-    for p in procs:
-        h = req.setdefault(p.host, _Needs())
-        _add(h.commands, p.argv[0])
-        if p.needs is not None:  # stated by whatever made the process (a rehearsal's stand-in)
-            for py, pkg in p.needs.packages:
-                h.pkg(py, pkg)
-            for path in p.needs.paths:
-                _add(h.paths, path)
-            for d in p.needs.shared_dirs:
-                _add(h.shared_dirs, d)
-        elif p.role in ENGINE_ROLES:
-            hw = hardware_of(profile, p.host)
-            g = getattr(profile, p.role)
-            py = python_of(profile.runtime.vllm)
-            h.pkg(py, "vllm")
-            _add(h.paths, profile.model.path)
-            if hw in ASCEND:
-                h.pkg(py, "vllm-ascend")
-                h.npu = True
-            comps = set(g.kv_connectors)
-            if "ascend_store" in comps:
-                h.pkg(py, "memcache-hybrid")
-                h.pkg(py, "memfabric-hybrid")
-                if dram_per_rank:
-                    ranks = len(p.devices) or 1
-                    h.memory_gb += parse_size(dram_per_rank) * ranks / GiB
-            if "sfa_d2h" in comps:
-                h.pkg(py, "memfabric-hybrid")
-            if "ucm" in comps and kv.ucm is not None:
-                h.pkg(py, "uc-manager")
-                for d in kv.ucm.storage.split(":"):
-                    _add(h.shared_dirs, d)
-                h.shm_gb += ucm_shm_gb(profile, len(p.devices), g.tp * g.pp)
-            if "kvpd_store" in comps and kv.kvpd_store is not None:
-                _add(h.shared_dirs, kv.kvpd_store.path)
-            if "example" in comps and kv.example_path:
-                _add(h.shared_dirs, kv.example_path)
-                created_on_use.add(kv.example_path)
-            so = g.sparse_offload
-            if p.role == "decode" and so is not None and so.enabled:
-                # vLLM-Ascend JIT-compiles its planner at start; kvpd's ships prebuilt.
-                h.clang_omp = h.clang_omp or sparse_planner(g) == "upstream"
-                dp_ranks = max(1, len(p.devices) // max(1, g.tp * g.pp))
-                h.memory_gb += so.dram_size_per_dp_gb * dp_ranks
-        elif p.role == "metaservice":
-            py = Interpreter(path=p.argv[0])  # the interpreter that runs MetaService
-            h.pkg(py, "memcache-hybrid")
-            h.pkg(py, "memfabric-hybrid")
+    g = profile.engine_group(p.role)
+    comps = set(g.kv_connectors)
+    if "ascend_store" in comps:
+        h.pkg(py, "memcache-hybrid")
+        h.pkg(py, "memfabric-hybrid")
+        if dram_per_rank:
+            ranks = len(p.devices) or 1
+            h.memory_gb += parse_size(dram_per_rank) * ranks / GiB
+    if "sfa_d2h" in comps:
+        h.pkg(py, "memfabric-hybrid")
+    if "ucm" in comps and kv.ucm is not None:
+        h.pkg(py, "uc-manager")
+        for d in kv.ucm.storage.split(":"):
+            _add(h.shared_dirs, d)
+        h.shm_gb += ucm_shm_gb(profile, len(p.devices), g.tp * g.pp)
+    if "kvpd_store" in comps and kv.kvpd_store is not None:
+        _add(h.shared_dirs, kv.kvpd_store.path)
+    if "example" in comps and kv.example_path:
+        _add(h.shared_dirs, kv.example_path)
+        created_on_use.add(kv.example_path)
+
+
+def _engine_needs(
+    profile: Profile,
+    h: _Needs,
+    p: ProcessDraft,
+    dram_per_rank: str | None,
+    created_on_use: set[str],
+) -> None:
+    g = profile.engine_group(p.role)
+    py = python_of(profile.runtime.vllm)
+    h.pkg(py, "vllm")
+    _add(h.paths, profile.model.path)
+    if hardware_of(profile, p.host) in ASCEND:
+        h.pkg(py, "vllm-ascend")
+        h.npu = True
+    _connector_needs(profile, h, p, py, dram_per_rank, created_on_use)
+    so = g.sparse_offload
+    if p.role == Role.DECODE and so is not None and so.enabled:
+        # vLLM-Ascend JIT-compiles its planner at start; kvpd's ships prebuilt.
+        h.clang_omp = h.clang_omp or sparse_planner(g) == "upstream"
+        dp_ranks = max(1, len(p.devices) // max(1, g.tp * g.pp))
+        h.memory_gb += so.dram_size_per_dp_gb * dp_ranks
+
+
+def _drop_own_dirs(
+    profile: Profile,
+    req: dict[str, _Needs],
+    run_dirs: dict[str, str] | None,
+    created_on_use: set[str],
+) -> None:
     # Folders kvpd itself creates in a host's run dir before start are not preconditions.
     managed = list(profile.runtime.fresh_dirs) + list(profile.runtime.dirs)
     for name, h in req.items():
@@ -154,4 +168,26 @@ def build_requirements(
         users = [h for h in req.values() if d in h.shared_dirs]
         if len(users) == 1:  # one host: nothing to share, and vLLM creates the folder
             users[0].shared_dirs.remove(d)
+
+
+def build_requirements(
+    profile: Profile,
+    procs: list[ProcessDraft],
+    dram_per_rank: str | None,
+    run_dirs: dict[str, str] | None = None,
+) -> dict[str, HostRequirements]:
+    req: dict[str, _Needs] = {}
+    created_on_use: set[str] = set()  # ExampleConnector makes its folder; sharing matters only
+    for p in procs:
+        h = req.setdefault(p.host, _Needs())
+        _add(h.commands, p.argv[0])
+        if p.needs is not None:  # stated by whatever made the process (a rehearsal's stand-in)
+            _stated_needs(h, p)
+        elif p.role in ENGINE_ROLES:
+            _engine_needs(profile, h, p, dram_per_rank, created_on_use)
+        elif p.role == Role.METASERVICE:
+            py = Interpreter(path=p.argv[0])  # the interpreter that runs MetaService
+            h.pkg(py, "memcache-hybrid")
+            h.pkg(py, "memfabric-hybrid")
+    _drop_own_dirs(profile, req, run_dirs, created_on_use)
     return {name: h.freeze() for name, h in req.items()}

@@ -38,7 +38,7 @@ def detach_sets(
 def group_connectors(profile: Profile) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for role in ENGINE_ROLES:
-        g = getattr(profile, role)
+        g = profile.group(role)
         if g is not None:
             out[role] = list(g.kv_connectors)
     return out

@@ -8,17 +8,18 @@ every supervised process and puts on its PYTHONPATH (kvpd.plan.bundle).
 
 from __future__ import annotations
 
-from kvpd.profile.roles import ENGINE_ROLES
+from kvpd.plan.rehearsal_mode import Rehearsal
+from kvpd.profile.roles import ENGINE_ROLES, Role
 from kvpd.profile.schema import Profile, RestartPolicy
 
 STATUS_DIR = "supervise"  # relative to the host's run dir (launch scripts cd there)
 GRACE_S = 10.0  # child SIGTERM -> SIGKILL; below `kvpd down`'s default grace (20 s)
 
 
-def python_for(profile: Profile, rehearse: bool) -> str:
+def python_for(profile: Profile, rehearsal: Rehearsal) -> str:
     """The python that runs the supervisor on the hosts (the one of kvpd's other node-side
     processes); the supervisor needs nothing but the standard library and the bundle."""
-    return profile.rehearsal.python if rehearse else profile.runtime.python
+    return rehearsal.python(profile)
 
 
 def status_path(name: str) -> str:
@@ -27,10 +28,10 @@ def status_path(name: str) -> str:
 
 def policy_for(profile: Profile, role: str) -> RestartPolicy | None:
     """The restart policy of a process of `role` (None or `never`: not supervised)."""
-    if role == "proxy":
+    if role == Role.PROXY:
         pol = profile.proxy.restart if profile.proxy is not None else None
     else:
-        group = getattr(profile, role, None) if role in ENGINE_ROLES else None
+        group = profile.group(role) if role in ENGINE_ROLES else None
         pol = getattr(group, "restart", None)
     return pol if pol is not None and pol.policy != "never" else None
 

@@ -15,6 +15,8 @@ from typing import Any
 from kvpd.plan.bench import BenchSpec, default_bench
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.container import ContainerSpec
+from kvpd.profile.schema import Hardware
+from kvpd.profile.types import TransportKind
 
 
 @dataclass(frozen=True)
@@ -23,14 +25,14 @@ class HostSpec:
 
     name: str
     address: str  # where kvpd connects and where peers reach it (node IP)
-    transport: str = "ssh"  # "local" or "ssh"
+    transport: TransportKind = "ssh"
     user: str | None = None
     port: int = 22
     key: str | None = None
     known_hosts: str | None = None
     jump: str | None = None  # ProxyJump spec "user@host:port"
     jump_key: str | None = None  # key for the jump host(s); unset: ssh_config's, else `key`
-    hardware: str = "cpu"  # a2 | a3 | 950 | cuda | cpu
+    hardware: Hardware = "cpu"
     devices: int = 0
     nic: str | None = None
     run_dir: str = ".kvpd/run"  # relative: to the login dir (ssh) or kvpd's cwd (local)

@@ -54,19 +54,14 @@ MAX_PROFILE_BYTES = 1 << 20  # a profile is a few KB; 1 MiB leaves room for 1,02
 MAX_VALUES = 200_000  # values after alias expansion: bounds an alias bomb to milliseconds
 
 
-def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
-    """YAML text -> plain data plus the line of every key and list item.
-
-    Aliases are expanded here, counted against MAX_VALUES (a 10-line alias bomb would otherwise
-    expand to billions of values) and refused when they refer to themselves.
-    """
+def _yaml_node(text: str, name: str) -> yaml.Node | None:
     if len(text) > MAX_PROFILE_BYTES:
         raise ProfileError(
             f"{name}: {len(text)} characters is larger than a profile can be "
             f"({MAX_PROFILE_BYTES}). Check that this is the right file."
         )
     try:
-        node = yaml.compose(text, Loader=_LOADER)
+        return yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{name}:{mark.line + 1}" if mark else name
@@ -76,79 +71,106 @@ def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
         ) from None
     except RecursionError:
         raise ProfileError(f"{name}: nested too deeply to be a profile.") from None
-    lines: dict[Path_, int] = {}
-    count = [0]
-    active: set[int] = set()
-    done: dict[int, tuple[Any, int]] = {}  # node id -> (value, values in it): aliases reuse it
-    scalars = yaml.SafeLoader("")
 
-    def fail(n: yaml.Node, path: Path_, what: str) -> ProfileError:
-        return ProfileError(f"{name}:{n.start_mark.line + 1}: {dotted(path)}: {what}")
 
-    def grow(n: yaml.Node, path: Path_, by: int) -> None:
-        count[0] += by
-        if count[0] > MAX_VALUES:
-            raise fail(
+class _Composer:
+    """YAML nodes -> plain data, recording the line of every key and list item and counting
+    the values (aliases included) against MAX_VALUES."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lines: dict[Path_, int] = {}
+        self.count = 0
+        self.active: set[int] = set()
+        self.done: dict[int, tuple[Any, int]] = {}  # node id -> (value, values in it): aliases
+        self.scalars = yaml.SafeLoader("")
+
+    def fail(self, n: yaml.Node, path: Path_, what: str) -> ProfileError:
+        return ProfileError(f"{self.name}:{n.start_mark.line + 1}: {dotted(path)}: {what}")
+
+    def grow(self, n: yaml.Node, path: Path_, by: int) -> None:
+        self.count += by
+        if self.count > MAX_VALUES:
+            raise self.fail(
                 n,
                 path,
                 f"the profile expands to more than {MAX_VALUES} values (aliases repeated "
                 "inside aliases?). Write the values out instead of nesting aliases.",
             )
 
-    def walk(n: yaml.Node | None, path: Path_) -> Any:
+    def walk(self, n: yaml.Node | None, path: Path_) -> Any:
         if n is None:
             return None
-        if id(n) in done:  # an alias of a node already read: count its values again
-            seen, size = done[id(n)]
-            grow(n, path, size)  # raises before copying once the total is too large
+        if id(n) in self.done:  # an alias of a node already read: count its values again
+            seen, size = self.done[id(n)]
+            self.grow(n, path, size)  # raises before copying once the total is too large
             return copy.deepcopy(seen)  # --set and inventories must not change both places
-        if id(n) in active:
-            raise fail(n, path, "an alias refers to itself. Remove the recursive alias.")
-        before = count[0]
-        grow(n, path, 1)
+        if id(n) in self.active:
+            raise self.fail(n, path, "an alias refers to itself. Remove the recursive alias.")
+        before = self.count
+        self.grow(n, path, 1)
         value: Any
         if isinstance(n, yaml.MappingNode):
-            active.add(id(n))
-            out: dict[Any, Any] = {}
-            for k, v in n.value:
-                if not isinstance(k, yaml.ScalarNode):
-                    raise fail(k, path, "a key must be plain text. Write `name: value`.")
-                key = k.value
-                sub = path + (key,)
-                if key in out:
-                    raise fail(k, sub, "key appears twice. Keep one of them.")
-                lines[sub] = k.start_mark.line + 1
-                out[key] = walk(v, sub)
-            active.discard(id(n))
-            value = out
+            value = self._mapping(n, path)
         elif isinstance(n, yaml.SequenceNode):
-            active.add(id(n))
-            items = []
-            for i, v in enumerate(n.value):
-                lines[path + (i,)] = v.start_mark.line + 1
-                items.append(walk(v, path + (i,)))
-            active.discard(id(n))
-            value = items
+            value = self._sequence(n, path)
         else:
-            try:
-                value = scalars.construct_object(n, deep=True)
-            except (yaml.YAMLError, ValueError, OverflowError) as e:
-                problem = getattr(e, "problem", None) or str(e)
-                raise fail(
-                    n, path, f"cannot read this value ({problem}). Quote it as text."
-                ) from None
-            if isinstance(value, str) and "\x00" in value:
-                raise fail(n, path, "contains a NUL character. Remove it.")
-        done[id(n)] = (value, count[0] - before)
+            value = self._scalar(n, path)
+        self.done[id(n)] = (value, self.count - before)
         return value
 
+    def _mapping(self, n: yaml.MappingNode, path: Path_) -> dict[Any, Any]:
+        self.active.add(id(n))
+        out: dict[Any, Any] = {}
+        for k, v in n.value:
+            if not isinstance(k, yaml.ScalarNode):
+                raise self.fail(k, path, "a key must be plain text. Write `name: value`.")
+            key = k.value
+            sub = path + (key,)
+            if key in out:
+                raise self.fail(k, sub, "key appears twice. Keep one of them.")
+            self.lines[sub] = k.start_mark.line + 1
+            out[key] = self.walk(v, sub)
+        self.active.discard(id(n))
+        return out
+
+    def _sequence(self, n: yaml.SequenceNode, path: Path_) -> list[Any]:
+        self.active.add(id(n))
+        items = []
+        for i, v in enumerate(n.value):
+            self.lines[path + (i,)] = v.start_mark.line + 1
+            items.append(self.walk(v, path + (i,)))
+        self.active.discard(id(n))
+        return items
+
+    def _scalar(self, n: yaml.Node, path: Path_) -> Any:
+        try:
+            value = self.scalars.construct_object(n, deep=True)
+        except (yaml.YAMLError, ValueError, OverflowError) as e:
+            problem = getattr(e, "problem", None) or str(e)
+            raise self.fail(
+                n, path, f"cannot read this value ({problem}). Quote it as text."
+            ) from None
+        if isinstance(value, str) and "\x00" in value:
+            raise self.fail(n, path, "contains a NUL character. Remove it.")
+        return value
+
+
+def _compose(text: str, name: str) -> tuple[Any, dict[Path_, int]]:
+    """YAML text -> plain data plus the line of every key and list item.
+
+    Aliases are expanded here, counted against MAX_VALUES (a 10-line alias bomb would otherwise
+    expand to billions of values) and refused when they refer to themselves.
+    """
+    node = _yaml_node(text, name)
+    composer = _Composer(name)
     try:
-        data = walk(node, ())
+        data = composer.walk(node, ())
     except RecursionError:
         raise ProfileError(f"{name}: nested too deeply to be a profile.") from None
     finally:
-        scalars.dispose()
-    return data, lines
+        composer.scalars.dispose()
+    return data, composer.lines
 
 
 def apply_sets(data: dict[str, Any], sets: list[str]) -> None:

@@ -22,13 +22,8 @@ def facts_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
         ) from None
 
 
-def _facts(cfg: dict[str, Any]) -> dict[str, Any]:
-    text = cfg.get("text_config") or cfg  # multimodal configs nest the language model
-    if not isinstance(text, dict):
-        raise TypeError("text_config is not a mapping")
-    out: dict[str, Any] = {}
-    if "num_hidden_layers" in text:
-        out["layers"] = int(text["num_hidden_layers"])
+def _attention_facts(text: dict[str, Any], out: dict[str, Any]) -> None:
+    """The KV shape: a latent (MLA/SFA) rank, or KV heads x head_dim (MHA/GQA)."""
     if text.get("kv_lora_rank"):
         out["kv_lora_rank"] = int(text["kv_lora_rank"])
         out["qk_rope_head_dim"] = int(text.get("qk_rope_head_dim", 64))
@@ -44,6 +39,16 @@ def _facts(cfg: dict[str, Any]) -> dict[str, Any]:
         )
         if head_dim:
             out["head_dim"] = int(head_dim)
+
+
+def _facts(cfg: dict[str, Any]) -> dict[str, Any]:
+    text = cfg.get("text_config") or cfg  # multimodal configs nest the language model
+    if not isinstance(text, dict):
+        raise TypeError("text_config is not a mapping")
+    out: dict[str, Any] = {}
+    if "num_hidden_layers" in text:
+        out["layers"] = int(text["num_hidden_layers"])
+    _attention_facts(text, out)
     heads = text.get("num_attention_heads")
     if heads:
         out["heads"] = int(heads)

@@ -25,3 +25,5 @@ ENGINE_ROLES: tuple[Role, ...] = (Role.PREFILL, Role.DECODE, Role.MIXED)
 # Engines that compute prompts (count prefix-cache hits) and those that produce the tokens.
 PREFILLING_ROLES: tuple[Role, ...] = (Role.PREFILL, Role.MIXED)
 DECODING_ROLES: tuple[Role, ...] = (Role.DECODE, Role.MIXED)
+# The processes besides the engines: the proxy and the KV services.
+NON_ENGINE_ROLES: tuple[Role, ...] = (Role.METASERVICE, Role.MOONCAKE, Role.PROXY)

@@ -27,6 +27,7 @@ from kvpd.profile.kv_schema import Memcache as Memcache
 from kvpd.profile.kv_schema import Memfabric as Memfabric
 from kvpd.profile.kv_schema import Mooncake as Mooncake
 from kvpd.profile.proxy_schema import ProxyRouting
+from kvpd.profile.roles import Role
 from kvpd.profile.types import (
     Address,
     ClientKeyFile,
@@ -41,6 +42,7 @@ from kvpd.profile.types import (
     NicName,
     RunDir,
     Text,
+    TransportKind,
 )
 
 Hardware = Literal["a2", "a3", "950", "cuda", "cpu"]
@@ -81,7 +83,7 @@ class Host(_Model):
         description="numeric IP for HCCL_IF_IP / VLLM_HOST_IP when `address` is a host "
         "name (kvpd does not resolve names while planning)",
     )
-    transport: Literal["ssh", "local"] | None = Field(
+    transport: TransportKind | None = Field(
         None, description="'local' runs on this machine without SSH (default: local for 127.0.0.1)"
     )
     ssh: SSH | None = None
@@ -369,3 +371,21 @@ class Profile(_Model):
     proxy: Proxy | None = None
     bench: Bench = Field(default_factory=lambda: Bench.model_validate({}))
     rehearsal: Rehearsal = Field(default_factory=lambda: Rehearsal.model_validate({}))
+
+    def group(self, role: str) -> Group | None:
+        """The engine group that plays `role`; None for an absent group or for a role that is
+        not an engine's (the proxy, the KV services)."""
+        if role == Role.PREFILL:
+            return self.prefill
+        if role == Role.DECODE:
+            return self.decode
+        if role == Role.MIXED:
+            return self.mixed
+        return None
+
+    def engine_group(self, role: str) -> Group:
+        """The group of an engine process's `role`: the plan only places engines of groups the
+        profile has, so an absent one is a bug, not a profile error."""
+        group = self.group(role)
+        assert group is not None, f"no {role} group for an engine process"
+        return group

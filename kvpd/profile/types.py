@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
@@ -43,6 +43,20 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(a).is_loopback
     except ValueError:
         return False
+
+
+TransportKind = Literal["ssh", "local"]
+
+
+def on_this_machine(transport: TransportKind | None, address: str) -> bool:
+    """The one rule for "this host is the machine kvpd runs on": the profile says its
+    transport is local, or its address is a loopback one (the host itself, wherever asked)."""
+    return transport == "local" or is_loopback(address)
+
+
+def transport_of(transport: TransportKind | None, address: str) -> TransportKind:
+    """How kvpd reaches a host: as the profile says, else `local` on this machine, else ssh."""
+    return transport or ("local" if on_this_machine(None, address) else "ssh")
 
 
 def is_ipv4(text: str) -> bool:

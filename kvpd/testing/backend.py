@@ -155,22 +155,35 @@ class StandInBackend:
             body = json.loads(req.body)
         if self.record:
             self.requests.append((req.path.decode(), req.headers, body or {}))
-        if self.hang or self.silent:
-            await _until_lost(client)
-            return
-        if self.trickle_s:
-            await self._trickle(client)
-            return
-        if self.body_200 is not None:
-            client.send_json(200, self.body_200)
-            return
-        if self.fail_status is not None:
-            msg = {"error": {"message": f"stand-in {self.role} failure", "code": self.fail_status}}
-            client.send_json(self.fail_status, json.dumps(msg).encode())
+        if await self._faulty_answer(client):
             return
         if self.role == "prefill":
             self._prefill_answer(client, req, body or {})
             return
+        await self._decode_answer(client, req, body or {})
+
+    async def _faulty_answer(self, client: ClientConnection) -> bool:
+        """The fault this stand-in is set to inject instead of an answer, if any."""
+        if self.hang or self.silent:
+            await _until_lost(client)
+            return True
+        if self.trickle_s:
+            await self._trickle(client)
+            return True
+        if self.body_200 is not None:
+            client.send_json(200, self.body_200)
+            return True
+        if self.fail_status is not None:
+            msg = {"error": {"message": f"stand-in {self.role} failure", "code": self.fail_status}}
+            client.send_json(self.fail_status, json.dumps(msg).encode())
+            return True
+        return False
+
+    async def _decode_answer(
+        self, client: ClientConnection, req: Request, body: dict[str, Any]
+    ) -> None:
+        """A decoder's (or mixed engine's) completion, after the metaserver call a layerwise
+        decoder makes first."""
         streaming = b'"stream":true' in req.body.replace(b" ", b"")
         head_sent = False
         if self.first_chunk_after_s and streaming:
@@ -178,11 +191,11 @@ class StandInBackend:
             client.transport.write(_SSE_HEAD)  # type: ignore[union-attr]
             head_sent = True
             await asyncio.sleep(self.first_chunk_after_s)
-        kv = (body or {}).get("kv_transfer_params") or {}
+        kv = body.get("kv_transfer_params") or {}
         if isinstance(kv, dict) and kv.get("metaserver"):
             # shielded: a decoder whose request is dropped still gets the metaserver's answer
             # (tests read it from metaserver_answers)
-            call = self._call_metaserver(client, req, kv["metaserver"], body or {})
+            call = self._call_metaserver(client, req, kv["metaserver"], body)
             if not await asyncio.shield(asyncio.ensure_future(call)):
                 await _until_lost(client)  # a real decoder waits for KV that never comes
                 return

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import kvpd
-from kvpd.exec.container import ContainerTransport
+from kvpd.exec.containers.transport import ContainerTransport
 from kvpd.exec.transport import Transport
 from kvpd.plan.container import ContainerSpec
 

@@ -44,6 +44,7 @@ def test_the_proof_table_and_the_csv_show_it(tmp_path: Path) -> None:
     console = Console(width=250, record=True, color_system=None)
     console.print(report.proof_table(run))
     text = console.export_text()
-    assert "hit ratio" in text and "0.797" in text
+    assert "hit ratio" in text
+    assert "0.797" in text
     _, csv_path = records.save(run, tmp_path)
     assert "prefix_hit_ratio" in csv_path.read_text().splitlines()[0]

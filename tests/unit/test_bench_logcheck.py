@@ -30,7 +30,8 @@ def test_external_scenario_needs_hits_in_the_logs() -> None:
     checks = (LogCheck("prefill-0", "store_hits"), LogCheck("prefill-1", "store_hits"))
     logs = {"prefill-0": UCM, "prefill-1": ""}
     ok = confirm("ucm", checks, logs.get, "external")
-    assert ok.problems == [] and "hit external 50 blocks" in ok.notes[0]
+    assert ok.problems == []
+    assert "hit external 50 blocks" in ok.notes[0]
     cold = confirm("ucm", checks, {"prefill-0": UCM.replace("50", "0"), "prefill-1": ""}.get,
                    "external")  # fmt: skip
     assert "zero `hit external` blocks" in cold.problems[0]
@@ -47,7 +48,8 @@ def test_layerwise_reuse_line_must_show_when_reuse_is_configured() -> None:
     (problem,) = confirm("as-is", checks, {"prefill-0": "started\n"}.get, None).problems
     assert "no `Layerwise KV cache reuse merged ...` line" in problem
     unreadable = confirm("as-is", checks, {}.get, None)
-    assert unreadable.problems == [] and "could not read" in unreadable.notes[0]
+    assert unreadable.problems == []
+    assert "could not read" in unreadable.notes[0]
 
 
 def test_plans_name_the_checks_their_connectors_call_for() -> None:
@@ -74,7 +76,8 @@ def test_up_confirms_the_layerwise_layout_from_this_starts_log() -> None:
     logs = {"prefill-0": old + "=== kvpd: lw/prefill-0 started 2 ===\nready\n"}
     svc = SimpleNamespace(logs=lambda n, deployment, lines: SimpleNamespace(text=logs[n]))
     ((ok, text),) = _confirm_layout(svc, plan)  # the line of an earlier start does not count
-    assert not ok and "no `Layerwise KV cache reuse merged ...` line" in text
+    assert not ok
+    assert "no `Layerwise KV cache reuse merged ...` line" in text
     logs["prefill-0"] += LAYERWISE
     assert _confirm_layout(svc, plan) == [
         (True, "scenario 'as started': prefill-0: layerwise KV cache reuse is on.")

@@ -66,7 +66,8 @@ def test_delta_of_a_real_pd_run() -> None:
                      "decode-0": "metrics_pd_decode_after.txt",
                      "proxy": "metrics_pd_proxy_after.txt"})  # fmt: skip
     s = m.delta(tgts, before, after).summary()
-    assert s["prefill_requests"] == 40 and s["decode_requests"] == 40
+    assert s["prefill_requests"] == 40
+    assert s["decode_requests"] == 40
     assert s["decode_kv_received_tokens"] == 1824  # ExampleConnector, seed phase
     assert s["proxy_requests"] == 40
     assert s["proxy_handoffs"] == 40  # ExampleConnector: prefill answers without kv params

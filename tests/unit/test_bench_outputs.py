@@ -39,7 +39,8 @@ def sample(ids: list[int], lps: list[float] | None = None, top=None) -> Sample:
 
 def test_parse_reads_ids_logprobs_and_top() -> None:
     s = sample([5, 7], [-0.1, -2.0], [{5: -0.1, 9: -3.0}, {7: -2.0}])
-    assert s.token_ids == (5, 7) and s.logprobs == (-0.1, -2.0)
+    assert s.token_ids == (5, 7)
+    assert s.logprobs == (-0.1, -2.0)
     assert s.top[0] == {5: -0.1, 9: -3.0}
     assert outputs.parse_completion({"choices": [{"text": ""}]}).token_ids == ()
 
@@ -68,26 +69,34 @@ def test_identical_outputs_pass_and_report_the_largest_logprob_difference() -> N
     v = outputs.compare(
         sample([1, 2, 3], [-1, -2, -3]), sample([1, 2, 3], [-1, -2.01, -3]), 3, SAME
     )
-    assert v.ok and v.compared == 3 and v.diverged_at is None
+    assert v.ok
+    assert v.compared == 3
+    assert v.diverged_at is None
     assert v.max_delta == pytest.approx(0.01)
 
 
 def test_first_diverging_token_is_named() -> None:
     v = outputs.compare(sample([1, 2, 3, 4]), sample([1, 2, 9, 4]), 4, SAME)
-    assert not v.ok and v.diverged_at == 2
-    assert "expected token 3" in v.detail and "got 9" in v.detail
+    assert not v.ok
+    assert v.diverged_at == 2
+    assert "expected token 3" in v.detail
+    assert "got 9" in v.detail
 
 
 def test_same_token_with_another_logprob_is_a_divergence() -> None:
     v = outputs.compare(sample([1, 2], [-1, -1]), sample([1, 2], [-1, -1.5]), 2, SAME)
-    assert not v.ok and v.diverged_at == 1 and "> 0.05" in v.detail
+    assert not v.ok
+    assert v.diverged_at == 1
+    assert "> 0.05" in v.detail
 
 
 def test_tolerance_mode_accepts_a_near_tie_and_stops_there() -> None:
     ref = sample([1, 2, 3], [-0.5, -0.70, -1])
     got = sample([1, 8, 0], [-0.5, -0.69, -9], [{1: -0.5}, {8: -0.69, 2: -0.71}, {0: -9}])
     v = outputs.compare(ref, got, 3, TOL)
-    assert v.ok and v.near_tie and v.compared == 2
+    assert v.ok
+    assert v.near_tie
+    assert v.compared == 2
     assert not outputs.compare(ref, got, 3, SAME).ok  # identical mode: a different token fails
 
 
@@ -95,19 +104,25 @@ def test_tolerance_mode_refuses_a_token_far_from_the_reference() -> None:
     ref = sample([1, 2], [-0.5, -0.1])
     got = sample([1, 8], [-0.5, -0.1], [{1: -0.5}, {8: -0.1, 2: -4.0}])
     v = outputs.compare(ref, got, 2, TOL)
-    assert not v.ok and v.diverged_at == 1 and "reference token at -4.0000" in v.detail
+    assert not v.ok
+    assert v.diverged_at == 1
+    assert "reference token at -4.0000" in v.detail
 
 
 def test_empty_and_truncated_completions_fail() -> None:
     ref = sample([1, 2, 3])
     assert outputs.compare(ref, sample([]), 3, SAME).detail == "no tokens came back"
     v = outputs.compare(ref, sample([1, 2]), 3, SAME)
-    assert not v.ok and v.diverged_at == 2 and "2 of 3" in v.detail
+    assert not v.ok
+    assert v.diverged_at == 2
+    assert "2 of 3" in v.detail
 
 
 def test_expectation_is_identical_only_for_one_tp_on_one_hardware() -> None:
-    assert SAME.mode == "identical" and SAME.tolerance == outputs.IDENTICAL_TOLERANCE
-    assert TOL.mode == "tolerance" and "TP 2 on the reference, 1 on decode" in TOL.reason
+    assert SAME.mode == "identical"
+    assert SAME.tolerance == outputs.IDENTICAL_TOLERANCE
+    assert TOL.mode == "tolerance"
+    assert "TP 2 on the reference, 1 on decode" in TOL.reason
     assert outputs.expectation(1, {1}, {"a2", "a3"}).mode == "tolerance"
 
 
@@ -129,13 +144,16 @@ def test_summary_line_says_how_many_and_how() -> None:
     assert "prompt 2 through prefill-0 -> decode-1 diverges from prefill-0 alone" in problem
     assert "at token 3: expected token 3, got 9" in problem
     d = bad.to_dict()
-    assert d["ok"] is False and d["prompts"][1]["diverged_at"] == 3 and d["mode"] == "identical"
+    assert d["ok"] is False
+    assert d["prompts"][1]["diverged_at"] == 3
+    assert d["mode"] == "identical"
 
 
 def test_a_request_that_failed_counts_against_the_check() -> None:
     r = _report(SAME, [Verdict(True, 16)] * 3)
     r.errors.append("prompt 4: through http://p failed: HTTP 500")
-    assert not r.ok and r.summary() == "outputs: FAILED: 3/4 identical (first 16 tokens)"
+    assert not r.ok
+    assert r.summary() == "outputs: FAILED: 3/4 identical (first 16 tokens)"
 
 
 # -- empty and truncated phases (vllm bench serve's saved result) ----------------------------
@@ -150,7 +168,8 @@ def test_zero_token_requests_fail_the_phase_with_the_count() -> None:
 def test_short_requests_fail_only_with_ignore_eos() -> None:
     raw = {"output_lens": [8, 3, 5, 8], "errors": ["", "", "", ""]}
     (p,) = lengths.problems("w", raw, output_len=8, ignore_eos=True)
-    assert "2 of 4 successful requests returned fewer than 8 tokens" in p and "shortest 3" in p
+    assert "2 of 4 successful requests returned fewer than 8 tokens" in p
+    assert "shortest 3" in p
     assert lengths.problems("w", raw, output_len=8, ignore_eos=False) == []
 
 
@@ -190,8 +209,12 @@ def test_run_sends_each_prompt_to_the_reference_and_through_the_proxy() -> None:
     )
     assert [u for u, _ in sent] == ["http://127.0.0.1:47200", plan.proxy_url] * 3
     body = sent[0][1]
-    assert body["temperature"] == 0 and body["seed"] == 0 and body["max_tokens"] == 16
-    assert body["logprobs"] and body["return_tokens_as_token_ids"] and body["ignore_eos"]
+    assert body["temperature"] == 0
+    assert body["seed"] == 0
+    assert body["max_tokens"] == 16
+    assert body["logprobs"]
+    assert body["return_tokens_as_token_ids"]
+    assert body["ignore_eos"]
     assert "kv_transfer_params" not in body
     assert sent[0][1]["prompt"] == sent[1][1]["prompt"] != sent[2][1]["prompt"]
     assert report.summary() == "outputs: FAILED: 2/3 identical (first 16 tokens)"
@@ -204,7 +227,8 @@ def test_run_reports_unreachable_engines_instead_of_raising() -> None:
 
     plan = _plan()
     report = output_check.run(plan, post, lambda: "p", TransportPool(plan.hosts), prompts=2)
-    assert not report.ok and len(report.errors) == 2
+    assert not report.ok
+    assert len(report.errors) == 2
     assert "prefill-0 alone failed: connection refused" in report.errors[0]
 
 
@@ -222,7 +246,8 @@ def test_tp_is_read_from_the_command_line() -> None:
     tps = {p.role: output_check.tp_of(p) for p in plan.processes if p.role in ("prefill", "decode")}
     assert all(v >= 1 for v in tps.values())
     ref = output_check.reference_process(plan)
-    assert ref is not None and ref.role == "prefill"
+    assert ref is not None
+    assert ref.role == "prefill"
 
 
 # -- the canary's verdict ---------------------------------------------------------------------
@@ -237,10 +262,12 @@ def _metrics_ok() -> canary.CanaryResult:
 
 def test_canary_passes_only_when_outputs_pass_too() -> None:
     good = canary.with_outputs(_metrics_ok(), _report(SAME, [Verdict(True, 16)] * 4))
-    assert good.ok and good.line.endswith("; outputs: 4/4 identical (first 16 tokens)")
+    assert good.ok
+    assert good.line.endswith("; outputs: 4/4 identical (first 16 tokens)")
     assert good.to_dict()["outputs"]["ok"] is True
     bad = canary.with_outputs(_metrics_ok(), _report(SAME, [Verdict(False, 1, 0, "x")]))
-    assert not bad.ok and bad.line.startswith("canary FAILED: outputs: FAILED: 0/1 identical")
+    assert not bad.ok
+    assert bad.line.startswith("canary FAILED: outputs: FAILED: 0/1 identical")
     assert "the /metrics proof passed (P→D KV handover verified: 352 tokens" in bad.problems[-1]
 
 
@@ -259,7 +286,8 @@ def test_standin_engine_outputs_compare_equal_unless_empty(empty: bool) -> None:
             "--role", "mixed"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     try:
-        assert proc.stdout and "stand-in engine mixed" in proc.stdout.readline()
+        assert proc.stdout
+        assert "stand-in engine mixed" in proc.stdout.readline()
         b = output_check.body("standin", "a prompt " * 20, 16)
         here = LocalTransport(HostSpec("here", "127.0.0.1", transport="local"))
         got = outputs.parse_completion(canary.complete(here, f"http://127.0.0.1:{port}", b))
@@ -272,7 +300,8 @@ def test_standin_engine_outputs_compare_equal_unless_empty(empty: bool) -> None:
         assert got.token_ids == ()
         assert outputs.compare(got, got, 16, SAME).detail == "no tokens came back"
     else:
-        assert len(got.token_ids) == 16 and outputs.compare(got, got, 16, SAME).ok
+        assert len(got.token_ids) == 16
+        assert outputs.compare(got, got, 16, SAME).ok
 
 
 def test_canary_skips_the_output_check_when_its_request_failed(monkeypatch) -> None:
@@ -282,7 +311,9 @@ def test_canary_skips_the_output_check_when_its_request_failed(monkeypatch) -> N
     monkeypatch.setattr(output_check, "run", refuse)
     plan = _plan()
     r = canary.run(plan, TransportPool(plan.hosts), timeout_s=2)  # nothing listens there
-    assert not r.ok and r.outputs == {} and "failed" in r.line
+    assert not r.ok
+    assert r.outputs == {}
+    assert "failed" in r.line
 
 
 def test_a_check_under_live_traffic_compares_within_the_tolerance() -> None:
@@ -291,4 +322,5 @@ def test_a_check_under_live_traffic_compares_within_the_tolerance() -> None:
     assert ref is not None
     assert output_check.expectation_for(plan, ref).mode == "identical"
     live = output_check.expectation_for(plan, ref, live=True)
-    assert live.mode == "tolerance" and live.reason == "live traffic shares batches"
+    assert live.mode == "tolerance"
+    assert live.reason == "live traffic shares batches"

@@ -36,7 +36,8 @@ def _run(outputs: dict) -> BenchRun:
 
 def test_tables_and_lines_say_how_many_outputs_matched() -> None:
     text = _text(report.proof_table(_run(GOOD)))
-    assert "outputs" in text and "4/4 identical" in text
+    assert "outputs" in text
+    assert "4/4 identical" in text
     assert "3/4 FAILED" in _text(report.proof_table(_run(BAD)))
     assert report.outputs_lines(_run(GOOD)) == [
         "as-is/measured 128/16 c=4: outputs: 4/4 identical (first 16 tokens)"
@@ -59,7 +60,8 @@ def test_results_json_keeps_the_output_check(tmp_path: Path) -> None:
         (row,) = list(csv.DictReader(f))
     assert row["outputs"] == "outputs: 4/4 identical (first 16 tokens)"
     back = records.load(tmp_path)
-    assert back.records[0].outputs == GOOD and back.outputs_failed() == []
+    assert back.records[0].outputs == GOOD
+    assert back.outputs_failed() == []
 
 
 def test_compare_and_gate_refuse_runs_whose_outputs_failed() -> None:
@@ -120,8 +122,10 @@ def test_session_checks_outputs_after_each_phase(tmp_path: Path) -> None:
 
     run = _session(tmp_path, post, [16] * 20)  # CPU plan: on by default
     (rec,) = run.records
-    assert len(calls) == 8 and rec.outputs["summary"].startswith("outputs: FAILED: 3/4")
-    assert not run.ok and any("outputs differ: prompt 1" in p for p in rec.problems)
+    assert len(calls) == 8
+    assert rec.outputs["summary"].startswith("outputs: FAILED: 3/4")
+    assert not run.ok
+    assert any("outputs differ: prompt 1" in p for p in rec.problems)
     assert run.outputs_failed() == [rec.label]
 
 

@@ -87,11 +87,13 @@ def test_recompute_and_hbm_caches_are_checked_whatever_the_name() -> None:
     assert _check(d, scenario="ucm-looks-external", cache="none") == []
     d.per_target["decode-0"]["prefix_cache_hits"] = 32.0
     (problem,) = _check(d, scenario="x", cache="none", phase="seed", measured=False)
-    assert "32 vLLM prefix-cache hits" in problem and "enable_prefix_caching=false" in problem
+    assert "32 vLLM prefix-cache hits" in problem
+    assert "enable_prefix_caching=false" in problem
     assert _check(d, scenario="x", cache="hbm") == []
     d.per_target["prefill-0"]["external_prefix_cache_hits"] = 64.0
     (problem,) = _check(d, scenario="x", cache="hbm")
-    assert "64 external prefix-cache hits" in problem and "`without`" in problem
+    assert "64 external prefix-cache hits" in problem
+    assert "`without`" in problem
     assert len(_check(d, scenario="x", cache="none")) == 2
     # decode's external hits are the P->D handoff: never a store hit
     d.per_target["prefill-0"]["external_prefix_cache_hits"] = 0.0
@@ -110,7 +112,8 @@ def test_hit_ratio_is_checked_against_the_protocol() -> None:
     for protocol, phase in (("prefix", "seed"), ("twice", "cold"), ("plain", "run")):
         (problem,) = _check(measured, phase=phase, protocol=protocol)
         assert "75% of the prompt tokens on the prefill/mixed engines were cached" in problem
-        assert "expects none" in problem and "contaminated" in problem
+        assert "expects none" in problem
+        assert "contaminated" in problem
     assert _check(measured, phase="warm", protocol="twice") == []  # warm may hit everything
     # vllm bench serve's test request repeats the first prompt: with few prompts that prompt's
     # hits are allowed (here: 4 prompts of 128 tokens, 2 of them hit in full, 50%)
@@ -122,7 +125,8 @@ def test_hit_ratio_is_checked_against_the_protocol() -> None:
     rerun.per_target["prefill-0"]["prefix_cache_hits"] = 2048.0
     rerun.per_target["prefill-0"]["external_prefix_cache_hits"] = 480.0
     (problem,) = _check(rerun, phase="measured", protocol="prefix", cache="external")
-    assert "98% of the prompt tokens" in problem and "expects about 0.8" in problem
+    assert "98% of the prompt tokens" in problem
+    assert "expects about 0.8" in problem
 
 
 def test_failed_requests_fail() -> None:
@@ -258,5 +262,7 @@ def test_every_run_and_sweep_point_gets_prompts_no_cache_has_seen(tmp_path: Path
         for s in servers.values():
             s.close()
     for used in seeds:  # seed, measured per point: shared within a point, not across points
-        assert len(used) == 4 and used[0] == used[1] and used[2] == used[3] != used[0]
+        assert len(used) == 4
+        assert used[0] == used[1]
+        assert used[2] == used[3] != used[0]
     assert not set(seeds[0]) & set(seeds[1])  # a re-run never repeats the earlier prompts

@@ -50,7 +50,8 @@ def test_results_table_has_the_guide_shape_and_speedup() -> None:
     run = _run(_record("recompute", 128, 2.0), _record("hbm", 128, 1.0),
                _record("recompute", 256, 2.0), _record("hbm", 256, 1.0))  # fmt: skip
     text = _text(report.results_table(run))
-    assert "recompute" in text and "hbm" in text
+    assert "recompute" in text
+    assert "hbm" in text
     for label in ("TTFT", "TPOT", "E2EL", "speedup"):
         assert label in text
     assert "2.00x / 2.00x" in text  # recompute twice as slow as hbm on TTFT and E2EL
@@ -66,8 +67,10 @@ def test_speedup_is_against_recompute_whatever_the_order() -> None:
     run = _run(_record("external", 128, 1.0), _record("hbm", 128, 2.0),
                _record("recompute", 128, 4.0))  # fmt: skip
     text = _text(report.results_table(run))
-    assert "4.00x / 4.00x" in text and "2.00x / 2.00x" in text
-    assert "recompute\nspeedup" not in text and text.count("speedup") == 2
+    assert "4.00x / 4.00x" in text
+    assert "2.00x / 2.00x" in text
+    assert "recompute\nspeedup" not in text
+    assert text.count("speedup") == 2
 
 
 def test_single_length_charts_are_bars_and_a_ttft_cdf(tmp_path: Path) -> None:
@@ -107,7 +110,8 @@ def test_save_load_roundtrip_csv_and_charts(tmp_path: Path) -> None:
     with open(c) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3
-    assert rows[1]["scenario"] == "hbm" and rows[1]["input_len"] == "128"
+    assert rows[1]["scenario"] == "hbm"
+    assert rows[1]["input_len"] == "128"
     assert float(rows[1]["mean_ttft_ms"]) == pytest.approx(run.records[1].result["mean_ttft_ms"])
     pngs = charts.charts(run, tmp_path)
     assert [p.name for p in pngs] == ["latency.png"]  # swept input lengths, no per-request data
@@ -124,7 +128,8 @@ def test_compare_and_gate() -> None:
     b = _run(_record("hbm", 128, 1.05), _record("hbm", 256, 1.25))
     ds = {(d.record, d.metric): d for d in compare.diffs(a, b)}
     d = ds[("hbm/measured 256/16 c=4", "TTFT mean")]
-    assert d.change == pytest.approx(0.25) and d.regression == pytest.approx(0.25)
+    assert d.change == pytest.approx(0.25)
+    assert d.regression == pytest.approx(0.25)
     thr = ds[("hbm/measured 256/16 c=4", "output tok/s")]
     assert thr.regression == pytest.approx(0.2)  # throughput 1/1.25 = -20 %: worse
     assert "+25.0%" in _text(compare.compare_table(a, b))
@@ -134,7 +139,8 @@ def test_compare_and_gate() -> None:
         gate.parse_percent("ten")
     gate.gate(a, b, 0.30)  # 25 % is allowed at 30 %
     problems = gate.regressions(a, b, 0.10)
-    assert problems and all("256/16" in p for p in problems)  # 5 % on 128 passes
+    assert problems
+    assert all("256/16" in p for p in problems)  # 5 % on 128 passes
     with pytest.raises(BenchError, match="regression gate failed"):
         gate.gate(a, b, 0.10)
     gate.gate(b, a, 0.0)  # getting faster is never a regression

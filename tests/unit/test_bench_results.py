@@ -31,8 +31,10 @@ def test_stdout_block_matches_saved_json(stem: str) -> None:
 def test_summarize_keeps_scalars_percentiles_and_kvpd_metadata() -> None:
     raw = json.loads((FIX / "pd_measured.json").read_text())
     s = serve_output.summarize(raw)
-    assert s["completed"] == 20 and s["request_rate"] == "inf"
-    assert s["kvpd_phase"] == "measured" and s["kvpd_protocol"] == "prefix"
+    assert s["completed"] == 20
+    assert s["request_rate"] == "inf"
+    assert s["kvpd_phase"] == "measured"
+    assert s["kvpd_protocol"] == "prefix"
     assert {"mean_ttft_ms", "p99_e2el_ms", "p90_tpot_ms"} <= set(s)
     assert "latencies" not in s
 

@@ -36,8 +36,10 @@ def test_prefix_protocol_arithmetic_matches_the_guide() -> None:
                           result_dir="/r", result_filename="s.json")  # fmt: skip
     b = runner.build_argv("vllm", measured, base_url="http://h:1/", model="m", tokenizer="/t",
                           result_dir="/r", result_filename="m.json")  # fmt: skip
-    assert _flag(a, "--random-input-len") == "25600" and _flag(a, "--random-output-len") == "1"
-    assert _flag(b, "--random-input-len") == "32000" and _flag(b, "--random-output-len") == "1000"
+    assert _flag(a, "--random-input-len") == "25600"
+    assert _flag(a, "--random-output-len") == "1"
+    assert _flag(b, "--random-input-len") == "32000"
+    assert _flag(b, "--random-output-len") == "1000"
     # identical draws in both phases: same seed, same count, fixed lengths
     for flag in ("--seed", "--num-prompts", "--random-range-ratio", "--dataset-name"):
         assert _flag(a, flag) == _flag(b, flag)
@@ -55,13 +57,16 @@ def test_argv_has_the_guide_flags_and_kvpd_metadata() -> None:
     )  # fmt: skip
     assert argv[:3] == ["/x/vllm", "bench", "serve"]
     assert _flag(argv, "--base-url") == "http://127.0.0.1:18000"
-    assert _flag(argv, "--backend") == "vllm" and _flag(argv, "--model") == "tiny"
+    assert _flag(argv, "--backend") == "vllm"
+    assert _flag(argv, "--model") == "tiny"
     assert _flag(argv, "--tokenizer") == "/m/tiny"
-    assert _flag(argv, "--request-rate") == "2.5" and _flag(argv, "--max-concurrency") == "4"
+    assert _flag(argv, "--request-rate") == "2.5"
+    assert _flag(argv, "--max-concurrency") == "4"
     assert _flag(argv, "--percentile-metrics") == "ttft,tpot,itl,e2el"
     assert _flag(argv, "--metric-percentiles") == "50,90,99"
     assert {"--ignore-eos", "--save-result", "--disable-tqdm"} <= set(argv)
-    assert _flag(argv, "--result-dir") == "/r" and _flag(argv, "--result-filename") == "f.json"
+    assert _flag(argv, "--result-dir") == "/r"
+    assert _flag(argv, "--result-filename") == "f.json"
     meta = argv[argv.index("--metadata") + 1 :]
     assert meta == ["kvpd_phase=run", "kvpd_profile=local", "kvpd_scenario=hbm"]
 
@@ -73,7 +78,8 @@ def test_unlimited_rate_no_concurrency_no_ignore_eos() -> None:
     argv = runner.build_argv("v", ph, base_url="u", model="m", tokenizer="", result_dir="d",
                              result_filename="f")  # fmt: skip
     assert _flag(argv, "--request-rate") == "inf"
-    assert "--max-concurrency" not in argv and "--ignore-eos" not in argv
+    assert "--max-concurrency" not in argv
+    assert "--ignore-eos" not in argv
     assert "--tokenizer" not in argv
 
 
@@ -83,7 +89,8 @@ def test_twice_is_cold_then_warm_with_the_same_prompts() -> None:
                                         max_concurrency=None, ignore_eos=True,
                                         prefix_ratio=0.8)  # fmt: skip
     assert (cold.name, warm.name) == ("cold", "warm")
-    assert cold.measured and warm.measured
+    assert cold.measured
+    assert warm.measured
     assert (cold.input_len, cold.seed) == (warm.input_len, warm.seed)
     with pytest.raises(BenchError, match="unknown bench protocol"):
         runner.protocol_phases("thrice", input_len=1, output_len=1, num_prompts=1, seed=0,
@@ -167,7 +174,8 @@ def test_presets_detach_external_stores_and_keep_the_p2p_path() -> None:
     rec, hbm, ext = resolve_scenarios(["recompute", "hbm", "external"], bench_spec(Bench()), conns)
     assert rec.sets == ("engine.enable_prefix_caching=false", "prefill.kv_connectors=[mooncake]")
     assert (rec.cache, rec.without) == ("none", ("ucm",))
-    assert hbm.sets[-1] == "prefill.kv_connectors=[mooncake]" and hbm.cache == "hbm"
+    assert hbm.sets[-1] == "prefill.kv_connectors=[mooncake]"
+    assert hbm.cache == "hbm"
     assert (ext.sets, ext.cache) == ((), "external")
     mixed = resolve_scenarios(["recompute"], bench_spec(Bench()), {"mixed": ["ucm"]})
     assert mixed[0].sets[-1] == "mixed.kv_connectors=[]"
@@ -187,8 +195,10 @@ def test_profile_scenario_mapping_names_its_cache() -> None:
     )
     conns = {"prefill": ["mooncake", "ucm"], "decode": ["mooncake"]}
     off, mine = resolve_scenarios(["ucm-off", "mine"], bench_spec(b), conns)
-    assert off.sets == ("prefill.kv_connectors=[mooncake]",) and off.cache == "hbm"
-    assert mine.expect_external and mine.without == ()
+    assert off.sets == ("prefill.kv_connectors=[mooncake]",)
+    assert off.cache == "hbm"
+    assert mine.expect_external
+    assert mine.without == ()
 
 
 def test_prompts_longer_than_max_model_len_are_refused_with_both_fixes() -> None:
@@ -198,6 +208,7 @@ def test_prompts_longer_than_max_model_len_are_refused_with_both_fixes() -> None
     with pytest.raises(BenchError) as e:
         check_lengths(s, 17000)
     assert "exceed max_model_len 17000" in str(e.value)
-    assert "--input-len 16000" in str(e.value) and "model.max_model_len=33000" in str(e.value)
+    assert "--input-len 16000" in str(e.value)
+    assert "model.max_model_len=33000" in str(e.value)
     check_lengths(s, 33000)
     check_lengths(s, None)

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from kvpd.errors import DeployError
-from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle import Build, BundleInstaller, choose_builds
-from kvpd.exec.bundle_result import SlotResult
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle.installer import Build, BundleInstaller, choose_builds
+from kvpd.exec.bundle.result import SlotResult
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.purge import unsafe_run_dir
 from kvpd.exec.stop import NullReporter
@@ -74,7 +74,8 @@ def test_planner_predicate_reads_the_planner_field_when_it_exists() -> None:
     """Hook for `decode.sparse_offload.planner` (added elsewhere): without the field a group
     reads as upstream; with it, kvpd requires and auto prefers the native core."""
     plain = SimpleNamespace(sparse_offload=SimpleNamespace(enabled=True))
-    assert sparse_planner(plain) == "upstream" and native_need(plain) == "optional"
+    assert sparse_planner(plain) == "upstream"
+    assert native_need(plain) == "optional"
     for planner, need in (("kvpd", "required"), ("auto", "preferred"), ("upstream", "optional")):
         g = SimpleNamespace(sparse_offload=SimpleNamespace(enabled=True, planner=planner))
         assert native_need(g) == need
@@ -158,7 +159,8 @@ def test_install_then_reuse_then_repair(cache: Path, tmp_path: Path) -> None:
     t = LocalTransport(plan.hosts[0])
     inst = BundleInstaller(lambda h: t, build_local=pure)
     first = inst.install(plan, {"here": str(tmp_path / "run")})[0]
-    assert first.action == "installed" and first.source == "local", first.report
+    assert first.action == "installed", first.report
+    assert first.source == "local", first.report
     rep = first.report
     folder = Path(rep["folder"])
     assert folder.parent == tmp_path / "run" / "bundle"
@@ -171,7 +173,8 @@ def test_install_then_reuse_then_repair(cache: Path, tmp_path: Path) -> None:
     again = BundleInstaller(lambda h: t, build_local=pure).install(
         plan, {"here": str(tmp_path / "run")}
     )[0]
-    assert again.action == "kept" and again.report["digest"] == rep["digest"]
+    assert again.action == "kept"
+    assert again.report["digest"] == rep["digest"]
 
     (folder / "kvpd" / "proxy" / "app.py").write_text("# tampered\n")
     fixed = BundleInstaller(lambda h: t, build_local=pure).install(
@@ -237,7 +240,8 @@ def test_pure_wheel_is_deterministic(cache: Path, tmp_path: Path, monkeypatch) -
     a = wheels.build_local(native=False)
     monkeypatch.setenv("KVPD_CACHE_DIR", str(tmp_path))
     b = wheels.build_local(native=False)
-    assert a.digest == b.digest and a.path != b.path
+    assert a.digest == b.digest
+    assert a.path != b.path
 
 
 def test_purge_refuses_system_folders() -> None:
@@ -262,7 +266,8 @@ def test_foreign_platform_is_built_on_its_host(tmp_path: Path, monkeypatch) -> N
     res = BundleInstaller(lambda h: t, local_platform="cpython-399-fake").install(
         plan, {"here": str(tmp_path / "run")}
     )[0]
-    assert res.action == "installed" and res.source == "host:here", res.report
+    assert res.action == "installed", res.report
+    assert res.source == "host:here", res.report
     assert res.report["native"]["implementation"] == "native"
     # cached as that host's own build: its next `up` reuses it, no other host gets it
     assert wheels.cached(res.report["platform"], built_on="here") is not None
@@ -271,19 +276,22 @@ def test_foreign_platform_is_built_on_its_host(tmp_path: Path, monkeypatch) -> N
 
 
 def test_preflight_checks_each_slot_python(cache: Path, tmp_path: Path) -> None:
-    from kvpd.exec.bundle_preflight import preflight_checks
+    from kvpd.exec.bundle.preflight import preflight_checks
 
     good = one_host_plan(tmp_path / "run")
     t = LocalTransport(good.hosts[0])
     checks = {c.name: c for c in preflight_checks(good, lambda h: t)}
-    assert checks["bundle python (proxy)"].ok and checks["pip (proxy)"].ok
+    assert checks["bundle python (proxy)"].ok
+    assert checks["pip (proxy)"].ok
     assert checks["disk for bundle (proxy)"].ok
     assert checks[f"native core {wheels.local_platform()}"].ok
 
     bad = one_host_plan(tmp_path / "run", python="/nonexistent/python3")
     checks = {c.name: c for c in preflight_checks(bad, lambda h: t)}
     c = checks["bundle python (proxy)"]
-    assert not c.ok and "interpreter not found" in c.detail and "full path" in c.fix
+    assert not c.ok
+    assert "interpreter not found" in c.detail
+    assert "full path" in c.fix
 
 
 def test_install_removes_unlinked_bundles_of_other_sources(cache: Path, tmp_path: Path) -> None:
@@ -349,12 +357,15 @@ def test_fallback_warning_says_how_to_get_the_native_core() -> None:
         "compiler": False,
     }
     w = fallback_warning(row, "prod.yaml")
-    assert w is not None and w.startswith("d1: kvpd's native core is not available")
+    assert w is not None
+    assert w.startswith("d1: kvpd's native core is not available")
     assert "Install g++ and the Python headers" in w
     assert "the next `kvpd up` builds the core and replaces the fallback" in w
     failed = fallback_warning({**row, "compiler": True}, "prod.yaml")
-    assert failed is not None and "failed before and is not retried" in failed
-    assert "wheels/*/cpython-311-aarch64-linux-gnu" in failed and "`kvpd up prod.yaml`" in failed
+    assert failed is not None
+    assert "failed before and is not retried" in failed
+    assert "wheels/*/cpython-311-aarch64-linux-gnu" in failed
+    assert "`kvpd up prod.yaml`" in failed
     assert fallback_warning({**row, "implementation": "native"}, "p") is None
     assert fallback_warning({**row, "slot": "proxy"}, "p") is None
 
@@ -391,14 +402,17 @@ def test_a_fallback_bundle_is_upgraded_once_the_native_core_can_be_had(
             seen.append((phase, str(kw.get("detail", ""))))
 
     up = BundleInstaller(lambda h: t, Phases()).install(plan, {"here": str(run)})[0]
-    assert up.action == "installed" and up.source == "local", up.report
+    assert up.action == "installed", up.report
+    assert up.source == "local", up.report
     # the host's row ends healthy, once, with the upgrade (not first "kept", then "installed")
     assert [p for p, _ in seen if p == "healthy"] == ["healthy"]
-    assert seen[-1][0] == "healthy" and "proxy: installed" in seen[-1][1], seen
+    assert seen[-1][0] == "healthy", seen
+    assert "proxy: installed" in seen[-1][1], seen
     assert up.report["native"]["implementation"] == "native"
     assert (run / "bundle" / "proxy").resolve() == Path(up.report["folder"])
     last = BundleInstaller(lambda h: t).install(plan, {"here": str(run)})[0]
-    assert last.action == "kept" and last.report["digest"] == up.report["digest"]
+    assert last.action == "kept"
+    assert last.report["digest"] == up.report["digest"]
 
 
 def test_a_failed_native_build_is_not_retried_on_every_up(
@@ -412,16 +426,19 @@ def test_a_failed_native_build_is_not_retried_on_every_up(
     wheels.store(first.report["platform"], w.name, w.path.read_bytes(), False, "failed", "here")
     inst = BundleInstaller(lambda h: t, local_platform="cpython-399-fake")
     res = inst.install(plan, {"here": str(run)})[0]
-    assert res.action == "kept" and res.report["digest"] == first.report["digest"], res.report
+    assert res.action == "kept", res.report
+    assert res.report["digest"] == first.report["digest"], res.report
     assert not inst.warnings
 
 
 def test_preflight_says_a_cross_buildable_platform_is_the_controllers_cross_build() -> None:
-    from kvpd.exec.bundle_preflight import _native_check
+    from kvpd.exec.bundle.preflight import _native_check
 
     arm = "cpython-311-aarch64-linux-gnu"
     facts = {"hosts": ["a1", "a2"], "builders": [], "required": ["a1"]}
     check = _native_check(arm, facts, LOCAL, set(), frozenset({arm}))
-    assert check.ok and check.detail == "controller cross-build (a1, a2)"
+    assert check.ok
+    assert check.detail == "controller cross-build (a1, a2)"
     without = _native_check(arm, facts, LOCAL, set(), frozenset())
-    assert not without.ok and "NumPy fallback" in without.detail  # required, no compiler
+    assert not without.ok
+    assert "NumPy fallback" in without.detail  # required, no compiler

@@ -18,17 +18,17 @@ from typing import Any
 import pytest
 
 from kvpd.cli.bundle_view import status_table
-from kvpd.exec import wheel as wheels
-from kvpd.exec import wheel_build
-from kvpd.exec.bundle import BundleInstaller
-from kvpd.exec.bundle_host import BUILD_SH, BUILT, CHECK_SH, vet
-from kvpd.exec.bundle_preflight import preflight_checks
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle import wheel_build
+from kvpd.exec.bundle.host import BUILD_SH, BUILT, CHECK_SH, vet
+from kvpd.exec.bundle.installer import BundleInstaller
+from kvpd.exec.bundle.preflight import preflight_checks
+from kvpd.exec.bundle.wheel_cache import UnsafeCache
+from kvpd.exec.bundle.wheel_trust import Refused, native_member, native_members, verify_host_wheel
 from kvpd.exec.checks import Check
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.stop import NullReporter
 from kvpd.exec.transport import CommandResult
-from kvpd.exec.wheel_cache import UnsafeCache
-from kvpd.exec.wheel_trust import Refused, native_member, native_members, verify_host_wheel
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.value import HostSpec, Plan
 
@@ -127,7 +127,8 @@ def test_a_reported_platform_is_no_path(cache: Path, tmp_path: Path, platform: s
     liar = Liar(facts(platform), {"wheel": "/x/authorized_keys", "native": True}, b"ssh-ed25519 X")
     inst, (err,) = run_liar(tmp_path, liar)
     assert not victim.exists()
-    assert "not a Python platform key" in str(err) and "does not trust this host" in str(err)
+    assert "not a Python platform key" in str(err)
+    assert "does not trust this host" in str(err)
     assert liar.reads == []  # nothing was fetched from it
     assert not any(p.name != "cache" for p in tmp_path.iterdir() if p.name != "run")
 
@@ -139,9 +140,8 @@ def test_the_built_wheel_is_read_from_the_path_the_controller_named(
     built = {"wheel": "/etc/shadow", "native": True, "why": "\x1b[2Jbuilt"}
     liar = Liar(facts(FOREIGN), built, host_wheel())
     inst, _ = run_liar(tmp_path, liar)
-    assert len(liar.reads) == 1 and liar.reads[0].endswith(
-        f"/.build-{wheels.source_digest()[:16]}/{BUILT}"
-    )
+    assert len(liar.reads) == 1
+    assert liar.reads[0].endswith(f"/.build-{wheels.source_digest()[:16]}/{BUILT}")
     # the build's name was not a kvpd wheel's: refused, nothing cached
     assert any("was refused" in w and "not a kvpd wheel" in w for w in inst.warnings), inst.warnings
     assert wheels.cached(FOREIGN, built_on="evil") is None
@@ -183,7 +183,8 @@ def test_an_honest_host_build_is_packed_again_from_the_controllers_files() -> No
     v = verify_host_wheel(
         host_wheel(), f"kvpd-0.1.0-{TAG}.whl", FOREIGN, wheels.reference_members()
     )
-    assert v.native and v.name == f"kvpd-0.1.0-{TAG}.whl"
+    assert v.native
+    assert v.name == f"kvpd-0.1.0-{TAG}.whl"
     assert verify_host_wheel(v.data, v.name, FOREIGN, wheels.reference_members()).data == v.data
 
 
@@ -240,7 +241,8 @@ def test_a_trojaned_build_is_neither_cached_nor_installed(cache: Path, tmp_path:
     assert wheels.cached(FOREIGN, built_on="evil") is None
     assert not list(cache.rglob(f"*{TAG}*"))
     uploads = [p for p in liar.puts if "/.incoming/" in p]
-    assert uploads and all(p.endswith("py3-none-any.whl") for p in uploads)  # the controller's own
+    assert uploads
+    assert all(p.endswith("py3-none-any.whl") for p in uploads)  # the controller's own
 
 
 class NoCompiler:
@@ -275,10 +277,10 @@ def test_a_host_build_serves_only_its_builder_unless_the_profile_says(
     run_dirs = {h: str(tmp_path / h) for h in ts}
     inst = BundleInstaller(ts.__getitem__, build_local=pure, local_platform="cpython-399-fake")
     got = {r.host: r for r in inst.install(plan, run_dirs)}
-    assert (
-        got["h1"].source == "host:h1" and got["h1"].report["native"]["implementation"] == "native"
-    )
-    assert got["h2"].source == "any" and got["h2"].report["native"]["implementation"] == "numpy"
+    assert got["h1"].source == "host:h1"
+    assert got["h1"].report["native"]["implementation"] == "native"
+    assert got["h2"].source == "any"
+    assert got["h2"].report["native"]["implementation"] == "numpy"
     assert any("bundle_builder: true" in w for w in inst.warnings), inst.warnings
 
     shared = plan_of(tmp_path, "h1", "h2", builders=("h1",))
@@ -292,15 +294,19 @@ def test_a_host_build_serves_only_its_builder_unless_the_profile_says(
         ts.__getitem__, Rows(), build_local=pure, local_platform="cpython-399-fake"
     )
     again = {r.host: r for r in inst.install(shared, run_dirs)}
-    assert again["h1"].action == "kept" and again["h1"].source == "cache:host:h1"
-    assert again["h2"].action == "installed" and again["h2"].source == "cache:host:h1"
+    assert again["h1"].action == "kept"
+    assert again["h1"].source == "cache:host:h1"
+    assert again["h2"].action == "installed"
+    assert again["h2"].source == "cache:host:h1"
     # what `up` shows per host, and `status` from the state record
     assert any("healthy" in x and "wheel: cached host build on h1" in x for x in seen), seen
     # h1 no longer a builder: h2 does not keep h1's build
     inst = BundleInstaller(ts.__getitem__, build_local=pure, local_platform="cpython-399-fake")
     last = {r.host: r for r in inst.install(plan, run_dirs)}
-    assert last["h1"].action == "kept" and last["h1"].source == "cache:host:h1"
-    assert last["h2"].action == "installed" and last["h2"].source == "any", last["h2"].report
+    assert last["h1"].action == "kept"
+    assert last["h1"].source == "cache:host:h1"
+    assert last["h2"].action == "installed", last["h2"].report
+    assert last["h2"].source == "any", last["h2"].report
     row = again["h2"].to_dict()
     assert row["source"] == "cache:host:h1"
     from rich.console import Console
@@ -325,14 +331,16 @@ def test_preflight_says_where_each_platforms_wheel_comes_from(
     assert native(plan).detail == "controller build (h1, h2)"
     monkeypatch.setattr(wheels, "local_platform", lambda: "cpython-399-fake")
     c = native(plan)
-    assert c.ok and c.name == f"native core {here}"
+    assert c.ok
+    assert c.name == f"native core {here}"
     assert (
         c.detail
         == "host build on each of h1 for itself; warning: no compiler on h2: NumPy fallback"
     )
     assert "set `bundle_builder: true` on h1" in c.fix
     c = native(plan_of(tmp_path, "h1", "h2", builders=("h1",)))
-    assert c.ok and c.detail == "host build on h1 for h1, h2"
+    assert c.ok
+    assert c.detail == "host build on h1 for h1, h2"
 
 
 # -- the wheel cache: nobody else can plant into it ---------------------------------------------
@@ -431,7 +439,8 @@ def test_bytecode_in_the_bundle_is_dropped_not_trusted(cache: Path, tmp_path: Pa
     pure = lambda **kw: wheels.build_local(native=False)  # noqa: E731
     again = BundleInstaller(lambda h: t, build_local=pure).install(plan, run_dirs)[0]
     assert again.action == "kept", again.report
-    assert not pyc.exists() and not list(folder.rglob("__pycache__"))
+    assert not pyc.exists()
+    assert not list(folder.rglob("__pycache__"))
 
 
 def test_pip_runs_isolated_from_the_users_configuration(

@@ -65,19 +65,22 @@ def test_rule_violation_exits_2(tmp_path: Path) -> None:
 
 def test_missing_profile_names_the_bundled_ones() -> None:
     r = kvpd("plan", "nope")
-    assert r.returncode == 2 and "Bundled profiles:" in r.stderr
+    assert r.returncode == 2
+    assert "Bundled profiles:" in r.stderr
 
 
 def test_schema_is_json_schema() -> None:
     r = kvpd("schema")
     schema = json.loads(r.stdout)
-    assert "prefill" in schema["properties"] and schema["additionalProperties"] is False
+    assert "prefill" in schema["properties"]
+    assert schema["additionalProperties"] is False
 
 
 def test_plan_rehearse_shows_substitutions() -> None:
     r = kvpd("plan", "layerwise-sparse-1p1d", "--rehearse")
     assert r.returncode == 0, r.stderr
-    assert "substituted" in r.stdout and "MetaService" in r.stdout
+    assert "substituted" in r.stdout
+    assert "MetaService" in r.stdout
 
 
 def test_import_kvpd_core_is_light() -> None:
@@ -91,7 +94,8 @@ def test_import_kvpd_core_is_light() -> None:
 
 def test_plan_shows_sparse_offload_sizing() -> None:
     r = kvpd("plan", "layerwise-sparse-1p1d")
-    assert "sparse offload sizing" in r.stdout and "<- profile" in r.stdout
+    assert "sparse offload sizing" in r.stdout
+    assert "<- profile" in r.stdout
     assert "recommended:" in r.stdout
 
 
@@ -105,7 +109,8 @@ def test_plan_with_inventory_overlay(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
     hosts = {h["name"]: h for h in plan["hosts"]}
-    assert hosts["p1"]["address"] == "10.9.9.1" and hosts["d1"]["user"] == "deploy"
+    assert hosts["p1"]["address"] == "10.9.9.1"
+    assert hosts["d1"]["user"] == "deploy"
     assert hosts["d1"]["port"] == 2222
     assert plan["proxy_url"] == "http://10.9.9.1:7805"
 
@@ -127,13 +132,15 @@ def test_plan_table_port_column_keeps_unrelated_ports_apart() -> None:
     assert _ports_short((50088, 9003)) == ["50088", "9003"]
     assert _ports_short(()) == []
     out = kvpd("plan", "large-ep").stdout
-    assert "20001-13395" not in out and "20001-20008" in out
+    assert "20001-13395" not in out
+    assert "20001-20008" in out
 
 
 def test_strict_fails_on_warnings_for_ci() -> None:
     r = kvpd("plan", "large-ep", "--strict")
     assert r.returncode == 1
-    assert "warning" in r.stdout and "--strict: the plan has 3 warning(s)" in r.stderr
+    assert "warning" in r.stdout
+    assert "--strict: the plan has 3 warning(s)" in r.stderr
     assert kvpd("plan", "ucm-centralized-2p2d", "--strict").returncode == 0
 
 
@@ -201,4 +208,5 @@ def test_plan_shows_the_bench_protocol_and_its_commands() -> None:
     assert "scenarios: recompute, hbm, ucm" in out
     for phase in ("cold", "warm"):
         assert f"{phase}: vllm bench serve --backend vllm --base-url" in out
-    assert "--random-input-len 8000" in out and "--seed '<SEED>'" in out
+    assert "--random-input-len 8000" in out
+    assert "--seed '<SEED>'" in out

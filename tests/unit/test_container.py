@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvpd.errors import ProfileError, TransportError
-from kvpd.exec.container import ContainerTransport
+from kvpd.exec.containers.transport import ContainerTransport
 from kvpd.exec.local import LocalTransport
 from kvpd.plan.build import load_plan
 from kvpd.plan.value import Plan
@@ -57,21 +57,25 @@ def test_runtime_command_lines_match_the_golden_files(case: str, update_golden: 
 def test_devices_follow_the_plans_npu_assignment_and_shm_the_ucm_buffers() -> None:
     plan = _plan(*SETS["podman-image"], "decode.instances=1")
     c = plan.host("d1").container
-    assert c is not None and c.started_by_kvpd
+    assert c is not None
+    assert c.started_by_kvpd
     assert [d for d in c.devices if d[-1].isdigit()] == [f"/dev/davinci{n}" for n in range(4)]
     assert c.shm_gb == 1  # a GQA model: UCM's cache buffer is not in /dev/shm; headroom only
     shared = _plan(*SETS["podman-image"], "decode.instances=1",
                    "kv.ucm.config={share_buffer_enable: true}")  # fmt: skip
     c = shared.host("d1").container
-    assert c is not None and c.shm_gb == 64 + 1  # ucm cache_buffer_capacity_gb + headroom
-    assert "/data/kvpd/run:/data/kvpd/run" in c.mounts and "/mnt/test1:/mnt/test1" in c.mounts
+    assert c is not None
+    assert c.shm_gb == 64 + 1  # ucm cache_buffer_capacity_gb + headroom
+    assert "/data/kvpd/run:/data/kvpd/run" in c.mounts
+    assert "/mnt/test1:/mnt/test1" in c.mounts
     assert plan.host("p1").container is None
 
 
 def test_plan_json_round_trips_and_hosts_without_container_keep_their_form() -> None:
     plan = _plan(*SETS["docker-exec"])
     d = plan.to_dict()
-    assert "container" in d["hosts"][0] and "container" not in d["hosts"][1]
+    assert "container" in d["hosts"][0]
+    assert "container" not in d["hosts"][1]
     assert Plan.from_dict(d) == plan
 
 
@@ -122,7 +126,8 @@ def test_processes_inside_have_the_containers_pids_and_die_with_it(tmp_path: Pat
         s = t.start_detached(["sleep", "300"], log=f"{tmp_path}/s.log", cwd=str(tmp_path))
         # PID as seen inside: the stand-in's init is 1, so ours is small; the host has no
         # such sleep at that number (or a different process).
-        assert s.pid < 100 and t.alive(s.pid, start_ticks=s.start_ticks)
+        assert s.pid < 100
+        assert t.alive(s.pid, start_ticks=s.start_ticks)
         assert t.group_alive(s.pgid) == [s.pid]
         t.put(f"{tmp_path}/token", b"from the host")  # files: through the host, same path
         assert t.run(["cat", f"{tmp_path}/token"]).stdout == "from the host"
@@ -135,7 +140,8 @@ def test_processes_inside_have_the_containers_pids_and_die_with_it(tmp_path: Pat
         name = t.spec.name
     # `rm` killed the namespace's init, hence everything inside.
     r = host.run(spec(name).exec_argv(["true"]))
-    assert not r.ok and "No such container" in r.stderr
+    assert not r.ok
+    assert "No such container" in r.stderr
 
 
 def test_runtime_failures_say_what_to_do(tmp_path: Path) -> None:
@@ -167,8 +173,8 @@ def _standin_plan(tmp_path: Path, name: str, **extra: str) -> Plan:
 
 def test_up_starts_only_its_containers_and_down_removes_only_those(tmp_path: Path) -> None:
     from kvpd.errors import DeployError
-    from kvpd.exec.container_life import inspect, remove_containers, start_containers
-    from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.containers.life import inspect, remove_containers, start_containers
+    from kvpd.exec.containers.preflight import preflight_checks
     from kvpd.exec.pool import TransportPool
     from kvpd.exec.stop import NullReporter
     from tests.unit.standin import can_unshare
@@ -178,7 +184,8 @@ def test_up_starts_only_its_containers_and_down_removes_only_those(tmp_path: Pat
     name = f"kvpd-t-{tmp_path.name[-12:].strip('_')}"
     plan = _standin_plan(tmp_path, name, image="standin")
     c = plan.host("localhost").container
-    assert c is not None and c.started_by_kvpd
+    assert c is not None
+    assert c.started_by_kvpd
     pool = TransportPool(plan.hosts)
     host = pool["localhost"].inner  # type: ignore[attr-defined]
     try:
@@ -204,14 +211,15 @@ def test_up_starts_only_its_containers_and_down_removes_only_those(tmp_path: Pat
 
 
 def test_preflight_names_a_missing_container_and_a_missing_runtime(tmp_path: Path) -> None:
-    from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.containers.preflight import preflight_checks
     from kvpd.exec.pool import TransportPool
 
     plan = _standin_plan(tmp_path, "kvpd-no-such-container")
     pool = TransportPool(plan.hosts)
     try:
         (check,) = preflight_checks(plan, pool.__getitem__)
-        assert not check.ok and "no such container" in check.detail
+        assert not check.ok
+        assert "no such container" in check.detail
         assert "start it (`kvpd plan` shows the standin run line)" in check.fix
     finally:
         pool.close()
@@ -219,7 +227,8 @@ def test_preflight_names_a_missing_container_and_a_missing_runtime(tmp_path: Pat
     pool = TransportPool(plan.hosts)
     try:
         (check,) = preflight_checks(plan, pool.__getitem__)
-        assert not check.ok and "runtime is not installed on the host" in check.detail
+        assert not check.ok
+        assert "runtime is not installed on the host" in check.detail
     finally:
         pool.close()
 
@@ -230,7 +239,8 @@ def test_kvpd_plan_shows_the_exec_and_run_lines_and_names_the_stand_in(tmp_path:
     text = "\n".join(plan_lines(_plan(*SETS["docker-exec"])))
     assert "p1: container vllm-ascend (docker; you run it; kvpd only execs into it)" in text
     assert "exec: docker exec vllm-ascend sh -c ..." in text
-    assert "run:  docker run -d --name vllm-ascend" in text and " IMAGE sleep infinity" in text
+    assert "run:  docker run -d --name vllm-ascend" in text
+    assert " IMAGE sleep infinity" in text
     text = "\n".join(plan_lines(_standin_plan(tmp_path, "c1")))
     assert "namespace STAND-IN for tests, not a container runtime" in text
     assert plan_lines(load_plan(UCM, base_dir="/srv")) == []
@@ -239,8 +249,8 @@ def test_kvpd_plan_shows_the_exec_and_run_lines_and_names_the_stand_in(tmp_path:
 def test_a_stopped_container_and_a_denied_socket_say_what_to_do(tmp_path: Path) -> None:
     import os
 
-    from kvpd.exec.container import runtime_failure
-    from kvpd.exec.container_preflight import preflight_checks
+    from kvpd.exec.containers.preflight import preflight_checks
+    from kvpd.exec.containers.transport import runtime_failure
     from kvpd.exec.pool import TransportPool
     from kvpd.exec.transport import CommandResult
 
@@ -263,7 +273,8 @@ def test_a_stopped_container_and_a_denied_socket_say_what_to_do(tmp_path: Path) 
             (check,) = preflight_checks(plan, pool.__getitem__)
         finally:
             pool.close()
-        assert not check.ok and check.detail.startswith("exited, not running")
+        assert not check.ok
+        assert check.detail.startswith("exited, not running")
         assert check.fix.endswith(f"kvpd-standin-runtime start {t.spec.name}")
         with pytest.raises(TransportError, match="the container is stopped. Fix: "):
             t.alive(1)
@@ -272,7 +283,9 @@ def test_a_stopped_container_and_a_denied_socket_say_what_to_do(tmp_path: Path) 
 def test_a_groups_container_applies_to_its_hosts_and_groups_sharing_a_host_must_agree() -> None:
     plan = _plan("decode.container={name: vllm-ascend}")
     c = plan.host("d1").container
-    assert c is not None and c.name == "vllm-ascend" and plan.host("p1").container is None
+    assert c is not None
+    assert c.name == "vllm-ascend"
+    assert plan.host("p1").container is None
     own = _plan("decode.container={name: ca}", "hosts.d1.container={name: cb}")
     assert own.host("d1").container.name == "cb"  # type: ignore[union-attr]
     with pytest.raises(ProfileError) as e:
@@ -322,4 +335,5 @@ def test_secret_env_is_passed_by_name_not_on_the_runtime_command_line() -> None:
         calls, ("VLLM_API_KEY", "HF_TOKEN"), ("sk-secret-value", "hf_secret"), strict=True
     ):
         assert not any(value in w for w in argv)
-        assert argv[argv.index("-e") + 1] == name and env == {name: value}
+        assert argv[argv.index("-e") + 1] == name
+        assert env == {name: value}

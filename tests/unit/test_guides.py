@@ -222,9 +222,11 @@ LW_D_ADD = {
 def test_layerwise_and_sparse() -> None:
     p = ours("layerwise-sparse-1p1d", "prefill-0")
     d = ours("layerwise-sparse-1p1d", "decode-0")
-    assert p["--kv-transfer-config"] == LW_P_KV and p["--enforce-eager"] is True
+    assert p["--kv-transfer-config"] == LW_P_KV
+    assert p["--enforce-eager"] is True
     assert "--additional-config" not in p  # never sparse_kv_offload_config on prefill
-    assert d["--kv-transfer-config"] == LW_D_KV and d["--additional-config"] == LW_D_ADD
+    assert d["--kv-transfer-config"] == LW_D_KV
+    assert d["--additional-config"] == LW_D_ADD
     plan = load_plan("layerwise-sparse-1p1d")
     penv = dict(plan.process("prefill-0").env)
     assert penv["MMC_LOCAL_CONFIG_PATH"] == "conf/mmc-local.conf"
@@ -234,4 +236,5 @@ def test_layerwise_and_sparse() -> None:
     assert meta.command[-1] == "from memcache_hybrid import MetaService; MetaService.main()"
     assert dict(meta.env)["MMC_META_CONFIG_PATH"] == "conf/mmc-meta.conf"
     proxy = flags(plan.process("proxy").command)
-    assert proxy["--flow"] == "layerwise" and proxy["--host"] == "192.168.20.1"
+    assert proxy["--flow"] == "layerwise"
+    assert proxy["--host"] == "192.168.20.1"

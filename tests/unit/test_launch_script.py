@@ -22,7 +22,8 @@ def test_a_failing_command_in_set_env_does_not_stop_the_launch(tmp_path: Path) -
     script.parent.mkdir(parents=True)
     script.write_text(launch_script(proc, "d", "logs/p.log"))
     r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0 and r.stdout.strip() == "started yes 1", r
+    assert r.returncode == 0, r
+    assert r.stdout.strip() == "started yes 1", r
     # after the sources a failing step still ends the script
     text = script.read_text()
     assert text.index("source ") < text.index("set -e") < text.index("export A=")

@@ -38,7 +38,9 @@ def test_gqa_facts() -> None:
 
 def test_sparse_mla_facts() -> None:
     f = facts_from_config(GLM5)
-    assert f["attention"] == "sfa" and f["kv_lora_rank"] == 512 and f["index_topk"] == 2048
+    assert f["attention"] == "sfa"
+    assert f["kv_lora_rank"] == 512
+    assert f["index_topk"] == 2048
 
 
 def test_profile_reads_config_and_keeps_its_own_values(tmp_path: Path) -> None:

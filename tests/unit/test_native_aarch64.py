@@ -126,7 +126,7 @@ def test_cross_built_wheel_runs_on_aarch64(tmp_path: Path) -> None:
     # linux_aarch64, importable by an arm64 CPython with the NEON planner.
     import zipfile
 
-    from kvpd.exec import wheel
+    from kvpd.exec.bundle import wheel
 
     chain = _need_toolchain()
     wheel.write_source(tmp_path / "src")
@@ -160,7 +160,7 @@ def test_an_aarch64_slot_gets_the_controllers_cross_built_wheel(
     # A host slot whose Python is the emulated arm64 interpreter reports aarch64; the bundle
     # step cross-builds its wheel here (no host build), installs it with that Python's pip and
     # verifies it there: native, with the NEON planner.
-    from kvpd.exec.bundle import BundleInstaller
+    from kvpd.exec.bundle.installer import BundleInstaller
     from kvpd.exec.local import LocalTransport
     from kvpd.plan.bundle import BundleUse
     from kvpd.plan.value import HostSpec, Plan

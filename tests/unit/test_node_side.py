@@ -21,7 +21,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 # Packages whose modules run in node processes (engines, proxy) and the scripts `up` runs there.
 NODE_PACKAGES = ("kvpd/connectors", "kvpd/native", "kvpd/proxy", "kvpd/plugin")
-NODE_SCRIPTS = ("kvpd/exec/bundle_node.py", "kvpd/exec/wheel_build.py")
+NODE_SCRIPTS = ("kvpd/exec/bundle/node.py", "kvpd/exec/bundle/wheel_build.py")
 ALLOWED = {"kvpd", "numpy", "vllm", "torch", "uvloop"}  # uvloop: optional, guarded by the proxy
 
 BLOCKER = r"""
@@ -95,7 +95,7 @@ def run(python: str, modules: list[str]) -> dict[str, str]:
 def test_node_side_modules_are_found() -> None:
     mods = node_modules()
     assert "kvpd.connectors.store" in mods and "kvpd.proxy.app" in mods
-    assert "kvpd.native" in mods and "kvpd.exec.bundle_node" in mods
+    assert "kvpd.native" in mods and "kvpd.exec.bundle.node" in mods
 
 
 def test_node_side_imports_only_stdlib_numpy_and_the_engine() -> None:

@@ -35,7 +35,8 @@ def test_another_memfabric_than_the_lib_path_names_fails() -> None:
     got = _checks({"memfabric-hybrid": {"p1": "1.3.0", "d1": "1.2.0"},
                    "memcache-hybrid": {"p1": "1.2.1"}}, "25.5.1")  # fmt: skip
     c = got["p1 memfabric release"]
-    assert not c.ok and "memfabric-hybrid 1.3.0 is installed but" in c.detail
+    assert not c.ok
+    assert "memfabric-hybrid 1.3.0 is installed but" in c.detail
     assert "kv.memfabric.extend_lib_path" in c.fix
     assert not got["p1 memcache/memfabric pair"].ok
     assert got["d1 memfabric release"].ok
@@ -44,6 +45,9 @@ def test_another_memfabric_than_the_lib_path_names_fails() -> None:
 def test_an_old_or_missing_npu_driver_fails() -> None:
     v: dict[str, dict[str, str | None]] = {"memfabric-hybrid": {"p1": "1.2.0", "d1": "1.2.0"}}
     c = _checks(v, "24.1.rc3")["d1 NPU driver"]
-    assert not c.ok and "older than 25.5.1" in c.detail and "upgrade" in c.fix
+    assert not c.ok
+    assert "older than 25.5.1" in c.detail
+    assert "upgrade" in c.fix
     c = _checks(v, None)["p1 NPU driver"]
-    assert not c.ok and "/usr/local/Ascend/driver/version.info" in c.detail
+    assert not c.ok
+    assert "/usr/local/Ascend/driver/version.info" in c.detail

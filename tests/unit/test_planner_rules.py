@@ -72,7 +72,8 @@ def test_vllm_plugins_must_allow_the_kvpd_plugin() -> None:
         "planner: upstream."
     ) in msg
     spaced = error("env={VLLM_PLUGINS: 'ascend, kvpd_sparse_planner'}")
-    assert "env.VLLM_PLUGINS: " in spaced and "vLLM does not strip spaces" in spaced
+    assert "env.VLLM_PLUGINS: " in spaced
+    assert "vLLM does not strip spaces" in spaced
     p = plan("engine.env={VLLM_PLUGINS: 'ascend,kvpd_sparse_planner'}")
     assert decode_env(p)["VLLM_PLUGINS"] == "ascend,kvpd_sparse_planner"
     plan("decode.sparse_offload.planner=upstream", "decode.env={VLLM_PLUGINS: ascend}")

@@ -52,9 +52,8 @@ def test_dp_address_naming_no_host_is_a_located_message() -> None:
 def test_dp_address_not_on_rank_0_is_refused() -> None:
     with pytest.raises(ProfileError) as e:
         load_plan("large-ep", sets=["decode.dp_address=d2"], base_dir="/srv/kvpd")
-    assert "dp_address 'd2' is not where decode DP rank 0 runs ('d1')" in str(
-        e.value
-    ) and "Set dp_address: d1" in str(e.value)
+    assert "dp_address 'd2' is not where decode DP rank 0 runs ('d1')" in str(e.value)
+    assert "Set dp_address: d1" in str(e.value)
 
 
 def test_binary_file_is_not_a_profile(tmp_path: Path) -> None:
@@ -62,7 +61,8 @@ def test_binary_file_is_not_a_profile(tmp_path: Path) -> None:
     f.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x01")
     r = kvpd("plan", str(f))
     assert r.returncode == 2
-    assert "not a text file (byte 0 is not UTF-8)" in r.stderr and "\\x" not in r.stderr
+    assert "not a text file (byte 0 is not UTF-8)" in r.stderr
+    assert "\\x" not in r.stderr
 
 
 def test_alias_bomb_is_refused_quickly() -> None:
@@ -78,14 +78,16 @@ def test_recursive_alias_is_refused() -> None:
 
 def test_directory_is_named_as_a_directory(tmp_path: Path) -> None:
     r = kvpd("plan", str(tmp_path))
-    assert r.returncode == 2 and "is a directory, not the profile file" in r.stderr
+    assert r.returncode == 2
+    assert "is a directory, not the profile file" in r.stderr
 
 
 def test_huge_file_is_refused(tmp_path: Path) -> None:
     f = tmp_path / "big.yaml"
     f.write_text("# " + "x" * (2 << 20) + "\n")
     r = kvpd("plan", str(f))
-    assert r.returncode == 2 and "too large for a profile" in r.stderr
+    assert r.returncode == 2
+    assert "too large for a profile" in r.stderr
 
 
 @pytest.mark.parametrize(
@@ -113,7 +115,8 @@ def test_unwritable_out_directory_is_an_error_not_a_crash(tmp_path: Path) -> Non
     blocker = tmp_path / "file"
     blocker.write_text("x")
     r = kvpd("plan", LW, "--out", str(blocker / "sub"))
-    assert r.returncode == 2 and "cannot write the plan there" in r.stderr
+    assert r.returncode == 2
+    assert "cannot write the plan there" in r.stderr
     assert "internal error" not in r.stderr
 
 
@@ -130,7 +133,8 @@ def test_rich_markup_in_profile_text_is_shown_literally(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert r.returncode == 0, r.stderr
-    assert "/mnt/[/x] must be one shared filesystem" in r.stdout and "(model [/y])" in r.stdout
+    assert "/mnt/[/x] must be one shared filesystem" in r.stdout
+    assert "(model [/y])" in r.stdout
 
 
 def test_each_alias_use_is_its_own_value() -> None:

@@ -125,7 +125,8 @@ def test_a_clashing_range_is_one_message() -> None:
     problems = messages(MC, "prefill.kv_port=9000", "prefill.port=9000")
     clashes = [m for m in problems if "used twice" in m and "prefill.port" in m]
     assert len(clashes) == 1, problems
-    assert "prefill.kv_port" in clashes[0] and "prefill.port" in clashes[0]
+    assert "prefill.kv_port" in clashes[0]
+    assert "prefill.port" in clashes[0]
 
 
 def test_effective_block_size_is_printed() -> None:
@@ -173,7 +174,8 @@ def test_quoted_number_gets_told_to_drop_the_quotes() -> None:
 
 def test_a_rule_about_the_mixed_group_names_it() -> None:
     (msg,) = messages(MIXED, "mixed.sparse_offload={topk_buffer_size: 128}")
-    assert "mixed.sparse_offload" in msg and "prefill" not in msg
+    assert "mixed.sparse_offload" in msg
+    assert "prefill" not in msg
 
 
 WARNED = [

@@ -73,7 +73,9 @@ def test_ucm_storage_with_quotes_stays_one_value_and_newlines_are_refused() -> N
     text = next(f.content for f in p.files if f.path.endswith("ucm.yaml"))
     doc = yaml.safe_load(text)
     cfg = doc["ucm_connectors"][0]["ucm_connector_config"]
-    assert cfg["storage_backends"] == evil and "hit_ratio" not in cfg and "x" not in doc
+    assert cfg["storage_backends"] == evil
+    assert "hit_ratio" not in cfg
+    assert "x" not in doc
     msg = error(UCM, "kv.ucm.storage=" + json.dumps("/mnt/a\nhit_ratio: 1"))
     assert "kv.ucm.storage: must be one line" in msg
 
@@ -139,7 +141,8 @@ def test_cli_out_with_hostile_host_name_exits_2(tmp_path: Path) -> None:
         text=True,
         timeout=60,
     )
-    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
     assert not (tmp_path / "evil").exists()
 
 
@@ -179,9 +182,11 @@ def test_out_writes_through_new_private_temporaries_and_replaces_symlinks(
 
     monkeypatch.setattr(os, "fchmod", spy)
     write_plan_dir(plan, tmp_path)
-    assert trap.read_text() == "" and not target.is_symlink()
+    assert trap.read_text() == ""
+    assert not target.is_symlink()
     assert target.read_text() == script.content
-    assert seen and all(m == 0o600 for m in seen)
+    assert seen
+    assert all(m == 0o600 for m in seen)
 
 
 @pytest.mark.parametrize(
@@ -190,7 +195,8 @@ def test_out_writes_through_new_private_temporaries_and_replaces_symlinks(
 )
 def test_log_name_format_specs_are_refused_with_the_field(template: str) -> None:
     msg = error("local", f"decode.log_name={template}")
-    assert "decode.log_name: " in msg and "only {dp_rank} and {instance} a zero-padding" in msg
+    assert "decode.log_name: " in msg
+    assert "only {dp_rank} and {instance} a zero-padding" in msg
 
 
 def test_log_name_zero_padding_is_allowed() -> None:

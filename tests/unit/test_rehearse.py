@@ -28,9 +28,11 @@ def test_standin_keeps_the_real_topology_command_environment_and_ports() -> None
     for p in rh.processes:
         r = real.process(p.name)
         if p.role in ENGINES:
-            assert p.command[1] == STANDIN_SCRIPT and "stand-in" in p.substituted
+            assert p.command[1] == STANDIN_SCRIPT
+            assert "stand-in" in p.substituted
             assert p.command[p.command.index("--") + 1 :] == r.command
-            assert p.env == r.env and p.ports == r.ports
+            assert p.env == r.env
+            assert p.ports == r.ports
     assert rh.ports == real.ports
     proxy = rh.process("proxy").command
     assert proxy.count("9000") + proxy.count("9001") == 12  # fans out to all 12 engines
@@ -39,7 +41,8 @@ def test_standin_keeps_the_real_topology_command_environment_and_ports() -> None
 def test_default_rehearsal_is_cpu_vllm() -> None:
     assert load_plan("large-ep", rehearse=True) == load_plan("large-ep", rehearse="vllm")
     p = load_plan("large-ep", rehearse=True).process("decode-dp3")
-    assert "serve" in p.command and "ExampleConnector" in p.substituted
+    assert "serve" in p.command
+    assert "ExampleConnector" in p.substituted
 
 
 def test_findings_about_the_real_hardware_do_not_apply_to_a_rehearsal() -> None:
@@ -83,7 +86,8 @@ def test_standin_engine_speaks_the_pd_handshake_and_vllm_metrics() -> None:
         kv = {"do_remote_prefill": True, "remote_engine_id": "p"}
         body = _post(base + "/v1/completions", {"prompt": prompt, "max_tokens": 3,
                                                 "kv_transfer_params": kv})  # fmt: skip
-        assert body["model"] == "m1" and body["usage"]["completion_tokens"] == 3
+        assert body["model"] == "m1"
+        assert body["usage"]["completion_tokens"] == 3
         _post(base + "/v1/completions", {"prompt": prompt, "max_tokens": 1})
         with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
             text = r.read().decode()
@@ -92,7 +96,8 @@ def test_standin_engine_speaks_the_pd_handshake_and_vllm_metrics() -> None:
             want = [f'{k}="{v}"' for k, v in labels.items()]
             assert any(r.startswith(name + "{") and all(w in r for w in want) for r in rows), name
         assert 'source="external_kv_transfer"} 10' in text
-        assert "vllm:prefix_cache_hits_total" in text and 'source="local_cache_hit"} 8' in text
+        assert "vllm:prefix_cache_hits_total" in text
+        assert 'source="local_cache_hit"} 8' in text
     finally:
         proc.terminate()  # SIGTERM: the stand-in shuts its server down and exits
         assert proc.wait(timeout=10) == 0

@@ -63,7 +63,8 @@ def test_bad_value_names_field_and_line() -> None:
 def test_yaml_syntax_error_has_line() -> None:
     with pytest.raises(ProfileError) as e:
         parse_profile("name: x\nhosts: [\n", "p.yaml")
-    assert "p.yaml:" in str(e.value) and "not valid YAML" in str(e.value)
+    assert "p.yaml:" in str(e.value)
+    assert "not valid YAML" in str(e.value)
 
 
 def test_duplicate_key() -> None:
@@ -74,7 +75,9 @@ def test_duplicate_key() -> None:
 
 def test_all_problems_reported_at_once() -> None:
     msg = error(LW, "prefill.tp=8", "decode.sparse_offload.topk_buffer_size=1000")
-    assert "problems" in msg and "prefill.tp" in msg and "topk_buffer_size" in msg
+    assert "problems" in msg
+    assert "prefill.tp" in msg
+    assert "topk_buffer_size" in msg
 
 
 def test_unknown_profile_lists_bundled() -> None:
@@ -423,7 +426,8 @@ def test_guide_32k_against_max_model_len_17000_names_both_fixes() -> None:
     """large-ep benches the guide's 32k prompts; its engines serve --max-model-len 17000."""
     w = warnings("large-ep")
     assert "input 32000 + output 1000 tokens exceed max_model_len 17000" in w
-    assert "--set bench.input_len=16000" in w and "--set model.max_model_len=33000" in w
+    assert "--set bench.input_len=16000" in w
+    assert "--set model.max_model_len=33000" in w
     assert "exceed" not in warnings("large-ep", "bench.input_len=16000")
     assert "exceed" not in warnings("large-ep", "model.max_model_len=33000")
 
@@ -436,7 +440,8 @@ def test_scenario_without_unknown_connector_and_external_without_store() -> None
     assert "bench.scenarios.x.cache: scenario 'x' expects external prefix-cache hits" in msg
     assert "set cache: hbm or none" in msg
     msg = error("ucm-mooncake-2p2d", "bench.scenarios.x={cache: some}")
-    assert "bench.scenarios.x" in msg and "cache" in msg
+    assert "bench.scenarios.x" in msg
+    assert "cache" in msg
 
 
 def test_ucm_profiles_carry_the_guides_three_scenarios() -> None:
@@ -454,7 +459,8 @@ def test_nixl_on_cpu_gets_side_channel_ports_and_ucx_env() -> None:
     pre, dec = dict(p.process("prefill-0").env), dict(p.process("decode-0").env)
     assert pre["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
     assert dec["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5700"
-    assert pre["UCX_TLS"] == "tcp,sm,self" and pre["UCX_NET_DEVICES"] == "lo"
+    assert pre["UCX_TLS"] == "tcp,sm,self"
+    assert pre["UCX_NET_DEVICES"] == "lo"
     assert kv_config(p, "prefill-0") == {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_producer",
@@ -512,7 +518,8 @@ def test_dev_shm_is_required_only_for_ucm_share_buffers_per_dp_rank() -> None:
 def test_ucm_yaml_stays_in_the_run_dir_unless_the_profile_says_otherwise() -> None:
     p = plan("ucm-mooncake-2p2d")
     ucm_files = [f.path for f in p.files if f.template == "ucm.yaml"]
-    assert ucm_files and all(not f.startswith("/") for f in ucm_files)
+    assert ucm_files
+    assert all(not f.startswith("/") for f in ucm_files)
     assert "UCM ships" not in warnings("ucm-mooncake-2p2d")
     example = "/vllm-workspace/unified-cache-management/examples/ucm_config_example.yaml"
     w = warnings("ucm-mooncake-2p2d", f"kv.ucm.config_file={example}")
@@ -554,7 +561,8 @@ def test_health_timeouts_per_group_default_sized_from_the_sparse_pool() -> None:
 
     t = timeouts()
     # decode allocates dram_size_per_dp_gb 128 for its one DP rank before /health answers
-    assert t["prefill-0"] == 1800 and t["decode-0"] == 1800 + 20 * 128
+    assert t["prefill-0"] == 1800
+    assert t["decode-0"] == 1800 + 20 * 128
     assert timeouts("decode.health_timeout_s=7200")["decode-0"] == 7200
     assert timeouts("runtime.health_timeout_s=900")["decode-0"] == 900 + 20 * 128
     assert timeouts("prefill.health_timeout_s=60")["prefill-0"] == 60
@@ -566,9 +574,8 @@ def test_log_name_names_the_engine_logs_like_the_guide() -> None:
     logs = {x.name: x.log for x in p.processes}
     assert logs["prefill-dp2"] == "logs/prefiller_dp_2.log"
     assert logs["decode-dp7"] == "logs/decoder_dp_7.log"
-    assert logs["proxy"] == "logs/proxy.log" and plan("local").process("prefill-0").log == (
-        "logs/prefill-0.log"
-    )
+    assert logs["proxy"] == "logs/proxy.log"
+    assert plan("local").process("prefill-0").log == ("logs/prefill-0.log")
     script = next(f.content for f in p.files if f.path == "prefill-dp2/launch.sh")
     assert "logs/prefiller_dp_2.log" in script
 

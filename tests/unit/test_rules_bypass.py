@@ -30,7 +30,9 @@ MIXED = "ucm-pd-mixed"
 )
 def test_managed_flags_are_refused_in_args(args: str, use: str) -> None:
     msg = error(LW, f"decode.args={args}")
-    assert "decode.args[0]: " in msg and "is set by kvpd from the profile" in msg and use in msg
+    assert "decode.args[0]: " in msg
+    assert "is set by kvpd from the profile" in msg
+    assert use in msg
 
 
 @pytest.mark.parametrize(
@@ -89,7 +91,8 @@ def test_managed_flags_are_refused_in_every_spelling_vllm_reads(
 )
 def test_flags_that_hide_options_or_secrets_are_refused(args: str, says: str) -> None:
     msg = error(LW, f"decode.args={args}")
-    assert "decode.args[0]: " in msg and says in msg, msg
+    assert "decode.args[0]: " in msg, msg
+    assert says in msg, msg
     assert "s3cret" not in msg  # the refusal does not print the secret either
 
 
@@ -102,7 +105,8 @@ def test_a_flag_and_its_value_in_one_entry_is_refused() -> None:
 @pytest.mark.parametrize("args", ["[--dtype, float16]", "[--dtype=half]", "[--dtype, auto]"])
 def test_dtype_in_args_must_agree_with_the_model(args: str) -> None:
     msg = error(LW, f"decode.args={args}")
-    assert "decode.args: --dtype " in msg and "contradicts model.dtype bfloat16" in msg, msg
+    assert "decode.args: --dtype " in msg, msg
+    assert "contradicts model.dtype bfloat16" in msg, msg
 
 
 def test_dtype_in_args_that_agrees_with_the_model_passes() -> None:
@@ -120,7 +124,9 @@ def test_unmanaged_flags_and_values_that_look_like_flags_pass() -> None:
     # a value of -1, a real flag that shares a first word with a managed one, a `.` in a value
     args = "[--max-loras, '-1', --enable-prompt-tokens-details, --tokenizer, ./tok.v2]"
     cmd = plan(LW, f"decode.args={args}").process("decode-0").command
-    assert "--enable-prompt-tokens-details" in cmd and "./tok.v2" in cmd and "-1" in cmd
+    assert "--enable-prompt-tokens-details" in cmd
+    assert "./tok.v2" in cmd
+    assert "-1" in cmd
 
 
 def test_engine_args_are_checked_too() -> None:
@@ -164,7 +170,8 @@ def test_managed_env_is_refused(name: str) -> None:
 )
 def test_memcache_extra_cannot_repeat_managed_keys(field: str, key: str, use: str) -> None:
     msg = error(LW, f'kv.memcache.{field}={{"{key}": "1"}}')
-    assert f"kv.memcache.{field}.{key}: {key} is written by kvpd" in msg and use in msg
+    assert f"kv.memcache.{field}.{key}: {key} is written by kvpd" in msg
+    assert use in msg
 
 
 @pytest.mark.parametrize(
@@ -274,7 +281,8 @@ def test_mixed_beside_prefill_and_decode_is_refused() -> None:
 
 def test_mixed_group_rules_name_the_mixed_group() -> None:
     msg = error(MIXED, "mixed.sparse_offload={topk_buffer_size: 128}")
-    assert "a mixed engine with it is refused" in msg and "from mixed" in msg
+    assert "a mixed engine with it is refused" in msg
+    assert "from mixed" in msg
     assert "mixed.kv_role: a mixed group both prefills and decodes" in error(
         MIXED, "mixed.kv_role=kv_producer"
     )
@@ -310,7 +318,8 @@ def test_sfa_c8_through_additional_config_counts() -> None:
 @pytest.mark.parametrize("seed", ["-1", "4294967296", "random", "0x10", "1.5"])
 def test_pythonhashseed_range(seed: str) -> None:
     msg = error(MC, f"env.PYTHONHASHSEED='{seed}'")
-    assert "env.PYTHONHASHSEED: " in msg and "is not an integer in [0, 4294967295]" in msg
+    assert "env.PYTHONHASHSEED: " in msg
+    assert "is not an integer in [0, 4294967295]" in msg
 
 
 def test_pythonhashseed_as_yaml_number_is_accepted() -> None:
@@ -506,7 +515,8 @@ def test_a_scenario_whose_sets_break_the_profile_is_refused_by_plan() -> None:
         "zero: {sets: [engine.max_num_seqs=0], without: [ucm]}}",
     )
     assert "bench.scenarios.typo: the profile with this scenario's changes " in msg
-    assert "(engine.max_num_seqz=4) is refused: " in msg and "max_num_seqz" in msg
+    assert "(engine.max_num_seqz=4) is refused: " in msg
+    assert "max_num_seqz" in msg
     # the connectors its `without` detaches are part of what is built
     assert "bench.scenarios.zero: the profile with this scenario's changes " in msg
     assert "(engine.max_num_seqs=0, prefill.kv_connectors=[mooncake]) is refused" in msg

@@ -58,7 +58,8 @@ def test_sparse_pool_must_hold_one_sequence() -> None:
 
 def test_plan_says_how_many_bench_prompts_fit_prefill_hbm() -> None:
     w = bundled_warnings(LW, "model.weights_gb=700", "bench.num_prompts=1000")
-    assert "bench.num_prompts: " in w and "of the bench's 1000 prompts of 16384 tokens fit" in w
+    assert "bench.num_prompts: " in w
+    assert "of the bench's 1000 prompts of 16384 tokens fit" in w
     p = bundled_plan(LW, "model.weights_gb=700")
     assert any(
         d.startswith("bench: 16 prompts of 16384 tokens; the prefill HBM KV cache holds only 10")

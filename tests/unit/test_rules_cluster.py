@@ -24,7 +24,8 @@ def test_mooncake_rpc_port_in_extra_args_is_refused() -> None:
 @pytest.mark.parametrize("flag", ["--rpc_address=10.0.0.9", "--metrics_host", "--flagfile=/x"])
 def test_mooncake_flags_that_move_derived_addresses_are_refused(flag: str) -> None:
     msg = error(MC, f"kv.mooncake.extra_args=['{flag}', '10.0.0.9']")
-    assert "kv.mooncake.extra_args[0]: --" in msg and "changes what kvpd derives" in msg
+    assert "kv.mooncake.extra_args[0]: --" in msg
+    assert "changes what kvpd derives" in msg
 
 
 def test_unknown_mooncake_master_flag_is_refused_with_a_suggestion() -> None:
@@ -50,7 +51,8 @@ def test_memcache_dram_times_local_ranks_above_memory_gb() -> None:
 def test_ucm_shm_above_memory_gb() -> None:
     msg = error(MIXED, "hosts.n1.memory_gb=100", "kv.ucm.config={share_buffer_enable: true}")
     assert "bundled:ucm-pd-mixed:20: kv.ucm.cache_buffer_capacity_gb: UCM's share buffers" in msg
-    assert "need 128 GB of /dev/shm" in msg and "above its memory_gb 100" in msg
+    assert "need 128 GB of /dev/shm" in msg
+    assert "above its memory_gb 100" in msg
 
 
 # --- vLLM start-time refusals -------------------------------------------------------------
@@ -114,7 +116,8 @@ def test_unknown_ucm_store_pipeline() -> None:
 
 def test_container_name_docker_refuses() -> None:
     msg = error(UCM, "runtime.run_dir=/data/run", "hosts.p1.container={name: a, runtime: docker}")
-    assert "hosts.p1.container.name:" in msg and "(2 to 128 characters)" in msg
+    assert "hosts.p1.container.name:" in msg
+    assert "(2 to 128 characters)" in msg
 
 
 # --- scenarios that remove the only P->D path ---------------------------------------------

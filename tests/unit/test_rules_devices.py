@@ -17,7 +17,8 @@ def test_each_hardware_says_what_devices_counts() -> None:
         "die", 2, (16,)
     )  # fmt: skip
     assert (KINDS["a2"].unit, KINDS["a2"].per_server) == ("chip", (8,))
-    assert KINDS["950"].unit == "chip" and KINDS["cpu"].unit == "core"
+    assert KINDS["950"].unit == "chip"
+    assert KINDS["cpu"].unit == "core"
 
 
 def test_a3_host_declared_with_eight_devices_warns(tmp_path: Path) -> None:

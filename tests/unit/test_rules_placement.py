@@ -10,7 +10,8 @@ from tests.unit.newcomer import error, placed, plan
 def test_pack_refuses_a_listed_host_left_idle(tmp_path: Path) -> None:
     e = error(tmp_path)
     assert "newcomer.yaml:14: mixed.hosts: mixed lists npu-b" in e
-    assert "placement: spread" in e and "allow_idle_hosts: true" in e
+    assert "placement: spread" in e
+    assert "allow_idle_hosts: true" in e
 
 
 def test_idle_host_accepted_when_intended(tmp_path: Path) -> None:
@@ -46,4 +47,5 @@ def test_idle_devices_on_a_listed_host_warn(tmp_path: Path) -> None:
 def test_dp_packed_onto_one_host_is_refused_with_both_fixes(tmp_path: Path) -> None:
     e = error(tmp_path, "mixed.instances=1", "mixed.dp=2")
     assert "mixed.hosts: mixed lists npu-b but its 1 instance(s) of dp 2 x tp 8" in e
-    assert "`placement: spread`" in e and "`dp_size_local: 1`" in e
+    assert "`placement: spread`" in e
+    assert "`dp_size_local: 1`" in e

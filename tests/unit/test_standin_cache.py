@@ -18,7 +18,8 @@ def test_unbounded_cache_hits_every_repeat() -> None:
     e = Engine("prefill", "m", 2, "127.0.0.1", 1)
     e.admit(_prompt("a", 3), received=False)
     e.admit(_prompt("a", 3), received=False)
-    assert _hits(e) == 6 and len(e.cache) == 3
+    assert _hits(e) == 6
+    assert len(e.cache) == 3
 
 
 def test_a_bounded_cache_evicts_the_least_recently_used_blocks() -> None:

@@ -49,7 +49,8 @@ def test_same_seed_same_bytes_other_seed_other_weights(tmp_path: Path) -> None:
     assert files_c["tokenizer.json"] == files_a["tokenizer.json"]  # the seed only drives weights
 
     cfg = json.loads(files_a["config.json"])
-    assert cfg["head_dim"] == 32 and cfg["num_hidden_layers"] == 2
+    assert cfg["head_dim"] == 32
+    assert cfg["num_hidden_layers"] == 2
     assert "<|im_start|>" in files_a["chat_template.jinja"].decode()
 
 
@@ -74,5 +75,6 @@ def test_missing_engine_says_how_to_install(
         main(["model", "tiny", str(tmp_path / "m")])
     assert exc.value.code == 1
     err = capsys.readouterr().err
-    assert "make engine" in err and str(tmp_path / "nope") in err
+    assert "make engine" in err
+    assert str(tmp_path / "nope") in err
     assert not (tmp_path / "m").exists()

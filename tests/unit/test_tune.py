@@ -42,7 +42,8 @@ def test_synthetic_trace_has_the_requested_overlap() -> None:
 
 def test_candidates_are_block_multiples_from_topk() -> None:
     sizes = candidate_buffer_sizes(2048, 128)
-    assert sizes[0] == 2048 and sizes[-1] == 8192
+    assert sizes[0] == 2048
+    assert sizes[-1] == 8192
     assert all(s % 128 == 0 for s in sizes)
     assert candidate_buffer_sizes(100, 64)[0] == 128
 
@@ -77,7 +78,8 @@ def test_bigger_buffer_catches_revisits_and_recommendation_is_smallest_fit() -> 
 
 def test_nothing_fits_gives_none() -> None:
     rep = tune_sparse_buffer(small_trace(), FACTS, bandwidth_gbps=0.001, tpot_ms=1)
-    assert rep.recommended is None and not any(r.fits for r in rep.results)
+    assert rep.recommended is None
+    assert not any(r.fits for r in rep.results)
 
 
 def test_trace_round_trip_and_errors(tmp_path) -> None:
@@ -123,14 +125,16 @@ def test_cli_tune_sparse_json_and_trace(tmp_path) -> None:
     res = runner.invoke(build_app(), [*base, "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)
-    assert data["recommended"] == 64 and data["results"][0]["buffer_size"] == 64
+    assert data["recommended"] == 64
+    assert data["results"][0]["buffer_size"] == 64
     path = tmp_path / "t.npz"
     save_topk_trace(path, small_trace(steps=3))
     res = runner.invoke(build_app(), [*base, "--trace", str(path)])
     assert res.exit_code == 0, res.output
     assert "recommended topk_buffer_size: 64" in res.output
     res = runner.invoke(build_app(), [*base, "--buffer-sizes", "32,64"])
-    assert res.exit_code == 2 and "index_topk" in res.output
+    assert res.exit_code == 2
+    assert "index_topk" in res.output
 
 
 def test_cli_native_info() -> None:
@@ -139,4 +143,6 @@ def test_cli_native_info() -> None:
     facts = json.loads(res.output)
     assert facts["implementation"] in ("native", "numpy")
     if facts["implementation"] == "native":
-        assert facts["compiler"] and facts["openmp"] and facts["max_threads"] >= 1
+        assert facts["compiler"]
+        assert facts["openmp"]
+        assert facts["max_threads"] >= 1

@@ -4,7 +4,7 @@
 and `transport` (SSHTransport: pooling, reconnects, process control).
 
 `SSHTransport` is imported on first use: the pure `commands` module is also what the container
-transport sends (kvpd.exec.container), and importing it must not load paramiko."""
+transport sends (kvpd.exec.containers.transport), and importing it must not load paramiko."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import paramiko
 from kvpd.exec.channel_errors import refusal
 from kvpd.exec.ssh.connect import LINK_ERRORS, Connection, Unstarted
 from kvpd.exec.transport import ChannelError
+from kvpd.profile.types import is_loopback
 
 
 class _ReportedByKvpd(logging.Filter):
@@ -23,9 +24,6 @@ class _ReportedByKvpd(logging.Filter):
 
 
 logging.getLogger("paramiko.transport").addFilter(_ReportedByKvpd())
-
-# Addresses that are always the host itself.
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def open_to(
@@ -43,7 +41,7 @@ def open_to(
             "direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout_s
         )
     except paramiko.ChannelException as e:
-        mine = address in _LOOPBACK or address in own
+        mine = is_loopback(address) or address in own
         raise refusal(host, user, address, port, e.code, e.text, own=mine) from None
     except paramiko.SSHException as e:
         if not transport.is_active():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvpd.plan.requirements import ucm_shm_gb
 from kvpd.plan.rules.base import Checker
-from kvpd.profile.types import is_loopback
+from kvpd.profile.types import on_this_machine
 
 TMPFS = ("/dev/shm", "/run/shm", "/tmp")  # per-host memory filesystems (tmp: often tmpfs)
 
@@ -31,7 +31,7 @@ def rule_store_sharing(c: Checker) -> None:
         return
     users = sorted({h for _, g in c.groups() if "kvpd_store" in g.kv_connectors for h in g.hosts})
     machines = {  # hosts on this machine (local transport, loopback) share its filesystem
-        "this machine" if h.transport == "local" or is_loopback(h.address) else h.address
+        "this machine" if on_this_machine(h.transport, h.address) else h.address
         for h in (c.p.hosts[n] for n in users if n in c.p.hosts)
     }
     if len(machines) > 1:
@@ -77,7 +77,7 @@ def rule_container_shm(c: Checker) -> None:
 
     need: dict[str, float] = {}
     for p in c.procs:
-        g = getattr(c.p, p.role, None) if p.role in ("prefill", "decode", "mixed") else None
+        g = c.p.group(p.role) if p.role in ("prefill", "decode", "mixed") else None
         if g is not None and "ucm" in g.kv_connectors:
             need[p.host] = need.get(p.host, 0.0) + ucm_shm_gb(c.p, len(p.devices), g.tp * g.pp)
     for h, gb in sorted(need.items()):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvpd.plan.layout import hardware_of
 from kvpd.plan.rules.base import Checker
+from kvpd.profile.roles import Role
 from kvpd.profile.schema import ASCEND
 
 ASCEND_ONLY = {"sfa_d2h", "ascend_store", "mooncake", "mooncake_layerwise", "ucm"}
@@ -13,20 +14,20 @@ P2P = frozenset({"sfa_d2h", "mooncake", "mooncake_layerwise", "nixl"})
 HASHING = frozenset({"ascend_store", "mooncake", "mooncake_layerwise"})
 
 
-def rule_roles(c: Checker) -> None:
+def rule_roles(c: Checker) -> None:  # noqa: C901 — a flat checklist: one independent check per connector fact, no nesting
     for role, g in c.groups():
-        if g.kv_role in ("kv_producer", "kv_consumer") and role == "mixed":
+        if g.kv_role in ("kv_producer", "kv_consumer") and role == Role.MIXED:
             c.err(
                 (role, "kv_role"),
                 f"a mixed group both prefills and decodes; {g.kv_role} would make it only "
                 "save or only load KV. Use kv_both (the default) or leave kv_role unset.",
             )
-        if g.kv_role == "kv_consumer" and role == "prefill":
+        if g.kv_role == "kv_consumer" and role == Role.PREFILL:
             c.err(
                 (role, "kv_role"),
                 "prefill cannot be kv_consumer: it produces KV. Use kv_producer (or kv_both).",
             )
-        if g.kv_role == "kv_producer" and role == "decode":
+        if g.kv_role == "kv_producer" and role == Role.DECODE:
             c.err(
                 (role, "kv_role"),
                 "decode cannot be kv_producer: it consumes KV. Use kv_consumer (or kv_both).",

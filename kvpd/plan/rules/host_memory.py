@@ -35,7 +35,7 @@ def rule_host_memory(c: Checker) -> None:
     for p in c.procs:
         if p.role not in ENGINE_ROLES:
             continue
-        g = getattr(c.p, p.role)
+        g = c.p.engine_group(p.role)
         if "ascend_store" in g.kv_connectors and per_rank:
             ranks, gb = mc_need.get(p.host, (0, 0.0))
             n = len(p.devices) or 1

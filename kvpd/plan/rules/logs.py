@@ -22,7 +22,7 @@ def rule_log_names(c: Checker) -> None:
         (p.host, f"logs/{p.name}.log"): p.name for p in c.procs if p.name not in engines
     }
     for ep in c.layout.procs:
-        g = getattr(c.p, ep.role)
+        g = c.p.engine_group(ep.role)
         if ep.role in bad:
             continue
         key = (ep.host, log_file(g.log_name, ep))

@@ -37,7 +37,7 @@ def rule_idle_hosts(c: Checker) -> None:
 
 
 def _local(c: Checker, role: str) -> int:
-    return dp_size_local(c.p, getattr(c.p, role))
+    return dp_size_local(c.p, c.p.engine_group(role))
 
 
 def rule_idle_devices(c: Checker) -> None:

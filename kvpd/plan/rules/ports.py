@@ -7,7 +7,7 @@ import ipaddress
 from kvpd.plan.processes import ProcessDraft
 from kvpd.plan.proxyargs import set_routing, set_timeouts
 from kvpd.plan.rules.base import Checker, Path_
-from kvpd.profile.roles import ENGINE_ROLES
+from kvpd.profile.roles import ENGINE_ROLES, Role
 from kvpd.profile.types import is_ip
 
 WILDCARDS = ("0.0.0.0", "::", "0:0:0:0:0:0:0:0")
@@ -34,7 +34,7 @@ def _client_key(c: Checker) -> None:
         )
 
 
-def rule_proxy(c: Checker) -> None:
+def rule_proxy(c: Checker) -> None:  # noqa: C901 — a flat checklist: one independent check per proxy setting
     px = c.p.proxy
     if px is None:
         return
@@ -109,13 +109,13 @@ def port_field(proc: ProcessDraft, purpose: str) -> Path_:
         if purpose == "data-parallel rpc":
             return (proc.role, "dp_rpc_port")
         return (proc.role, "kv_port")
-    if proc.role == "metaservice":
+    if proc.role == Role.METASERVICE:
         if "config store" in purpose:
             return ("kv", "memcache", "config_store_port")
         if "metrics" in purpose:
             return ("kv", "memcache", "metrics_port")
         return ("kv", "memcache", "port")
-    if proc.role == "mooncake":
+    if proc.role == Role.MOONCAKE:
         if "metrics" in purpose:
             return ("kv", "mooncake", "metrics_port")
         if "http metadata" in purpose:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvpd.plan.rules.base import Checker
-from kvpd.profile.roles import ENGINE_ROLES
+from kvpd.profile.roles import ENGINE_ROLES, Role
 
 # Connectors that bind the group's kv_port (MooncakeConnectorV1/Layerwise side channels, the
 # NIXL side channel); SfaRemoteD2HConnector binds it on decode only.
@@ -11,13 +11,15 @@ KV_PORT_USERS = frozenset({"mooncake", "mooncake_layerwise", "nixl"})
 
 
 def uses_kv_port(role: str, connectors: list[str]) -> bool:
-    return bool(KV_PORT_USERS & set(connectors)) or (role == "decode" and "sfa_d2h" in connectors)
+    return bool(KV_PORT_USERS & set(connectors)) or (
+        role == Role.DECODE and "sfa_d2h" in connectors
+    )
 
 
 def rule_kv_port_used(c: Checker) -> None:
     """An explicit kv_port that no connector of the group binds would be dropped unseen."""
     for role in ENGINE_ROLES:
-        g = getattr(c.p, role)
+        g = c.p.group(role)
         if g is None or g.kv_port is None or uses_kv_port(role, list(g.kv_connectors)):
             continue
         users = "mooncake, mooncake_layerwise, nixl, or sfa_d2h on decode"

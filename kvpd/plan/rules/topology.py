@@ -90,7 +90,7 @@ def rule_groups_present(c: Checker) -> None:
         )
     if p.prefill and p.decode:
         for role in ("prefill", "decode"):
-            g = getattr(p, role)
+            g = p.engine_group(role)
             if not g.kv_connectors:
                 c.err(
                     (role, "kv_connectors"),
@@ -105,7 +105,7 @@ def rule_groups_present(c: Checker) -> None:
             )
 
 
-def rule_parallelism(c: Checker) -> None:
+def rule_parallelism(c: Checker) -> None:  # noqa: C901 — a flat checklist: one independent check per parallelism setting
     for role, g in c.groups():
         if any(h not in c.p.hosts for h in g.hosts):
             continue

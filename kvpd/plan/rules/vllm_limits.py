@@ -17,7 +17,7 @@ ASCEND_PLATFORM_PLUGIN = "ascend"  # vLLM-Ascend's entry point in vllm.platform_
 
 def _where(c: Checker, role: str, field: str) -> tuple[str, ...]:
     """The field as written: the group's own, else `engine:` (the default it inherits)."""
-    g = getattr(c.p, role)
+    g = c.p.group(role)
     return (role, field) if getattr(g, field, None) is not None else ("engine", field)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpd.errors import DeployError, TransportError
-from kvpd.exec.container import ContainerTransport, runtime_failure
+from kvpd.exec.containers.transport import ContainerTransport, runtime_failure
 from kvpd.exec.stop import Reporter
 from kvpd.exec.transport import Transport, Transports
 from kvpd.plan.container import ContainerSpec

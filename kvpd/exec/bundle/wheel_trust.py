@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from kvpd import __version__
 from kvpd.errors import KvpdError
-from kvpd.exec import wheel_build
+from kvpd.exec.bundle import wheel_build
 from kvpd.native.sources import EXTENSIONS
 
 ANY = "any"  # platform key of a wheel without the native core (the controller's own key)
@@ -103,13 +103,8 @@ class Verified:
     native: bool
 
 
-def verify_host_wheel(
-    data: bytes, name: object, platform: str, reference: dict[str, bytes]
-) -> Verified:
-    """Check a wheel `platform`'s host built against `reference` (the controller's members of
-    this kvpd's wheel: package files and dist-info without WHEEL and RECORD); raise Refused
-    saying what differs. Returns the wheel packed again from the controller's own files plus
-    the host's extension (the only member a host supplies)."""
+def _checked_tag(data: bytes, name: object, platform: str) -> str:
+    """The wheel's tag from its name: a kvpd wheel's, the one `platform` makes (or pure)."""
     check_platform(platform)
     tag = tag_of(str(name)) if wheel_name_ok(name) else None
     if tag is None:
@@ -119,10 +114,17 @@ def verify_host_wheel(
         raise Refused(f"the built wheel is tagged {tag}, but a {platform} Python makes {want}")
     if len(data) > MAX_WHEEL_BYTES:
         raise Refused(f"the built wheel has {len(data)} bytes (more than {MAX_WHEEL_BYTES})")
-    members = _members(data)
-    info = f"{wheel_build.NAME}-{__version__}.dist-info"
-    computed = {f"{info}/WHEEL", f"{info}/RECORD"}
-    exts = native_members(platform)
+    return tag
+
+
+def _same_members(
+    members: dict[str, bytes],
+    reference: dict[str, bytes],
+    computed: set[str],
+    exts: tuple[str, ...],
+) -> None:
+    """The controller's members, byte for byte, and nothing else but the extensions and the
+    files computed from the members."""
     extra = sorted(set(members) - set(reference) - computed - set(exts))
     if extra:
         raise Refused(f"the built wheel has members the controller's does not: {_few(extra)}")
@@ -134,6 +136,11 @@ def verify_host_wheel(
         raise Refused(
             f"the built wheel's {_few(changed)} differ from the controller's source of this kvpd"
         )
+
+
+def _extensions(members: dict[str, bytes], exts: tuple[str, ...], tag: str) -> list[str]:
+    """The native extensions the wheel holds: all of them (tagged for the platform, ELF) or
+    none (the pure wheel)."""
     present = [e for e in exts if e in members]
     native = bool(present)
     if native and len(present) != len(exts):
@@ -144,6 +151,23 @@ def verify_host_wheel(
     for ext in present:
         if not members[ext].startswith(b"\x7fELF"):
             raise Refused(f"the built wheel's {ext} is not an ELF shared object")
+    return present
+
+
+def verify_host_wheel(
+    data: bytes, name: object, platform: str, reference: dict[str, bytes]
+) -> Verified:
+    """Check a wheel `platform`'s host built against `reference` (the controller's members of
+    this kvpd's wheel: package files and dist-info without WHEEL and RECORD); raise Refused
+    saying what differs. Returns the wheel packed again from the controller's own files plus
+    the host's extension (the only member a host supplies)."""
+    tag = _checked_tag(data, name, platform)
+    members = _members(data)
+    info = f"{wheel_build.NAME}-{__version__}.dist-info"
+    computed = {f"{info}/WHEEL", f"{info}/RECORD"}
+    exts = native_members(platform)
+    _same_members(members, reference, computed, exts)
+    present = _extensions(members, exts, tag)
     files = dict(reference)
     files.update({ext: members[ext] for ext in present})
     expected = wheel_build.with_wheel_files(files, tag)
@@ -153,7 +177,7 @@ def verify_host_wheel(
                 f"the built wheel's {posixpath.basename(n)} is not the one of its members"
             )
     return Verified(
-        f"{wheel_build.NAME}-{__version__}-{tag}.whl", wheel_build.pack(files, tag), native
+        f"{wheel_build.NAME}-{__version__}-{tag}.whl", wheel_build.pack(files, tag), bool(present)
     )
 
 

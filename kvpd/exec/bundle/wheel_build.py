@@ -3,7 +3,7 @@
     python -I wheel_build.py SRC OUT [--no-native]
     python -I wheel_build.py SRC OUT --prebuilt DIR --tag TAG --why TEXT
 
-SRC is a prepared source tree (kvpd.exec.wheel.prepare_source): `kvpd/` (the package files),
+SRC is a prepared source tree (kvpd.exec.bundle.wheel.prepare_source): `kvpd/` (the package files),
 `dist-info/` (METADATA, entry_points.txt) and `pybind11/` (headers). The native core (every
 extension of kvpd/native/sources.py, the sparse-LRU core and vLLM-Ascend's planner interface) is
 compiled straight with the host's C++ compiler, with the portable flags of setup.py; when that

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpd.exec import cross_build
-from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle_host import CHECK_SH, NODE_SCRIPT, json_lines, vet
-from kvpd.exec.bundle_result import fix_hint
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle.host import CHECK_SH, NODE_SCRIPT, json_lines, vet
+from kvpd.exec.bundle.result import fix_hint
 from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.transport import Transport
@@ -31,63 +31,23 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
     for u in plan.bundle:
         by_host.setdefault(u.host, []).append(u)
 
-    def facts(host: str) -> list[dict[str, Any]]:
-        t = transports(host)
-        run_dir = t.resolve(plan.host(host).run_dir)
-        args = ["bash", "-c", CHECK_SH, "kvpd-bundle", run_dir, "-", NODE_SCRIPT, "facts"]
-        for u in by_host[host]:
-            args += [u.slot, u.python]
-        try:
-            r = t.run(args, timeout_s=120)
-        except Exception as e:  # noqa: BLE001 - reported as a failed check
-            return [{"slot": u.slot, "problem": f"host unreachable: {e}"} for u in by_host[host]]
-        found = {d.get("slot"): d for d in json_lines(r.stdout)}
-        return [
-            vet(found[u.slot], u.slot)
-            if u.slot in found
-            else {"slot": u.slot, "problem": r.stderr[-200:]}
-            for u in by_host[host]
-        ]
-
     workers = max(1, min(16, len(by_host)))
     with Fanout(workers) as pool:
-        reports = dict(zip(by_host, pool.map(facts, by_host), strict=True))
+        reports = dict(
+            zip(
+                by_host,
+                pool.map(lambda h: _facts(plan, transports(h), h, by_host[h]), by_host),
+                strict=True,
+            )
+        )
     checks: list[Check] = []
     platforms: dict[str, dict[str, Any]] = {}
     local = wheels.local_platform()
     for host, uses in by_host.items():
         for u, rep in zip(uses, reports[host], strict=True):
-            name = f"bundle python ({u.slot})"
-            if rep.get("problem") and not rep.get("platform") and not rep.get("too_old"):
-                fix = fix_hint(rep)
-                checks.append(Check(host, name, False, f"{u.python}: {rep['problem']}", fix))
+            usable = _slot_checks(host, u, rep, checks)
+            if not usable:
                 continue
-            ok = not rep.get("too_old")
-            detail = f"{rep.get('executable')} {rep.get('version')}"
-            checks.append(Check(host, name, ok, detail, "" if ok else fix_hint(rep)))
-            if not ok:
-                continue
-            pip = bool(rep.get("pip"))
-            checks.append(
-                Check(
-                    host,
-                    f"pip ({u.slot})",
-                    pip,
-                    "found" if pip else f"no pip for {rep.get('executable')}",
-                    "" if pip else f"{rep.get('executable')} -m ensurepip (or install python3-pip)",
-                )
-            )
-            free = rep.get("free_bytes") or 0
-            need = 200 << 20
-            checks.append(
-                Check(
-                    host,
-                    f"disk for bundle ({u.slot})",
-                    free >= need,
-                    f"{free / (1 << 30):.1f} GiB free in the run dir",
-                    "" if free >= need else "free 200 MiB in the run dir's filesystem",
-                )
-            )
             p = platforms.setdefault(rep["platform"], {"hosts": [], "builders": [], "required": []})
             p["hosts"].append(host)
             if rep.get("compiler"):
@@ -99,6 +59,61 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
     for platform, p in sorted(platforms.items()):
         checks.append(_native_check(platform, p, local, builders, cross))
     return checks
+
+
+def _facts(plan: Plan, t: Transport, host: str, uses: list[BundleUse]) -> list[dict[str, Any]]:
+    """The node script's facts of each slot of `host`, vetted."""
+    run_dir = t.resolve(plan.host(host).run_dir)
+    args = ["bash", "-c", CHECK_SH, "kvpd-bundle", run_dir, "-", NODE_SCRIPT, "facts"]
+    for u in uses:
+        args += [u.slot, u.python]
+    try:
+        r = t.run(args, timeout_s=120)
+    except Exception as e:  # noqa: BLE001 - reported as a failed check
+        return [{"slot": u.slot, "problem": f"host unreachable: {e}"} for u in uses]
+    found = {d.get("slot"): d for d in json_lines(r.stdout)}
+    return [
+        vet(found[u.slot], u.slot)
+        if u.slot in found
+        else {"slot": u.slot, "problem": r.stderr[-200:]}
+        for u in uses
+    ]
+
+
+def _slot_checks(host: str, u: BundleUse, rep: dict[str, Any], checks: list[Check]) -> bool:
+    """One slot's Python, pip and disk checks into `checks`; whether its Python can take the
+    bundle at all (then its platform counts for the native core)."""
+    name = f"bundle python ({u.slot})"
+    if rep.get("problem") and not rep.get("platform") and not rep.get("too_old"):
+        checks.append(Check(host, name, False, f"{u.python}: {rep['problem']}", fix_hint(rep)))
+        return False
+    ok = not rep.get("too_old")
+    detail = f"{rep.get('executable')} {rep.get('version')}"
+    checks.append(Check(host, name, ok, detail, "" if ok else fix_hint(rep)))
+    if not ok:
+        return False
+    pip = bool(rep.get("pip"))
+    checks.append(
+        Check(
+            host,
+            f"pip ({u.slot})",
+            pip,
+            "found" if pip else f"no pip for {rep.get('executable')}",
+            "" if pip else f"{rep.get('executable')} -m ensurepip (or install python3-pip)",
+        )
+    )
+    free = rep.get("free_bytes") or 0
+    need = 200 << 20
+    checks.append(
+        Check(
+            host,
+            f"disk for bundle ({u.slot})",
+            free >= need,
+            f"{free / (1 << 30):.1f} GiB free in the run dir",
+            "" if free >= need else "free 200 MiB in the run dir's filesystem",
+        )
+    )
+    return True
 
 
 def _native_check(

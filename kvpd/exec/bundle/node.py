@@ -1,15 +1,15 @@
 """The node side of the bundle step: runs on a host, in the Python of one slot, as a script.
 
-    python -I -S -B -c "$(cat bundle_node.py)" check   RUN_DIR SLOT SOURCE
-    python -I -B -c "$(cat bundle_node.py)" install RUN_DIR SLOT SOURCE WHEEL DIGEST PLATFORM
-    python -I -S -B -c "$(cat bundle_node.py)" facts   RUN_DIR SLOT -
+    python -I -S -B -c "$(cat node.py)" check   RUN_DIR SLOT SOURCE
+    python -I -B -c "$(cat node.py)" install RUN_DIR SLOT SOURCE WHEEL DIGEST PLATFORM
+    python -I -S -B -c "$(cat node.py)" facts   RUN_DIR SLOT -
 
-`check` looks for a bundle of SOURCE (kvpd.exec.wheel.source_digest) for this Python's platform
-in RUN_DIR/bundle/<digest>/, verifies the installed tree against the RECORD, imports kvpd from
-it (and only from it), points RUN_DIR/bundle/SLOT at it and prints one JSON line with what it
+`check` looks for a bundle of SOURCE (kvpd.exec.bundle.wheel.source_digest) for this Python's
+platform in RUN_DIR/bundle/<digest>/, verifies the installed tree against the RECORD, imports kvpd
+from it (and only from it), points RUN_DIR/bundle/SLOT at it and prints one JSON line with what it
 found: the interpreter, its platform, pip, a compiler, free disk and the native implementation.
-`install` installs the uploaded WHEEL with this Python's pip (no dependencies, no index) into a
-new folder named by the wheel's digest, then does `check`.
+`install` installs the uploaded WHEEL with this Python's pip (no dependencies, no index) into a new
+folder named by the wheel's digest, then does `check`.
 
 Standard library only and no syntax newer than Python 3.6: it must be able to say "too old" on
 any interpreter it meets. Nothing outside RUN_DIR/bundle is written.

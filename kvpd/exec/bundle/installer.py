@@ -1,13 +1,13 @@
 """The bundle step of `kvpd up`: put kvpd on every host slot of `Plan.bundle`, verified.
 
-One round trip per host checks every slot (`bundle_node.py check` in the slot's Python): a slot
+One round trip per host checks every slot (`bundle/node.py check` in the slot's Python): a slot
 that already holds this kvpd for its platform is verified and kept, so a second `up` costs one
 check per host. For the others, one wheel per platform: the controller's own build where the
 platform is the controller's, else a cached one, else one built on a host of that platform that
 has a compiler, else the wheel without the native core (NumPy fallback; an error when a process
 requires the native core). A host's build serves only that host unless the profile makes it a
 `bundle_builder` (then it serves every host of its platform); it is verified and packed again on
-the controller before it is cached or installed (kvpd.exec.bundle_host). Each wheel is then
+the controller before it is cached or installed (kvpd.exec.bundle.host). Each wheel is then
 installed with the slot's own pip into `<run dir>/bundle/<digest>/` and verified the same way.
 Hosts run in parallel.
 
@@ -18,31 +18,25 @@ environments: pip runs with `--target`.
 from __future__ import annotations
 
 import posixpath
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kvpd.exec import cross_build
-from kvpd.exec import wheel as wheels
-from kvpd.exec.bundle_builds import Build as Build
-from kvpd.exec.bundle_builds import Group, group_of
-from kvpd.exec.bundle_builds import choose_builds as choose_builds
-from kvpd.exec.bundle_host import CHECK_SH, NODE_SCRIPT, build_on, json_lines, origin, vet
-from kvpd.exec.bundle_result import SlotResult, judge
-from kvpd.exec.fanout import Fanout
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle.builds import Build as Build
+from kvpd.exec.bundle.builds import Group
+from kvpd.exec.bundle.builds import choose_builds as choose_builds
+from kvpd.exec.bundle.host import CHECK_SH, NODE_SCRIPT, build_on, json_lines, origin, vet
+from kvpd.exec.bundle.result import SlotResult
+from kvpd.exec.bundle.run import InstallRun
+from kvpd.exec.bundle.run import fallback as fallback
+from kvpd.exec.bundle.wheel_trust import platform_ok
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.stop import NullReporter, Reporter
 from kvpd.exec.transport import Transport
-from kvpd.exec.wheel_trust import platform_ok
 from kvpd.plan.bundle import BUNDLE_DIR, BundleUse
 from kvpd.plan.value import Plan
-
-
-def fallback(r: SlotResult) -> bool:
-    """A verified slot holding the wheel without the native core (the one hosts get when no
-    build for their platform was possible): what a native build can replace."""
-    return r.ok and r.report.get("bundle_platform") == wheels.ANY
 
 
 class BundleInstaller:
@@ -89,104 +83,8 @@ class BundleInstaller:
     def install(self, plan: Plan, run_dirs: dict[str, str]) -> list[SlotResult]:
         """Check, build what is missing, install, verify; raise DeployError when a slot cannot
         be served (listing every such slot with the fix)."""
-        source = wheels.source_digest()
         self.builders = {h.name for h in plan.hosts if h.bundle_builder}
-        by_host: dict[str, list[BundleUse]] = {}
-        for u in plan.bundle:
-            by_host.setdefault(u.host, []).append(u)
-        results = {(u.host, u.slot): SlotResult(u.host, u.slot, u.python) for u in plan.bundle}
-        uses = {(u.host, u.slot): u for u in plan.bundle}
-        t0s = {h: time.monotonic() for h in by_host}
-        workers = max(1, min(self.max_workers, len(by_host)))
-        with Fanout(workers) as pool:
-
-            def slots(host: str) -> list[SlotResult]:
-                return [results[(host, u.slot)] for u in by_host[host]]
-
-            def ready(host: str) -> bool:
-                """Every slot verified, none a fallback an upgrade may replace: done."""
-                return all(r.ok and not fallback(r) for r in slots(host))
-
-            def first(host: str) -> None:
-                self._say(host, "starting", "checking the bundle")
-                for rep in self.check(host, run_dirs[host], by_host[host], source):
-                    r = results[(host, rep["slot"])]
-                    r.report = rep
-                    if r.ok:  # kept unless replaced below: its wheel's origin, by digest
-                        r.source = self._origin_of(r, source)
-                        self._spread_check(r)
-                if ready(host):
-                    self._done(host, slots(host), t0s)
-
-            list(pool.map(first, by_host))
-            self.executables = {
-                r.host: r.report["executable"]
-                for r in results.values()
-                if r.report.get("executable")
-            }
-            todo = [r for r in results.values() if not r.ok and not r.report.get("too_old")]
-            todo = [r for r in todo if r.report.get("platform") and r.report.get("pip")]
-            # kept on the NumPy fallback: the old report stays unless a native install succeeds
-            kept = {
-                (r.host, r.slot): r.report
-                for r in self._upgrades(list(results.values()), todo, source)
-            }
-            todo += [results[k] for k in kept]
-            builds = self._plan_builds(todo, list(results.values()), source)
-            pending = {h: sum(r.host == h for r in todo) for h in {r.host for r in todo}}
-            host_locks = {h: threading.Lock() for h in pending}
-            count_lock = threading.Lock()
-            for h in by_host:  # held back by `first` for an upgrade that is not possible
-                if h not in pending and not ready(h) and all(r.ok for r in slots(h)):
-                    self._done(h, slots(h), t0s)
-
-            def settle(res: SlotResult) -> None:
-                with count_lock:
-                    pending[res.host] -= 1
-                    last = pending[res.host] == 0
-                if last:
-                    self._done(res.host, slots(res.host), t0s)
-
-            def install_slot(res: SlotResult, w: wheels.Wheel) -> None:
-                with host_locks[res.host]:  # one pip at a time per host (slots may share a digest)
-                    self._say(res.host, "starting", f"installing {w.name} for {res.slot}")
-                    res.report = self._install_one(res.host, run_dirs[res.host], res, w, source)
-                res.action = "installed" if res.ok else "failed"
-                if (res.host, res.slot) in kept and not res.ok:  # the fallback still serves
-                    self.warnings.append(
-                        f"upgrading the bundle of {res.host} ({res.slot}) to the native core "
-                        f"failed: {res.report.get('problem')}; it keeps the NumPy fallback"
-                    )
-                    res.report, res.action = kept[(res.host, res.slot)], "kept"
-                    res.source = self._origin_of(res, source)
-                res.seconds = time.monotonic() - t0s[res.host]
-                settle(res)
-
-            def platform(key: Group) -> None:
-                """Obtain this group's wheel, then install it at once on its hosts: hosts of
-                the controller's platform do not wait for another platform's build."""
-                mine = [r for r in todo if group_of(r, builds) == key]
-                w, how = self._obtain(key[0], builds[key], mine, run_dirs, source)
-                if w is not None and not w.native:  # an upgrade needs the native core
-                    for r in [r for r in mine if (r.host, r.slot) in kept]:
-                        mine.remove(r)
-                        settle(r)
-                for r in mine:
-                    r.source = how
-                if w is not None:
-                    list(pool.map(lambda r: install_slot(r, w), mine))
-
-            with Fanout(max(1, len(builds))) as platforms:
-                list(platforms.map(platform, sorted(builds, key=lambda g: (g[0], g[1] or ""))))
-            for h, left in pending.items():
-                if left:  # no wheel for some slot of it: show the failure
-                    self._done(h, slots(h), t0s)
-        for r in results.values():
-            if r.action == "kept" and not r.ok:
-                r.action = "failed"
-            self._done(r.host, [r], t0s, quiet=True)
-        judge(list(results.values()), uses)
-        return list(results.values())
+        return InstallRun(self, plan, run_dirs).run()
 
     def _done(
         self, host: str, res: list[SlotResult], t0s: dict[str, float], quiet: bool = False

@@ -11,8 +11,8 @@ import secrets
 from collections.abc import Callable
 
 from kvpd.exec.checks import Check
-from kvpd.exec.container import ContainerTransport
-from kvpd.exec.container_life import host_side, inspect
+from kvpd.exec.containers.life import host_side, inspect
+from kvpd.exec.containers.transport import ContainerTransport
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import HostSpec, Plan

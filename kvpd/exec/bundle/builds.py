@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpd.exec.bundle_result import SlotResult
+from kvpd.exec.bundle.result import SlotResult
 
 Group = tuple[str, str | None]  # (platform, None: every host of it | the one host served)
 

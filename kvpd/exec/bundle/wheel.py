@@ -2,13 +2,12 @@
 
 The source is the kvpd package this controller runs (its files, without build outputs), the
 dist-info metadata (entry points included, so vLLM finds kvpd's plugin through the bundle folder)
-and pybind11's headers. Its digest (`source_digest`) names what a host must hold; wheels built
-from it are cached per platform under `$KVPD_CACHE_DIR` (default `~/.cache/kvpd`), so a second
-`up` builds nothing: the controller's own builds in `wheels/<source>/<platform>/`, a host's
-(verified, kvpd.exec.wheel_trust) in `.../<platform>/host-<name>/`. The cache is a store other
-users cannot plant into (kvpd.exec.wheel_cache); each wheel's digest is recorded when it is
-stored and checked when it is taken out and again right before it is sent to a host.
-"""
+and pybind11's headers. Its digest (`source_digest`) names what a host must hold; wheels built from
+it are cached per platform under `$KVPD_CACHE_DIR` (default `~/.cache/kvpd`), so a second `up`
+builds nothing: the controller's own builds in `wheels/<source>/<platform>/`, a host's (verified,
+kvpd.exec.bundle.wheel_trust) in `.../<platform>/host-<name>/`. The cache is a store other users
+cannot plant into (kvpd.exec.bundle.wheel_cache); each wheel's digest is recorded when it is stored
+and checked when it is taken out and again right before it is sent to a host."""
 
 from __future__ import annotations
 
@@ -28,9 +27,15 @@ from pathlib import Path
 
 import kvpd
 from kvpd.errors import KvpdError
-from kvpd.exec import wheel_cache
-from kvpd.exec.wheel_trust import ANY as ANY
-from kvpd.exec.wheel_trust import MAX_WHEEL_BYTES, Refused, check_platform, shown, wheel_name_ok
+from kvpd.exec.bundle import wheel_cache
+from kvpd.exec.bundle.wheel_trust import ANY as ANY
+from kvpd.exec.bundle.wheel_trust import (
+    MAX_WHEEL_BYTES,
+    Refused,
+    check_platform,
+    shown,
+    wheel_name_ok,
+)
 
 BUILDER = Path(__file__).with_name("wheel_build.py")
 # Package files that go into the wheel (as pyproject's package-data, plus the modules).
@@ -170,7 +175,7 @@ def write_source(dest: Path) -> None:
 def reference_members() -> dict[str, bytes]:
     """The members of this kvpd's wheel as the controller makes it, without WHEEL and RECORD
     (computed from the members): what a host's build must hold byte for byte."""
-    from kvpd.exec.wheel_build import NAME
+    from kvpd.exec.bundle.wheel_build import NAME
 
     files = source_files()
     out = {k: v for k, v in files.items() if k.startswith(f"{NAME}/")}

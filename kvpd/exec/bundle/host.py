@@ -1,10 +1,9 @@
 """What the bundle step runs on a host, and what it accepts back from one.
 
-A host's answers (its `check` line, its build result, the wheel it built) are untrusted: a
-report is vetted field by field before anything uses it (`vet`), a host's build is read from the
-path the controller named, verified and packed again on the controller (kvpd.exec.wheel_trust)
-before it is cached, and where each slot's wheel came from is said in one vocabulary (`origin`).
-"""
+A host's answers (its `check` line, its build result, the wheel it built) are untrusted: a report is
+vetted field by field before anything uses it (`vet`), a host's build is read from the path the
+controller named, verified and packed again on the controller (kvpd.exec.bundle.wheel_trust) before
+it is cached, and where each slot's wheel came from is said in one vocabulary (`origin`)."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ import posixpath
 import re
 from typing import Any
 
-from kvpd.exec import wheel as wheels
-from kvpd.exec.transport import Transport
-from kvpd.exec.wheel_trust import (
+from kvpd.exec.bundle import wheel as wheels
+from kvpd.exec.bundle.wheel_trust import (
     ANY,
     MAX_WHEEL_BYTES,
     Refused,
@@ -23,9 +21,10 @@ from kvpd.exec.wheel_trust import (
     shown,
     verify_host_wheel,
 )
+from kvpd.exec.transport import Transport
 from kvpd.plan.bundle import BUNDLE_DIR
 
-NODE_SCRIPT = (wheels.BUILDER.parent / "bundle_node.py").read_text()
+NODE_SCRIPT = (wheels.BUILDER.parent / "node.py").read_text()
 # Resolves each slot's interpreter (a command, or "@CMD": the #! interpreter of console script
 # CMD, including pip's `#!/bin/sh` + `'''exec' "python"` form for long paths) and runs the node
 # script in it. Arguments: RUN_DIR SOURCE SCRIPT MODE (check | facts), then SLOT SPEC pairs.
@@ -90,13 +89,9 @@ def plain(value: object, limit: int = 300) -> str:
     return shown(value, limit)[1:-1]
 
 
-def vet(rep: dict[str, Any], slot: str) -> dict[str, Any]:
-    """A host's report on one slot, every field the controller uses checked: a platform key
-    that is not one, a bundle platform that is neither the host's nor the pure wheel's, a
-    digest that is not a sha256 make the slot not ready, saying so."""
-    out = dict(rep)
-    out["slot"] = slot
-    out["ready"] = rep.get("ready") is True
+def _untrusted(rep: dict[str, Any], out: dict[str, Any]) -> list[str]:
+    """What is wrong with the fields of `rep` the controller relies on; a platform key or
+    digest that is not one is dropped from `out`."""
     bad = []
     p = rep.get("platform")
     if p is not None and not platform_ok(p):
@@ -115,6 +110,17 @@ def vet(rep: dict[str, Any], slot: str) -> dict[str, Any]:
     if d is not None and not (isinstance(d, str) and _DIGEST.fullmatch(d)):
         bad.append(f"reported the digest {shown(d)}, which is not a sha256")
         out.pop("digest")
+    return bad
+
+
+def vet(rep: dict[str, Any], slot: str) -> dict[str, Any]:
+    """A host's report on one slot, every field the controller uses checked: a platform key
+    that is not one, a bundle platform that is neither the host's nor the pure wheel's, a
+    digest that is not a sha256 make the slot not ready, saying so."""
+    out = dict(rep)
+    out["slot"] = slot
+    out["ready"] = rep.get("ready") is True
+    bad = _untrusted(rep, out)
     for k in _TEXT_FIELDS:
         if k in out and out[k] is not None:
             out[k] = plain(out[k])

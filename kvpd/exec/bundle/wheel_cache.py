@@ -44,6 +44,28 @@ def _check(path: Path, st: os.stat_result, what: str) -> None:
         )
 
 
+def _safe_component(path: Path, create: bool, *, is_root: bool) -> bool:
+    """Check one folder of a cache path (made 0700 when `create`); False when it is missing
+    and not `create`."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            return False
+        os.mkdir(path, 0o700)
+        st = os.lstat(path)
+    if is_root and stat.S_ISLNK(st.st_mode):  # the root itself may be a link (~/.cache)
+        st = os.stat(path)
+    elif stat.S_ISLNK(st.st_mode):
+        raise UnsafeCache(f"{path} in kvpd's wheel cache is a symbolic link: remove it")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeCache(f"{path} in kvpd's wheel cache is not a folder: remove it")
+    _check(path, st, "the wheel cache folder")
+    if create and stat.S_IMODE(st.st_mode) != 0o700:  # one an older kvpd made 0755
+        os.chmod(path, 0o700)
+    return True
+
+
 def safe_dir(root: Path, *parts: str, create: bool = True) -> Path | None:
     """root/parts..., each component checked (and made 0700 when `create`); None when a
     component is missing and not `create`. Raises UnsafeCache for a link or a folder someone
@@ -54,22 +76,8 @@ def safe_dir(root: Path, *parts: str, create: bool = True) -> Path | None:
     for i, name in enumerate(("", *(component(p) for p in parts))):
         if name:
             path = path / name
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            if not create:
-                return None
-            os.mkdir(path, 0o700)
-            st = os.lstat(path)
-        if i == 0 and stat.S_ISLNK(st.st_mode):  # the root itself may be a link (~/.cache)
-            st = os.stat(path)
-        elif stat.S_ISLNK(st.st_mode):
-            raise UnsafeCache(f"{path} in kvpd's wheel cache is a symbolic link: remove it")
-        if not stat.S_ISDIR(st.st_mode):
-            raise UnsafeCache(f"{path} in kvpd's wheel cache is not a folder: remove it")
-        _check(path, st, "the wheel cache folder")
-        if create and stat.S_IMODE(st.st_mode) != 0o700:  # one an older kvpd made 0755
-            os.chmod(path, 0o700)
+        if not _safe_component(path, create, is_root=i == 0):
+            return None
     top = root.expanduser().absolute().resolve()
     if not path.resolve().is_relative_to(top):  # held by the checks above; stated again
         raise UnsafeCache(f"{path} is not inside kvpd's wheel cache {top}")

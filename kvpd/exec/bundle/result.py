@@ -1,5 +1,5 @@
 """What the bundle step found and did per host slot, and the verdict on it: which slots cannot
-be served, with the fix for each (kvpd.exec.bundle does the work)."""
+be served, with the fix for each (kvpd.exec.bundle.installer does the work)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,2 @@
+"""Containers on the nodes: the transport into one, starting and removing them (life), and
+what preflight checks of the container runtime."""
