@@ -50,6 +50,21 @@ def test_keys_of_token_ids_chat_and_batches() -> None:
         assert prefix_keys(odd, BLOCK) == ()
 
 
+def test_keys_of_anthropic_messages_and_responses_inputs() -> None:
+    system = "You are a careful assistant. " * 4
+    one = {"system": system, "messages": [{"role": "user", "content": "a" * 80}]}
+    two = {"system": [{"type": "text", "text": system}], "messages": [{"role": "user",
+           "content": [{"type": "text", "text": "b" * 80}]}]}  # fmt: skip
+    k1, k2 = prefix_keys(one, BLOCK), prefix_keys(two, BLOCK)
+    assert k1[:4] == k2[:4] and k1[4:] != k2[4:]  # the system prompt comes first: shared
+    other = prefix_keys({"system": "x" * 116, "messages": one["messages"]}, BLOCK)
+    assert other[0] != k1[0]
+    said = {"input": "c" * 64}
+    items = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "c" * 64}]}]}
+    assert len(prefix_keys(said, BLOCK)) == 3 and len(prefix_keys(items, BLOCK)) == 3
+    assert prefix_keys({"input": 7}, BLOCK) == ()
+
+
 def test_a_1000_token_prompt_costs_8_chunks_by_default() -> None:
     block = ProxyConfig().prefix_block
     assert len(prefix_keys({"prompt": "x" * 4000}, block)) == 8
@@ -77,12 +92,29 @@ def test_index_is_bounded_in_tokens_and_evicts_the_least_recently_used() -> None
     assert index.uses(1) == 2 and index.uses(5) == 1 and index.uses(3) == 0
     index.insert((7, 8, 9))  # 1 + 1 + 2 tokens: all that fits
     assert index.tokens == 4 and index.match((7, 8, 9)) == 3 and index.match((5,)) == 0
-    index.insert(tuple(range(10, 15)))  # 1+1+2+2+4 tokens, more than the capacity: its last
-    assert index.tokens == 4 and index.match((14,)) == 1 and index.match((13,)) == 0
+    index.insert(tuple(range(10, 15)))  # 1+1+2+2+4 tokens, more than the capacity: its first
+    assert index.tokens == 4 and index.match(tuple(range(10, 15))) == 3
+    assert index.match((7,)) == 0
     index.clear()
     assert (len(index), index.tokens) == (0, 0)
     with pytest.raises(ValueError, match="capacity"):
         PrefixIndex(0, 1)
+
+
+def test_continuations_are_evicted_before_their_prefix() -> None:
+    index = PrefixIndex(6, 1)  # chunks of 1, 1, 2, 2 tokens
+    index.insert((1, 2, 3))  # 4 tokens
+    index.insert((1, 2, 4))  # shares 1 and 2: 2 more tokens, the index is full
+    index.insert((9,))  # one more: the oldest continuation goes (3), never its prefix
+    assert index.match((1, 2, 3)) == 2 and index.match((1, 2, 4)) == 3 and index.match((9,)) == 1
+    assert (index.tokens, len(index)) == (5, 4)
+
+
+def test_a_key_already_held_out_of_order_is_counted_once() -> None:
+    index = PrefixIndex(100, 1)
+    index.insert((1, 2, 3))
+    index.insert((5, 2))  # 2 is held (a collision, as far as the index can tell): not twice
+    assert index.tokens == 1 + 1 + 2 + 1 and len(index) == 4
 
 
 # --- the policy --------------------------------------------------------------------------------
