@@ -20,7 +20,7 @@ restarted engine starts with an empty cache) and on /reset_prefix_cache."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, get_args
 
 from kvpd.proxy.capacity import CapacityLearner, CapacitySource
@@ -57,7 +57,7 @@ class CacheAware:
         self.sources: dict[str, CapacitySource] = {b.name: "configured" for b in backends}
 
     def choose(
-        self, pool: BackendPool, exclude: tuple[Backend, ...], keys: tuple[int, ...]
+        self, pool: BackendPool, exclude: tuple[Backend, ...], keys: Sequence[int]
     ) -> Backend | None:
         least = pool.least_loaded(exclude)
         if least is None:
@@ -80,7 +80,7 @@ class CacheAware:
         else:
             reason, chosen = "prefix_match", best
         self.decisions[reason] += 1
-        indexes[chosen.name].insert(keys)
+        indexes[chosen.name].insert(keys, best_len if chosen is best else None)
         return chosen
 
     def set_capacity(self, backend: Backend, tokens: int, source: CapacitySource) -> bool:

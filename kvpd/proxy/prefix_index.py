@@ -20,12 +20,15 @@ C."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, overload
 
 CHARS_PER_TOKEN = 4  # what rewrite.estimate_prompt_tokens also assumes
 MAX_GROWTH = 8  # the longest chunk, in blocks
+GROW = 2  # chunks a prompt is indexed beyond what its backend already held
 _START = hash("kvpd-prefix")  # the key before the first chunk
 # Between chat messages: the role and content of each message are hashed, in order.
 _ROLE_END, _MESSAGE_END = "\x1f", "\x1e"
@@ -111,40 +114,112 @@ def _head_ends(unit: int) -> tuple[int, ...]:
     return tuple(ends)
 
 
-@lru_cache(maxsize=16)
-def chunk_sizes(block: int, n: int = 64) -> tuple[int, ...]:
-    """The sizes in tokens of the first `n` chunks (the index's sizes of a prompt's keys)."""
+@lru_cache(maxsize=64)
+def chunk_sizes(block: int, n: int = _HEAD + 1) -> tuple[int, ...]:
+    """The sizes in tokens of the first `n` chunks."""
     return tuple(chunk_tokens(i, block) for i in range(n))
 
 
-def _chain(prompt: str | tuple[int, ...], unit: int) -> tuple[int, ...]:
-    """The chained keys of the whole chunks of a prompt of `unit` items a block."""
-    n = len(prompt)
-    h, start = _START, 0
-    keys: list[int] = []
-    append = keys.append
-    for stop in _head_ends(unit):
-        if stop > n:
-            return tuple(keys)
-        h = hash((h, prompt[start:stop]))
-        append(h)
-        start = stop
-    for stop in range(start + unit * MAX_GROWTH, n + 1, unit * MAX_GROWTH):
-        h = hash((h, prompt[start:stop]))
-        append(h)
-        start = stop
-    return tuple(keys)
+def tokens_upto(i: int, block: int) -> int:
+    """Tokens of the first i chunks."""
+    if i <= 0:
+        return 0
+    head = _head_ends(block)
+    if i <= len(head):
+        return head[i - 1]
+    return head[-1] + (i - len(head)) * block * MAX_GROWTH
 
 
-def prefix_keys(body: dict[str, Any], block: int) -> tuple[int, ...]:
+def _whole_chunks(n: int, unit: int) -> int:
+    """How many whole chunks a prompt of `n` items has."""
+    head = _head_ends(unit)
+    if n < head[-1]:
+        return bisect_right(head, n)
+    return len(head) + (n - head[-1]) // (unit * MAX_GROWTH)
+
+
+class PromptKeys(Sequence[int]):
+    """The chained keys of a prompt's whole chunks, each hashed only when first read: a
+    prompt is matched only as deep as some backend holds it, and indexed at most GROW chunks
+    deeper, so a prompt no backend has seen costs GROW hashes, whatever its length."""
+
+    __slots__ = ("_prompt", "_unit", "_n", "_keys", "_start")
+
+    def __init__(self, prompt: str | tuple[int, ...], unit: int) -> None:
+        self._prompt = prompt
+        self._unit = unit
+        self._n = _whole_chunks(len(prompt), unit)
+        self._keys: list[int] = []
+        self._start = 0  # where the next chunk to hash starts
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _extend(self, count: int) -> list[int]:
+        """The first `count` keys (at most all), hashing those not hashed yet."""
+        keys = self._keys
+        if len(keys) >= count:
+            return keys
+        prompt, unit, start = self._prompt, self._unit, self._start
+        head = _head_ends(unit)
+        h = keys[-1] if keys else _START
+        for i in range(len(keys), min(count, self._n)):
+            stop = head[i] if i < len(head) else start + unit * MAX_GROWTH
+            h = hash((h, prompt[start:stop]))
+            keys.append(h)
+            start = stop
+        self._start = start
+        return keys
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return self._extend(self._n)[i]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._extend(i + 1)[i]
+
+    def __iter__(self) -> Iterator[int]:
+        i = 0
+        while i < self._n:
+            keys = self._extend(i + 1)
+            yield keys[i]
+            i += 1
+
+    def held_in(self, held: dict[int, int]) -> int:
+        """How many leading keys `held` has, hashing only up to the first it lacks."""
+        keys, n = self._keys, self._n
+        i = 0
+        while i < n:
+            if i == len(keys):
+                self._extend(i + 1)
+            if keys[i] not in held:
+                return i
+            i += 1
+        return n
+
+    def first(self, count: int) -> list[int]:
+        """The first `count` keys (fewer if the prompt has fewer)."""
+        return self._extend(count)[:count]
+
+
+NO_KEYS = PromptKeys((), 1)
+
+
+def prefix_keys(body: dict[str, Any], block: int) -> PromptKeys:
     """The chained keys of the prompt's whole chunks (a partial last chunk is not cached by
-    the engine either)."""
+    the engine either), hashed as they are read."""
     prompt = prompt_of(body)
     if not prompt:
-        return ()
+        return NO_KEYS
     if isinstance(prompt, str):
-        return _chain(prompt, block * CHARS_PER_TOKEN)
-    return _chain(tuple(prompt), block)
+        return PromptKeys(prompt, block * CHARS_PER_TOKEN)
+    return PromptKeys(tuple(prompt), block)
 
 
 class PrefixIndex:
@@ -152,7 +227,7 @@ class PrefixIndex:
     requests it was routed with and its chunk's size; at most `capacity` tokens of chunks,
     the oldest evicted first, as the engine evicts its free blocks."""
 
-    __slots__ = ("capacity", "block", "tokens", "downs", "_keys", "_sizes")
+    __slots__ = ("capacity", "block", "tokens", "downs", "_keys", "_sizes", "_ends", "_longest")
 
     def __init__(self, capacity: int, block: int) -> None:
         if capacity < 1 or block < 1:
@@ -162,14 +237,18 @@ class PrefixIndex:
         self.tokens = 0  # the sizes of the chunks held
         self.downs = 0  # the backend's times found down when this index was last emptied
         self._keys: OrderedDict[int, int] = OrderedDict()  # key -> uses << 32 | size
-        self._sizes = chunk_sizes(block)
+        self._sizes = chunk_sizes(block)  # beyond them every chunk is as long as the last
+        self._ends = _head_ends(block)
+        self._longest = block * MAX_GROWTH
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def match(self, keys: tuple[int, ...]) -> int:
+    def match(self, keys: Sequence[int]) -> int:
         """How many leading chunks of the prompt this backend was sent."""
         held = self._keys
+        if isinstance(keys, PromptKeys):
+            return keys.held_in(held)
         n = 0
         for k in keys:
             if k not in held:
@@ -181,36 +260,57 @@ class PrefixIndex:
         """How many requests with this prefix were routed here (0: none remembered)."""
         return self._keys.get(key, 0) >> _USES_SHIFT
 
-    def insert(self, keys: tuple[int, ...]) -> None:
-        """Record a prompt sent to this backend: its chunks become the most recently used,
-        the last chunk first, so a prefix is always newer than its continuations and the
+    def insert(self, keys: Sequence[int], held_len: int | None = None) -> None:
+        """Record a prompt sent to this backend, GROW chunks deeper than it already held; the
+        deepest chunk indexed stands for the rest of the prompt too (its size includes the
+        tokens of the chunks after it, which the engine now holds), so the index counts what
+        the engine's cache holds while hashing little. The chunks become the most recently
+        used, the deepest first, so a prefix is always newer than its continuations and the
         longest continuations are evicted first (as vLLM frees a request's blocks, tail
-        first). So a key is held only while its parent is: past the first key not held, none
+        first): a key is held only while its parent is, so past the first key not held none
         is, and those are added without looking them up. A prompt longer than the capacity
-        keeps its first chunks."""
+        keeps its first chunks. `held_len`: what match(keys) just answered, if known."""
         held = self._keys
-        m = self.match(keys)
+        m = self.match(keys) if held_len is None else held_len
+        n = len(keys)
+        upto = min(n, m + GROW)
+        got = keys.first(upto) if isinstance(keys, PromptKeys) else keys[:upto]
         sizes = self._sizes
-        if len(keys) > len(sizes):  # beyond the first 64 chunks every chunk is the longest
-            sizes += (sizes[-1],) * (len(keys) - len(sizes))
+        last = len(sizes) - 1
         before = len(held)
-        added = 0
-        for i in range(len(keys) - 1, m - 1, -1):
-            size = sizes[i]
-            held[keys[i]] = _ONE_USE | size
-            added += size
-        if len(held) - before != len(keys) - m:  # a 64-bit collision: count again
+        if upto > m:
+            rest = self._upto(n)
+            tail = rest - self._upto(upto)  # carried by the deepest chunk indexed
+            for i in range(upto - 1, m - 1, -1):
+                held[got[i]] = _ONE_USE | (sizes[i if i < last else last] + tail)
+                tail = 0
+            added = rest - self._upto(m)
+        else:
+            added = 0
+        if len(held) - before != upto - m:  # a 64-bit collision: count again
             added = sum(v & _SIZE_MASK for v in held.values()) - self.tokens
         pop = held.pop
         for i in range(m - 1, -1, -1):
-            k = keys[i]
-            held[k] = pop(k) + _ONE_USE
+            k = got[i]
+            v = pop(k)
+            own = sizes[i if i < last else last]
+            if v & _SIZE_MASK != own:  # it stood for a tail: now its chunk only
+                added += own - (v & _SIZE_MASK)
+                v = (v & ~_SIZE_MASK) | own
+            held[k] = v + _ONE_USE
         tokens = self.tokens + added
         if tokens > self.capacity:
             evict = held.popitem
             while tokens > self.capacity and held:
                 tokens -= evict(last=False)[1] & _SIZE_MASK
         self.tokens = tokens
+
+    def _upto(self, i: int) -> int:
+        """Tokens of the first i chunks."""
+        ends = self._ends
+        if i <= len(ends):
+            return ends[i - 1] if i > 0 else 0
+        return ends[-1] + (i - len(ends)) * self._longest
 
     def resize(self, capacity: int) -> None:
         """Hold at most `capacity` tokens from now on (the oldest chunks go at once)."""

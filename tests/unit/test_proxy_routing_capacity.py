@@ -14,13 +14,15 @@ from kvpd.proxy.hostpool import HostPool
 
 pytestmark = pytest.mark.timeout(60)
 
-# What vLLM's CPU build serves (labels abridged; the real line has ~30 of them)
+# What vLLM's CPU build serves for local's engines (abridged: the real line has ~35 labels)
 VLLM = (
     b"# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
     b"# TYPE vllm:cache_config_info gauge\n"
-    b'vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",'
-    b'engine="0",gpu_memory_utilization="0.9",kv_cache_memory_bytes="16777216",'
-    b'num_cpu_blocks="None",num_gpu_blocks="1024",prefix_caching_hash_algo="sha256"} 1.0\n'
+    b'vllm:cache_config_info{_block_size_resolved="True",block_size="32",cache_dtype="auto",'
+    b'effective_attention_block_size="32",enable_prefix_caching="True",engine="0",'
+    b'gpu_memory_utilization="0.92",hash_block_size="None",kv_cache_memory_bytes="16777216",'
+    b'kv_cache_size_tokens="32768",mamba_block_size="None",num_cpu_blocks="None",'
+    b'num_gpu_blocks="1024",prefix_caching_hash_algo="sha256"} 1.0\n'
 )
 
 
