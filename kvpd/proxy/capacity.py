@@ -11,8 +11,9 @@ stays for a backend that has not answered or answered something unusable.
 
 What an engine reports is untrusted: the figures must be plain decimal integers within
 bounds, and a body that is too large, a missing metric or a bad value leaves the capacity as
-it was. A backend is asked again after it was found down (a restarted engine may have been
-given other memory) and every REFRESH_S seconds."""
+it was. A backend that answered is asked again only after it was found down (a restarted
+engine may have been given other memory) and every REFRESH_S seconds; one that did not answer,
+every RETRY_S seconds."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvpd.proxy")
 
 CapacitySource = Literal["configured", "engine"]
-RETRY_S = 5.0  # while some backend has not told its capacity
+RETRY_S = 5.0  # while some backend has not answered
 REFRESH_S = 300.0
 MAX_BODY = 8 << 20  # a vLLM /metrics page is tens of KB
 MAX_LINE = 16 << 10
@@ -82,7 +83,8 @@ class CapacityLearner:
                 self.learned.clear()  # every REFRESH_S: ask everyone again
 
     async def refresh(self) -> bool:
-        """Ask every backend not asked since it was last found down; whether some are left."""
+        """Ask every backend that has not answered since it was last found down; whether
+        some are left (unreachable or not usable now)."""
         pending = False
         for pool in self.pools:
             assert pool.policy is not None
@@ -102,13 +104,16 @@ class CapacityLearner:
                                b"Connection: close\r\n" + self.auth_header)  # fmt: skip
         except UpstreamError:
             return False
+        # It answered: whether or not that told its capacity, it is asked again only after
+        # it was down or in REFRESH_S (an engine without the metric says the same each time).
+        self.learned[(role, backend.name)] = downs
         found = parse_capacity(resp.body) if resp.status == 200 else None
         if found is None:
-            log.debug("%s %s: no usable vllm:cache_config_info on /metrics", role, backend.name)
-            return False
+            log.debug("%s %s: no usable vllm:cache_config_info on /metrics (HTTP %d)",
+                      role, backend.name, resp.status)  # fmt: skip
+            return True
         blocks, block = found
         if policy.set_capacity(backend, blocks * block, "engine"):
             log.info("%s %s: prefix index of %d tokens (the engine's %d blocks of %d)",
                      role, backend.name, blocks * block, blocks, block)  # fmt: skip
-        self.learned[(role, backend.name)] = downs
         return True

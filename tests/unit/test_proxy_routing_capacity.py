@@ -107,11 +107,12 @@ def test_the_learner_sizes_each_index_from_its_engine() -> None:
         a, b = backends
         cache.indexes[a.name].insert(tuple(range(40)))  # 40 chunks: the 500 tokens are full
         learner = CapacityLearner([pool], b"")
-        assert await learner.refresh()  # b answered junk: still pending
+        assert not await learner.refresh()  # both answered (b junk): none pending
         assert cache.indexes[a.name].capacity == 1024 * 32 and cache.sources[a.name] == "engine"
         assert cache.indexes[b.name].capacity == 500 and cache.sources[b.name] == "configured"
-        assert await learner.refresh() and engines[0].asked == 1  # a is not asked again
+        assert not await learner.refresh() and [e.asked for e in engines] == [1, 1]
         engines[1].body = VLLM.replace(b'num_gpu_blocks="1024"', b'num_gpu_blocks="2"')
+        learner.learned.clear()  # what REFRESH_S later does
         assert not await learner.refresh()
         assert cache.indexes[b.name].capacity == 64  # 2 blocks of 32 tokens
         pool.mark_down(a, "refused")  # restarted, perhaps with other memory
@@ -121,6 +122,12 @@ def test_the_learner_sizes_each_index_from_its_engine() -> None:
         assert not await learner.refresh()
         index = cache.indexes[a.name]
         assert index.capacity == 32 and index.tokens <= 32  # shrunk at once
+        engines[1].server.close()
+        await engines[1].server.wait_closed()
+        pool.mark_down(b, "refused")
+        pool.mark_up(b)
+        assert await learner.refresh()  # b does not answer: asked again in RETRY_S
+        assert cache.indexes[b.name].capacity == 64  # kept as it was
         out: list[str] = []
         render((pool,), lambda *_: None, out)
         assert (
