@@ -274,7 +274,7 @@ class PrefixIndex:
         m = self.match(keys) if held_len is None else held_len
         n = len(keys)
         upto = min(n, m + GROW)
-        got = keys.first(upto) if isinstance(keys, PromptKeys) else keys[:upto]
+        got = keys._extend(upto) if isinstance(keys, PromptKeys) else keys[:upto]  # no copy
         sizes = self._sizes
         last = len(sizes) - 1
         before = len(held)
