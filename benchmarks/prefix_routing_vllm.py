@@ -2,7 +2,8 @@
 (one deployment of `local` with two prefill instances and one decoder), the same prompts, the
 UCM guide's prefix protocol (seed each prompt's first 80% with one output token, then send
 the full prompts and measure), each policy through its own `kvpd proxy` in front of those
-engines, in the order A B B A so drift in machine load hits both alike.
+engines (a fresh proxy for every repetition), in the order A B B A so drift in machine load
+hits both alike.
 
 Before every repetition each engine's prefix cache is emptied (POST /reset_prefix_cache; the
 engines run with VLLM_SERVER_DEV_MODE=1, which serves it), so each policy starts from the
@@ -144,6 +145,13 @@ def run_rep(policy: str, proxy: int, engines: tuple[list[int], list[int]], promp
     }
 
 
+def _learned(port: int) -> dict[str, float]:
+    """The capacity each prefill index was sized to from its engine (0: not learned)."""
+    m = metrics(port)
+    return {b: total(m, "kvpd_proxy_prefix_index_capacity_tokens", backend=b, source="engine")
+            for b in ("prefill-0", "prefill-1")}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=40)
@@ -165,20 +173,21 @@ def main() -> None:
     warm = [rng.randrange(*VOCAB) for _ in range(args.input_len)]
     for port in engines[0] + engines[1]:  # first-request effects stay out of the figures
         post(port, "/v1/completions", {"model": "tiny", "prompt": warm, "max_tokens": 2})
-    proxies = {p: start_proxy(p, *engines) for p in POLICIES}
-    rows = []
+    rows: list[dict] = []
+    learned: dict[str, float] = {}
     try:
         for rep in range(args.reps):
             for policy in POLICIES if rep % 2 == 0 else reversed(POLICIES):
-                rows.append(run_rep(policy, proxies[policy][0], engines, prompts, args))
+                # a fresh proxy each time: its index starts empty, as the engines' caches do
+                port, proc = start_proxy(policy, *engines)
+                try:
+                    rows.append(run_rep(policy, port, engines, prompts, args))
+                    if policy == "cache-aware":
+                        learned = _learned(port)
+                finally:
+                    stop_processes([proc])
                 print(json.dumps(rows[-1]), flush=True)
-        m = metrics(proxies["cache-aware"][0])
-        learned = {
-            b: total(m, "kvpd_proxy_prefix_index_capacity_tokens", backend=b, source="engine")
-            for b in ("prefill-0", "prefill-1")
-        }
     finally:
-        stop_processes([proc for _, proc in proxies.values()])
         if not args.keep_up and not args.no_up:
             kvpd("down", "local")
     report(rows, learned, args)
