@@ -256,6 +256,41 @@ def run_interleaved(n: int, args: argparse.Namespace, seed: int) -> dict[str, di
         stop_processes([proc for _, proc in proxies.values()] + procs)
 
 
+def in_process(prefill: list[int], prompts: int, chars: int) -> None:
+    """The routing's own CPU per request, without sockets: the prompt's keys and the choice
+    (least-loaded: the choice only), best of 7 passes over random prompts."""
+    from kvpd.proxy.backends import Backend, BackendPool
+    from kvpd.proxy.cache_aware import CacheAware
+    from kvpd.proxy.hostpool import HostPool
+    from kvpd.proxy.prefix_index import prefix_keys
+
+    rng = random.Random(0)
+    bodies = [{"model": "standin", "prompt": text(rng, chars), "max_tokens": 4}
+              for _ in range(prompts)]  # fmt: skip
+    loop = asyncio.new_event_loop()
+    for n in prefill:
+        best: dict[str, float] = {}
+        for _ in range(7):
+            for policy in POLICIES:
+                backends = [Backend(HostPool("127.0.0.1", 1 + i, loop, 1.0, f"prefill-{i}"))
+                            for i in range(n)]  # fmt: skip
+                pool = BackendPool("prefill", backends, loop)
+                if policy == "cache-aware":
+                    pool.policy = CacheAware(backends, 32768, 32, 4096, 1.5)
+                t0 = time.perf_counter()
+                for body in bodies:
+                    keys = prefix_keys(body, 32) if pool.policy is not None else ()
+                    b = pool.pick((), keys)
+                    assert b is not None
+                    b.begin(100)
+                    b.end(100)
+                us = (time.perf_counter() - t0) / len(bodies) * 1e6
+                best[policy] = min(best.get(policy, us), us)
+        print(f"P={n} in-process routing per request: cache-aware {best['cache-aware']:.2f} us, "
+              f"least-loaded {best['least-loaded']:.2f} us")  # fmt: skip
+    loop.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prefill", type=int, nargs="+", default=[2, 4])
@@ -284,7 +319,15 @@ def main() -> None:
         "--proxy-arg", action="append", default=[], help="extra `kvpd proxy` flag (repeatable)"
     )
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help="only the routing's own CPU per request (keys and choice, no sockets)",
+    )
     args = ap.parse_args()
+    if args.in_process:
+        in_process(args.prefill, 3000, args.chars)
+        return
     rows = []
     given = args.cache_blocks
     for n in args.prefill:

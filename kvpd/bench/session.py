@@ -4,6 +4,7 @@ each phase bracketed by /metrics scrapes of every engine and the proxy."""
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -87,6 +88,7 @@ class Session:
     phase_timeout_s: float = 3600.0
     restore: bool = True  # bring the original deployment back after scenarios
     keep_up: bool = False  # leave the last scenario running
+    prove_restarts: bool = True  # the canary after each scenario's restart, as `kvpd up` runs
     progress: Progress = field(default_factory=NullProgress)
     run_client: Callable[..., runner.RunOutput] = runner.run
     verify_outputs: bool | None = None  # None: output_check.bench_default
@@ -135,6 +137,7 @@ class Session:
                     plan = self.load([*self.user_sets, *scn.sets, "bench.scenarios={}"])
                     started = True
                     state = self.service.up(plan, profile=self.profile)
+                    self._prove(scn.name, state.plan)
                 except KvpdError as e:
                     run.failures.append(f"scenario {scn.name!r}: the deployment did not start: {e}")
                     for _ in range(len(self.settings.points) * phases_per_point):
@@ -155,6 +158,23 @@ class Session:
                     except KvpdError as e:
                         run.failures.append(f"could not restore the deployment: {e}")
         return run
+
+    def _prove(self, scenario: str, plan: Plan) -> None:
+        """The canary `kvpd up` ends with, on the deployment a scenario restarted: P/D proven
+        before anything is measured, and no engine's first batch is the benchmark's. A fresh
+        vLLM CPU decoder whose first batch was a seeding prompt it loaded from the store (256
+        tokens loaded, a few computed) died in its attention kernel (SIGILL in
+        cpu_attention_with_kv_cache, on this AMX machine) in every such restart; after the
+        canary's requests the same prompt is served. The outputs are checked by the phases."""
+        if not self.prove_restarts or not canary.applies(plan):
+            return
+        self.progress.status(f"scenario {scenario}: canary through the proxy")
+        got = self.service.canary(plan, functools.partial(canary.run, verify_outputs=False))
+        if not got.ok:
+            raise BenchError(
+                f"the canary through the proxy failed: {'; '.join(got.problems) or got.line}. "
+                f"See `kvpd logs {self.profile}`."
+            )
 
     def _verify(self, plan: Plan, *, restarted: bool) -> bool:
         if self.verify_outputs is not None:

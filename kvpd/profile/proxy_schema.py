@@ -16,16 +16,21 @@ class ProxyRouting(_Model):
         description="how kvpd's proxy chooses a prefill instance (a mixed engine): "
         "cache-aware = the one already sent the longest prefix of the prompt unless it is "
         "too loaded; least-loaded = the fewest outstanding tokens. Unset: cache-aware, as "
-        "measured (benchmarks/prefix_routing.py, stand-in engines): the guide's "
-        "seed-80%-then-full protocol hits 0.797 with 2 and 4 instances (ideal 0.8; "
-        "least-loaded 0.35 and 0.15), a shared system prompt stays balanced (requests max/mean "
-        "<= 1.10), and random prompts cost 5-9% more proxy CPU at the same throughput and p99",
+        "measured side by side: the guide's seed-80%-then-full protocol hits 0.80 on CPU vLLM "
+        "with 2 prefill instances at 0.67x the TTFT (least-loaded 0.55; "
+        "benchmarks/prefix_routing_vllm.py) "
+        "and 0.797 on stand-in engines with 2 and 4 (least-loaded 0.38 and 0.23; "
+        "benchmarks/prefix_routing.py), a shared system prompt stays balanced (requests "
+        "max/mean <= 1.16), and random prompts cost about 5% more proxy CPU at the same "
+        "throughput and p99",
     )
     prefix_capacity_tokens: int | None = Field(
         None,
         ge=1,
-        description="cache-aware: tokens of prompt prefixes the proxy remembers per instance, "
-        "about its KV cache (vLLM logs it at start as GPU blocks x block size; unset: 1048576)",
+        description="cache-aware: tokens of prompt prefixes the proxy remembers per instance "
+        "until its engine reports its real cache (num_gpu_blocks x block_size from "
+        "vllm:cache_config_info on /metrics, which then replaces this); unset: what `kvpd plan` "
+        "derives from engine.kv_cache_memory_bytes, else 1048576",
     )
     decode_affinity: bool | None = Field(
         None,

@@ -53,8 +53,9 @@ class ProxyApp:
                         cfg.max_buffered_bytes)  # fmt: skip
         self.state = ServerState(router, loop, cfg.access_log, limits)
         steps = Steps(cfg, self.prefillers, self.decoders, metrics, loop)
-        install_routing(cfg, self.prefillers, self.decoders, steps)
         self.auth = BackendAuth(cfg.api_key, checks_clients=bool(cfg.client_key))
+        self.capacity = install_routing(cfg, self.prefillers, self.decoders, steps,
+                                        self.auth.fixed)  # fmt: skip
         self.limits = ModelLimits([self.decoders, self.prefillers], self.auth.fixed)
         self.flow = make_flow(
             cfg.flow, steps, metrics, self.state.spawn, cfg.prefill_timeout, cfg.metaserver,
@@ -94,6 +95,8 @@ class ProxyApp:
         self._tasks = [self.loop.create_task(self.health.run()),
                        self.loop.create_task(self.state.sweep()),
                        self.loop.create_task(self.limits.run())]  # fmt: skip
+        if self.capacity is not None:  # each prefix index sized from its engine
+            self._tasks.append(self.loop.create_task(self.capacity.run()))
 
     async def stop(self) -> None:
         """Stop listening; answer, within the grace period, every request in flight or still

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvpd.proxy.hostpool import HostPool, fetch
@@ -110,7 +111,7 @@ class BackendPool:
         # routing by prompt prefix (kvpd/proxy/cache_aware.py); None: least loaded
         self.policy: CacheAware | None = None
 
-    def pick(self, exclude: tuple[Backend, ...] = (), keys: tuple[int, ...] = ()) -> Backend | None:
+    def pick(self, exclude: tuple[Backend, ...] = (), keys: Sequence[int] = ()) -> Backend | None:
         """The backend for a request whose prompt has the prefix `keys`: the pool's policy
         decides when it has one, else the least loaded."""
         if keys and self.policy is not None:

@@ -20,9 +20,10 @@ restarted engine starts with an empty cache) and on /reset_prefix_cache."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal, get_args
 
+from kvpd.proxy.capacity import CapacityLearner, CapacitySource
 from kvpd.proxy.prefix_index import PrefixIndex, prefix_keys
 
 if TYPE_CHECKING:
@@ -51,48 +52,61 @@ class CacheAware:
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel
         self.decisions: Counter[Reason] = Counter({r: 0 for r in REASONS})
-        self.down_seen: dict[str, int] = {b.name: 0 for b in backends}
+        # where each backend's capacity comes from: the configured figure until its engine
+        # tells its real one (kvpd/proxy/capacity.py)
+        self.sources: dict[str, CapacitySource] = {b.name: "configured" for b in backends}
 
     def choose(
-        self, pool: BackendPool, exclude: tuple[Backend, ...], keys: tuple[int, ...]
+        self, pool: BackendPool, exclude: tuple[Backend, ...], keys: Sequence[int]
     ) -> Backend | None:
         least = pool.least_loaded(exclude)
         if least is None:
             return None
-        self._forget_restarted(pool)
-        best, best_len = least, self.indexes[least.name].match(keys)
+        indexes = self.indexes
+        best, best_len = least, self._current(least).match(keys)
         for b in pool.backends:
-            if b is least or b in exclude or not b.usable:
+            if b is least or not b.usable or b in exclude:
                 continue
-            n = self.indexes[b.name].match(keys)
+            n = self._current(b).match(keys)
             if n > best_len or (n == best_len and b.outstanding < best.outstanding):
                 best, best_len = b, n
         reason: Reason
         if best_len == 0:
             reason, chosen = "no_match", least
         elif best is not least and self.overloaded(
-            best.outstanding, least.outstanding, self.indexes[best.name].uses(keys[best_len - 1])
+            best.outstanding, least.outstanding, indexes[best.name].uses(keys[best_len - 1])
         ):
             reason, chosen = "balance_override", least
         else:
             reason, chosen = "prefix_match", best
         self.decisions[reason] += 1
-        self.indexes[chosen.name].insert(keys)
+        indexes[chosen.name].insert(keys, best_len if chosen is best else None)
         return chosen
+
+    def set_capacity(self, backend: Backend, tokens: int, source: CapacitySource) -> bool:
+        """Size the backend's index to `tokens`; whether that changed anything."""
+        index = self.indexes[backend.name]
+        if index.capacity == tokens and self.sources[backend.name] == source:
+            return False
+        index.resize(tokens)
+        self.sources[backend.name] = source
+        return True
 
     def overloaded(self, best: int, least: int, uses: int) -> bool:
         """Whether the best match is too loaded, for a prefix it was sent `uses` times."""
         return best - least > self.balance_abs / max(1, uses) and best > least * self.balance_rel
 
-    def _forget_restarted(self, pool: BackendPool) -> None:
-        """Empty the index of a backend found unhealthy since the last request: whatever
-        comes back is likely a restarted engine with an empty cache."""
-        seen = self.down_seen
-        for b in pool.backends:
-            downs = b.transitions["unhealthy"]
-            if downs != seen[b.name]:
-                seen[b.name] = downs
-                self.indexes[b.name].clear()
+    def _current(self, backend: Backend) -> PrefixIndex:
+        """The backend's index, emptied first when the backend was found unhealthy since the
+        index last saw it: whatever comes back is likely a restarted engine with an empty
+        cache. (Only usable backends are looked at, so one that is down now keeps its index
+        until it serves again.)"""
+        index = self.indexes[backend.name]
+        downs = backend.transitions["unhealthy"]
+        if downs != index.downs:
+            index.downs = downs
+            index.clear()
+        return index
 
     def clear(self) -> None:
         for index in self.indexes.values():
@@ -100,14 +114,19 @@ class CacheAware:
 
 
 def install_routing(
-    cfg: ProxyConfig, prefillers: BackendPool, decoders: BackendPool, steps: Steps
-) -> None:
+    cfg: ProxyConfig,
+    prefillers: BackendPool,
+    decoders: BackendPool,
+    steps: Steps,
+    auth_header: bytes = b"",
+) -> CapacityLearner | None:
     """With --routing cache-aware: a policy for the prefillers, for the decoders when they are
     the mixed engines (or with --decode-affinity), and the prompts' keys for the steps; only
     for pools of two or more backends (with one there is nothing to choose, and no CPU is
-    spent on keys). Otherwise nothing: every choice stays by load, as the pools make it."""
+    spent on keys). The learner (to run as a task) sizes each index from its engine.
+    Otherwise nothing: every choice stays by load, as the pools make it."""
     if cfg.routing != "cache-aware":
-        return
+        return None
     pools = [prefillers] + ([decoders] if cfg.flow == "mixed" or cfg.decode_affinity else [])
     for pool in pools:
         if len(pool.backends) > 1:
@@ -118,9 +137,11 @@ def install_routing(
                 cfg.balance_abs_tokens,
                 cfg.balance_rel,
             )
-    if prefillers.policy is not None or decoders.policy is not None:
-        block = cfg.prefix_block
-        steps.keys = lambda body: prefix_keys(body, block)
+    if prefillers.policy is None and decoders.policy is None:
+        return None
+    block = cfg.prefix_block
+    steps.keys = lambda body: prefix_keys(body, block)
+    return CapacityLearner([prefillers, decoders], auth_header)
 
 
 def clear_indexes(*pools: BackendPool) -> None:
@@ -146,12 +167,20 @@ def render(
         for reason in REASONS:
             out.append(f'kvpd_proxy_routing_decisions_total{{role="{pool.role}",'
                        f'reason="{reason}"}} {cache.decisions[reason]}')  # fmt: skip
-    family(
-        "kvpd_proxy_prefix_index_chunks",
-        "gauge",
-        "Prompt chunks in each backend's prefix index (bounded by its cache capacity).",
-    )
-    for pool, cache in routed:
-        for b in pool.backends:
-            out.append(f'kvpd_proxy_prefix_index_chunks{{role="{pool.role}",'
-                       f'backend="{b.name}"}} {len(cache.indexes[b.name])}')  # fmt: skip
+    gauges = (
+        ("chunks", "Prompt chunks in each backend's prefix index.",
+         lambda c, b: len(c._current(b))),
+        ("tokens", "Tokens of the prompt chunks in each backend's prefix index.",
+         lambda c, b: c.indexes[b.name].tokens),
+        ("capacity_tokens", "Tokens each backend's prefix index may hold: its engine's "
+         "num_gpu_blocks x block_size (source=engine) once the engine reported them, else "
+         "--prefix-capacity-tokens (source=configured).",
+         lambda c, b: c.indexes[b.name].capacity),
+    )  # fmt: skip
+    for name, doc, value in gauges:
+        family(f"kvpd_proxy_prefix_index_{name}", "gauge", doc)
+        for pool, cache in routed:
+            for b in pool.backends:
+                source = f',source="{cache.sources[b.name]}"' if name == "capacity_tokens" else ""
+                out.append(f'kvpd_proxy_prefix_index_{name}{{role="{pool.role}",'
+                           f'backend="{b.name}"{source}}} {value(cache, b)}')  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvpd.proxy.hostpool import build_request, fetch
@@ -45,10 +45,10 @@ class Steps:
         self.loop = loop
         # A request body's prompt-prefix keys for the pools that route by cache (set by the
         # app, kvpd/proxy/cache_aware.py); by default none, and every choice is by load.
-        self.keys: Callable[[dict[str, Any]], tuple[int, ...]] = _no_keys
+        self.keys: Callable[[dict[str, Any]], Sequence[int]] = _no_keys
 
     async def prefill(
-        self, path: bytes, data: bytes, tokens: int, extra: bytes, keys: tuple[int, ...] = ()
+        self, path: bytes, data: bytes, tokens: int, extra: bytes, keys: Sequence[int] = ()
     ) -> dict[str, Any]:
         """Run the prefill on some prefiller (retrying others on connection errors and 5xx);
         return its JSON answer or raise Failure. Nothing reaches the client before this
@@ -118,7 +118,7 @@ class Steps:
         extra: bytes,
         request_id: str,
         on_attempt: Callable[[DecodeRelay, int], None] | None = None,
-        keys: tuple[int, ...] = (),
+        keys: Sequence[int] = (),
         cached: CachedTokens | None = None,
     ) -> bool:
         """Relay a decoder's response; retry another decoder while nothing was sent. True when
@@ -221,7 +221,7 @@ class Steps:
         return None
 
 
-def _no_keys(body: dict[str, Any]) -> tuple[int, ...]:
+def _no_keys(body: dict[str, Any]) -> Sequence[int]:
     return ()
 
 

@@ -11,7 +11,7 @@ from kvpd.proxy.backends import OPEN, Backend, BackendPool
 from kvpd.proxy.cache_aware import CacheAware
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
 from kvpd.proxy.hostpool import HostPool
-from kvpd.proxy.prefix_index import PrefixIndex, chunk_tokens, prefix_keys
+from kvpd.proxy.prefix_index import GROW, PrefixIndex, chunk_tokens, prefix_keys
 from tests.unit.proxy_cluster import Cluster, run_cluster
 
 pytestmark = pytest.mark.timeout(60)
@@ -20,37 +20,67 @@ BLOCK = 4  # tokens of the first chunks here: 16 characters of text
 
 
 # --- keys --------------------------------------------------------------------------------------
+def keys(body: dict[str, object]) -> list[int]:
+    return list(prefix_keys(body, BLOCK))
+
+
 def test_keys_chain_whole_chunks_of_the_text() -> None:
     # chunks of 4, 4, 8, 8, 16, 16, 32, 32, 32 ... tokens: 16, 16, 32, 32, 64 ... characters
     assert [chunk_tokens(i, BLOCK) for i in range(10)] == [4, 4, 8, 8, 16, 16, 32, 32, 32, 32]
     shared = "a" * 64  # three chunks: 16 + 16 + 32
-    one = prefix_keys({"prompt": shared + "b" * 32 + "tail"}, BLOCK)
-    two = prefix_keys({"prompt": shared + "c" * 32}, BLOCK)
+    one = keys({"prompt": shared + "b" * 32 + "tail"})
+    two = keys({"prompt": shared + "c" * 32})
     assert len(one) == 4  # the partial last chunk ("tail") is not a key
     assert one[:3] == two[:3] and one[3] != two[3]
     # a key stands for the whole prefix: the same chunk after a different start differs
-    assert prefix_keys({"prompt": "x" * 16 + shared}, BLOCK)[1:3] != one[1:3]
-    assert prefix_keys({"prompt": "short"}, BLOCK) == ()
+    assert keys({"prompt": "x" * 16 + shared})[1:3] != one[1:3]
+    assert keys({"prompt": "short"}) == []
+    long = "".join(chr(65 + i % 50) for i in range(2000))  # 6 chunks in 224 chars, then 128 each
+    assert len(prefix_keys({"prompt": long}, BLOCK)) == 6 + (2000 - 224) // 128
+
+
+def test_keys_are_hashed_only_as_far_as_they_are_read() -> None:
+    text = "".join(chr(65 + i % 50) for i in range(4000))
+    lazy = prefix_keys({"prompt": text}, BLOCK)
+    assert len(lazy) == 6 + (4000 - 224) // 128 and lazy._keys == []  # nothing hashed yet
+    assert lazy[2] == keys({"prompt": text})[2] and len(lazy._keys) == 3
+    assert lazy.first(5) == keys({"prompt": text})[:5] and list(lazy) == keys({"prompt": text})
+    assert lazy[-1] == list(lazy)[-1]
+    with pytest.raises(IndexError):
+        lazy[len(lazy)]
 
 
 def test_keys_of_token_ids_chat_and_batches() -> None:
-    ids = prefix_keys({"prompt": list(range(10))}, BLOCK)  # chunks of 4 and 4 ids
-    assert len(ids) == 2 and ids == prefix_keys({"prompt": list(range(8)) + [99]}, BLOCK)
-    first = prefix_keys({"prompt": ["p" * 40, "q" * 40]}, BLOCK)
-    assert first == prefix_keys({"prompt": "p" * 40}, BLOCK)
+    ids = keys({"prompt": list(range(10))})  # chunks of 4 and 4 ids
+    assert len(ids) == 2 and ids == keys({"prompt": list(range(8)) + [99]})
+    first = keys({"prompt": ["p" * 40, "q" * 40]})
+    assert first == keys({"prompt": "p" * 40})
     system = {"role": "system", "content": "s" * 90}
-    turn1 = prefix_keys({"messages": [system, {"role": "user", "content": "u" * 99}]}, BLOCK)
-    turn2 = prefix_keys({"messages": [system, {"role": "user", "content": "v" * 99}]}, BLOCK)
+    turn1 = keys({"messages": [system, {"role": "user", "content": "u" * 99}]})
+    turn2 = keys({"messages": [system, {"role": "user", "content": "v" * 99}]})
     assert turn1[:3] == turn2[:3] and turn1[4:] != turn2[4:]
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "s" * 64}]}]}
-    assert prefix_keys(parts, BLOCK) == prefix_keys(
-        {"messages": [{"role": "user", "content": "s" * 64}]}, BLOCK
-    )
+    assert keys(parts) == keys({"messages": [{"role": "user", "content": "s" * 64}]})
     for odd in ({"prompt": 5}, {"messages": "hi"}, {"prompt": [1, "x"]}, {}):
-        assert prefix_keys(odd, BLOCK) == ()
+        assert keys(odd) == []
 
 
-def test_a_1000_token_prompt_costs_8_chunks_by_default() -> None:
+def test_keys_of_anthropic_messages_and_responses_inputs() -> None:
+    system = "You are a careful assistant. " * 4
+    one = {"system": system, "messages": [{"role": "user", "content": "a" * 80}]}
+    two = {"system": [{"type": "text", "text": system}], "messages": [{"role": "user",
+           "content": [{"type": "text", "text": "b" * 80}]}]}  # fmt: skip
+    k1, k2 = keys(one), keys(two)
+    assert k1[:4] == k2[:4] and k1[4:] != k2[4:]  # the system prompt comes first: shared
+    other = keys({"system": "x" * 116, "messages": one["messages"]})
+    assert other[0] != k1[0]
+    said = {"input": "c" * 64}
+    items = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "c" * 64}]}]}
+    assert len(keys(said)) == 3 and len(keys(items)) == 3
+    assert keys({"input": 7}) == []
+
+
+def test_a_1000_token_prompt_has_8_chunks_by_default() -> None:
     block = ProxyConfig().prefix_block
     assert len(prefix_keys({"prompt": "x" * 4000}, block)) == 8
     assert len(prefix_keys({"prompt": "x" * 600}, block)) == 3  # short ones: fine chunks
@@ -60,10 +90,27 @@ def test_a_1000_token_prompt_costs_8_chunks_by_default() -> None:
 def test_index_matches_leading_chunks_only() -> None:
     index = PrefixIndex(100, 1)
     index.insert((1, 2, 3))
+    index.insert((1, 2, 3))  # held to 2 chunks: GROW more
     assert index.match((1, 2, 3, 4)) == 3
     assert index.match((1, 9, 3)) == 1
     assert index.match((9, 1, 2)) == 0
     assert index.match(()) == 0
+
+
+def test_a_prompt_is_indexed_grow_chunks_deeper_each_time() -> None:
+    index = PrefixIndex(1000, 1)  # chunks of 1, 1, 2, 2, 4, 4, 8 tokens
+    prompt = tuple(range(10, 17))  # 22 tokens in 7 chunks
+    index.insert(prompt)
+    assert index.match(prompt) == GROW == 2
+    assert index.tokens == 22  # the deepest chunk stands for the rest of the prompt
+    index.insert(prompt)
+    assert index.match(prompt) == 4 and index.tokens == 22  # its own chunk again, no double
+    index.insert(prompt[:3])  # a shorter one, fully held: nothing new
+    assert index.tokens == 22 and index.uses(10) == 3 and index.uses(12) == 2
+    assert index.uses(13) == 1
+    lazy = prefix_keys({"prompt": "z" * 4000}, BLOCK)
+    index.insert(lazy)  # a new prompt of 34 chunks costs GROW hashes
+    assert len(lazy._keys) == GROW
 
 
 def test_index_is_bounded_in_tokens_and_evicts_the_least_recently_used() -> None:
@@ -75,14 +122,31 @@ def test_index_is_bounded_in_tokens_and_evicts_the_least_recently_used() -> None
     assert (len(index), index.tokens) == (4, 4)
     assert index.match((1, 2)) == 2 and index.match((3, 4)) == 0 and index.match((5, 6)) == 2
     assert index.uses(1) == 2 and index.uses(5) == 1 and index.uses(3) == 0
-    index.insert((7, 8, 9))  # 1 + 1 + 2 tokens: all that fits
-    assert index.tokens == 4 and index.match((7, 8, 9)) == 3 and index.match((5,)) == 0
-    index.insert(tuple(range(10, 15)))  # 1+1+2+2+4 tokens, more than the capacity: its last
-    assert index.tokens == 4 and index.match((14,)) == 1 and index.match((13,)) == 0
+    index.insert((7, 8, 9))  # 1 + 1 + 2 tokens (8 stands for 9 too): all that fits
+    assert index.tokens == 4 and index.match((7, 8, 9)) == 2 and index.match((5,)) == 0
+    index.insert(tuple(range(10, 15)))  # 1+1+2+2+4 tokens, more than the capacity
+    assert index.tokens <= 4 and index.match((7,)) == 0
     index.clear()
     assert (len(index), index.tokens) == (0, 0)
     with pytest.raises(ValueError, match="capacity"):
         PrefixIndex(0, 1)
+
+
+def test_continuations_are_evicted_before_their_prefix() -> None:
+    index = PrefixIndex(6, 1)  # chunks of 1, 1, 2, 2 tokens
+    index.insert((1, 2))
+    index.insert((1, 2, 3))  # 4 tokens
+    index.insert((1, 2, 4))  # shares 1 and 2: 2 more tokens, the index is full
+    index.insert((9,))  # one more: the oldest continuation goes (3), never its prefix
+    assert index.match((1, 2, 3)) == 2 and index.match((1, 2, 4)) == 3 and index.match((9,)) == 1
+    assert (index.tokens, len(index)) == (5, 4)
+
+
+def test_a_key_already_held_out_of_order_is_counted_once() -> None:
+    index = PrefixIndex(100, 1)
+    index.insert((1, 2))
+    index.insert((5, 2))  # 2 is held (a collision, as far as the index can tell): not twice
+    assert index.tokens == 1 + 1 + 1 and len(index) == 3
 
 
 # --- the policy --------------------------------------------------------------------------------
@@ -106,7 +170,8 @@ def test_longest_match_wins_and_is_remembered() -> None:
     # next in the round-robin of equal loads)
     assert pool.pick((), (1, 2, 3)) is first and pool.pick((), (1, 2, 3, 4)) is first
     other = pool.pick((), (7, 8))  # no match anywhere: the least loaded
-    cache.indexes[c.name].insert((1, 2, 3, 4, 5))
+    for _ in range(3):  # indexed 2, then 4, then all 5 chunks deep
+        cache.indexes[c.name].insert((1, 2, 3, 4, 5))
     assert pool.pick((), (1, 2, 3, 4, 5, 6)) is c  # longer match beats the earlier holder
     assert cache.decisions == {"prefix_match": 3, "no_match": 2, "balance_override": 0}
     assert other is not None and cache.indexes[other.name].match((7, 8)) == 2
