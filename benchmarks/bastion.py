@@ -11,7 +11,9 @@ Figures:
   after start): kvpd's overhead (up minus the critical path; down whole) through the bastion
   (`ssh.jump`) against the same hosts reached directly, runs interleaved.
 - One health probe: a direct socket from this machine, a channel of a direct SSH connection,
-  and a channel of the connection through the bastion (p50/p90 of `--probes` each, interleaved).
+  a channel of the connection through the bastion, and the same without the one session kvpd
+  runs on every new connection (so sshd sets TCP_NODELAY; p50/p90 of `--probes` each,
+  interleaved).
 - Connecting to every host at once (a new TransportPool, all hosts in parallel, as `up` does):
   direct against through the bastion, whose one connection all the hosts' connections share.
 - The canary's exchanges from this machine (the /metrics scrape before, one completion, the
@@ -44,6 +46,7 @@ from kvpd.exec.http_wire import direct
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.ssh import SSHTransport
+from kvpd.exec.ssh import connect as ssh_connect
 from kvpd.exec.state import StateStore
 from kvpd.exec.transport import HttpRequest, Transport
 from kvpd.plan.value import HostSpec, Plan
@@ -97,6 +100,20 @@ def connect_all(hosts: tuple[HostSpec, ...]) -> float:
         return time.perf_counter() - t0
     finally:
         pool.close()
+
+
+def without_first_session(spec: HostSpec, req: HttpRequest) -> SSHTransport:
+    """A transport through the bastion as kvpd connected before it ran one session first on
+    every connection: sshd keeps Nagle's algorithm on a connection without a session. Its own
+    bastion connection (another chain key: accepting unknown keys, all known anyway)."""
+    saved = ssh_connect.first_session
+    ssh_connect.first_session = lambda *_: None  # type: ignore[assignment]
+    try:
+        t = SSHTransport(spec, accept_unknown_host_key=True)
+        t.http(req)
+        return t
+    finally:
+        ssh_connect.first_session = saved
 
 
 def canary_exchanges(t: Transport, url: str) -> None:
@@ -220,13 +237,15 @@ def exchange_figures(
                     break
             except Exception:  # noqa: BLE001 - not listening yet
                 time.sleep(0.1)
-        t_jump.http(req)  # connect both before timing
+        t_jump.http(req)  # connect all before timing
         t_direct.http(req)
-        lat: dict[str, list[float]] = {"socket": [], "channel": [], "bastion": []}
+        t_nagle = without_first_session(dataclasses.replace(spec, jump=jump), req)
+        lat: dict[str, list[float]] = {"socket": [], "channel": [], "bastion": [], "nagle": []}
         calls = {
             "socket": lambda: direct(req, h1),
             "channel": lambda: t_direct.http(req),
             "bastion": lambda: t_jump.http(req),
+            "nagle": lambda: t_nagle.http(req),
         }
         for _ in range(args.probes):
             for k, call in calls.items():
@@ -237,6 +256,8 @@ def exchange_figures(
         print(f"  direct socket:                 {ms(lat['socket'])}")
         print(f"  channel, direct SSH:           {ms(lat['channel'])}")
         print(f"  channel, SSH through bastion:  {ms(lat['bastion'])}")
+        print(f"  the same, no first session:    {ms(lat['nagle'])} (sshd's Nagle left on)")
+        t_nagle.close()
 
         canary_figures(args, spec, t_direct, t_jump, address)
 
