@@ -158,6 +158,8 @@ def test_the_controller_reaches_only_the_bastion(bastion: BastionBed) -> None:
         r = t.run(["id", "-un"])
         assert r.ok and r.stdout.strip() == "kvpd"
         assert t.resolve(".") == "/home/kvpd"
+        # the connection's first session (which makes sshd set TCP_NODELAY) printed it
+        assert t._connection().login_dir == "/home/kvpd"
     finally:
         t.close()
 

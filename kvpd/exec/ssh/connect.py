@@ -92,7 +92,7 @@ def connect(
                 label = f"jump host {hop.address} (for {name})"
                 c = _client(hop, sock, label, route.known_hosts, accept_unknown_host_key,
                             timeout_s)  # fmt: skip
-                first_session(c, "true", timeout_s)
+                first_session(c, "true", timeout_s, wait=False)
                 return c
 
             prev = shared_jumps.acquire(chain, make)
@@ -115,7 +115,9 @@ def connect(
     return conn
 
 
-def first_session(client: paramiko.SSHClient, command: str, timeout_s: float) -> str | None:
+def first_session(
+    client: paramiko.SSHClient, command: str, timeout_s: float, *, wait: bool = True
+) -> str | None:
     """Run `command` in one session right after connecting. OpenSSH's sshd sets TCP_NODELAY on
     its end of a connection when the connection's first session starts (never before, never
     later): a connection that carries only direct-tcpip channels (a bastion's, or a host's that
@@ -123,13 +125,17 @@ def first_session(client: paramiko.SSHClient, command: str, timeout_s: float) ->
     behind an unacknowledged one waits for the peer's delayed ACK (~40 ms per exchange through
     a bastion). A host that refuses sessions (a jump-only account) just stays slower. The
     command's first stdout line is returned (`pwd` gives the login directory), None when it
-    failed."""
+    failed. `wait=False` (jump hosts, whose account may run a ForceCommand that never ends):
+    sshd has set the option once it accepted the command, so the session is closed then."""
     try:
         transport = client.get_transport()
         if transport is None:
             return None
         chan = transport.open_session(timeout=timeout_s)
         try:
+            if not wait:
+                chan.exec_command(command)  # returns once sshd answered the request
+                return None
             code, out, _, timed_out = drive(chan, command, min(timeout_s, 10.0))
         finally:
             chan.close()
