@@ -107,7 +107,7 @@ def without_first_session(spec: HostSpec, req: HttpRequest) -> SSHTransport:
     every connection: sshd keeps Nagle's algorithm on a connection without a session. Its own
     bastion connection (another chain key: accepting unknown keys, all known anyway)."""
     saved = ssh_connect.first_session
-    ssh_connect.first_session = lambda *_: None  # type: ignore[assignment]
+    ssh_connect.first_session = lambda *_, **__: None  # type: ignore[assignment]
     try:
         t = SSHTransport(spec, accept_unknown_host_key=True)
         t.http(req)
