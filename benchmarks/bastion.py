@@ -11,7 +11,14 @@ Figures:
   after start): kvpd's overhead (up minus the critical path; down whole) through the bastion
   (`ssh.jump`) against the same hosts reached directly, runs interleaved.
 - One health probe: a direct socket from this machine, a channel of a direct SSH connection,
-  and a channel of the connection through the bastion (p50/p90 of `--probes` each, interleaved).
+  a channel of the connection through the bastion, and the same without the one session kvpd
+  runs on every new connection (so sshd sets TCP_NODELAY; p50/p90 of `--probes` each,
+  interleaved).
+- Connecting to every host at once (a new TransportPool, all hosts in parallel, as `up` does):
+  direct against through the bastion, whose one connection all the hosts' connections share.
+- The canary's exchanges from this machine (the /metrics scrape before, one completion, the
+  scrape after) against a stand-in engine on a host: a direct socket, a channel of a direct SSH
+  connection, a channel through the bastion (p50/p90 of `--probes / 4` each, interleaved).
 - `kvpd forward`'s relay: p50 latency per request and requests/s at 16 concurrent streams
   through it (each request a new connection, so a new channel) against the same service
   reached directly.
@@ -32,14 +39,17 @@ import threading
 import time
 from pathlib import Path
 
+from kvpd.bench import canary, metrics
 from kvpd.exec.executor import Executor
 from kvpd.exec.forward import forwarder
 from kvpd.exec.http_wire import direct
+from kvpd.exec.local import LocalTransport
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.ssh import SSHTransport
+from kvpd.exec.ssh import connect as ssh_connect
 from kvpd.exec.state import StateStore
-from kvpd.exec.transport import HttpRequest
-from kvpd.plan.value import Plan
+from kvpd.exec.transport import HttpRequest, Transport
+from kvpd.plan.value import HostSpec, Plan
 
 REPO = Path(__file__).resolve().parents[1]
 TESTBED_SH = REPO / "scripts" / "testbed.sh"
@@ -75,6 +85,42 @@ def up_down(plan: Plan, store: StateStore) -> tuple[float, float]:
     finally:
         ex.close()
     return t1 - t0, t2 - t1
+
+
+def connect_all(hosts: tuple[HostSpec, ...]) -> float:
+    """Seconds to open a connection to every host in parallel (a fresh pool, as `kvpd up`)."""
+    pool = TransportPool(hosts)
+    threads = [threading.Thread(target=lambda h=h: pool[h.name].home()) for h in hosts]
+    try:
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - t0
+    finally:
+        pool.close()
+
+
+def without_first_session(spec: HostSpec, req: HttpRequest) -> SSHTransport:
+    """A transport through the bastion as kvpd connected before it ran one session first on
+    every connection: sshd keeps Nagle's algorithm on a connection without a session. Its own
+    bastion connection (another chain key: accepting unknown keys, all known anyway)."""
+    saved = ssh_connect.first_session
+    ssh_connect.first_session = lambda *_, **__: None  # type: ignore[assignment]
+    try:
+        t = SSHTransport(spec, accept_unknown_host_key=True)
+        t.http(req)
+        return t
+    finally:
+        ssh_connect.first_session = saved
+
+
+def canary_exchanges(t: Transport, url: str) -> None:
+    """What the canary sends to one engine from this machine: /metrics, a completion, /metrics."""
+    metrics.fetch(t, url + "/metrics")
+    assert canary.send(t, url, "standin", canary.prompt(), max_tokens=4) > 0
+    metrics.fetch(t, url + "/metrics")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -142,14 +188,24 @@ def run(args: argparse.Namespace) -> None:
     jumped = dataclasses.replace(
         plain, hosts=tuple(dataclasses.replace(h, jump=jump) for h in plain.hosts)
     )
+    bringup_figures(args, plain, jumped)
+    exchange_figures(args, plain, rows[0][0], rows[0][1], jump, service)
+
+
+def bringup_figures(args: argparse.Namespace, plain: Plan, jumped: Plan) -> None:
+    """`up` + `down` both ways, interleaved, then connecting to every host both ways."""
     critical = 2.0
     times: dict[str, list[tuple[float, float]]] = {"direct": [], "bastion": []}
+    connects: dict[str, list[float]] = {"direct": [], "bastion": []}
     with tempfile.TemporaryDirectory(prefix="kvpd-bastion-") as tmp:
         store = StateStore(tmp)
         up_down(plain, store)  # warm-up: page cache, sshd, host run dirs
         for _ in range(args.repeat):
             times["direct"].append(up_down(plain, store))
             times["bastion"].append(up_down(jumped, store))
+        for _ in range(args.repeat):
+            connects["direct"].append(connect_all(plain.hosts))
+            connects["bastion"].append(connect_all(jumped.hosts))
     over = {k: statistics.median(u for u, _ in v) - critical for k, v in times.items()}
     down = {k: statistics.median(d for _, d in v) for k, v in times.items()}
     print(f"up + down, {args.hosts} hosts x 2 stages, critical path {critical:g}s, "
@@ -159,8 +215,15 @@ def run(args: argparse.Namespace) -> None:
         print(f"  {k:8s} up runs {ups}s: overhead {over[k]:.2f}s; down {down[k]:.2f}s")
     print(f"  overhead through the bastion / direct: up {over['bastion'] / over['direct']:.2f}x, "
           f"down {down['bastion'] / down['direct']:.2f}x")  # fmt: skip
+    print(f"connecting to all {args.hosts} hosts in parallel (the home dir read), median of "
+          f"{args.repeat}: direct {statistics.median(connects['direct']):.2f}s, through the "
+          f"bastion {statistics.median(connects['bastion']):.2f}s")  # fmt: skip
 
-    h1, address = rows[0][0], rows[0][1]
+
+def exchange_figures(
+    args: argparse.Namespace, plain: Plan, h1: str, address: str, jump: str, service: Path
+) -> None:
+    """Health probe, canary and forward figures against services on host `h1`."""
     spec = plain.host(h1)
     t_direct, t_jump = SSHTransport(spec), SSHTransport(dataclasses.replace(spec, jump=jump))
     port = bringup.BASE_PORT + 50
@@ -174,13 +237,15 @@ def run(args: argparse.Namespace) -> None:
                     break
             except Exception:  # noqa: BLE001 - not listening yet
                 time.sleep(0.1)
-        t_jump.http(req)  # connect both before timing
+        t_jump.http(req)  # connect all before timing
         t_direct.http(req)
-        lat: dict[str, list[float]] = {"socket": [], "channel": [], "bastion": []}
+        t_nagle = without_first_session(dataclasses.replace(spec, jump=jump), req)
+        lat: dict[str, list[float]] = {"socket": [], "channel": [], "bastion": [], "nagle": []}
         calls = {
             "socket": lambda: direct(req, h1),
             "channel": lambda: t_direct.http(req),
             "bastion": lambda: t_jump.http(req),
+            "nagle": lambda: t_nagle.http(req),
         }
         for _ in range(args.probes):
             for k, call in calls.items():
@@ -191,6 +256,10 @@ def run(args: argparse.Namespace) -> None:
         print(f"  direct socket:                 {ms(lat['socket'])}")
         print(f"  channel, direct SSH:           {ms(lat['channel'])}")
         print(f"  channel, SSH through bastion:  {ms(lat['bastion'])}")
+        print(f"  the same, no first session:    {ms(lat['nagle'])} (sshd's Nagle left on)")
+        t_nagle.close()
+
+        canary_figures(args, spec, t_direct, t_jump, address)
 
         fwd = forwarder(t_jump, address, port, 0)
         threading.Thread(target=fwd.serve_forever, daemon=True).start()
@@ -211,6 +280,44 @@ def run(args: argparse.Namespace) -> None:
         t_direct.signal_group(s.pgid, 9, start_ticks=s.start_ticks)
         t_direct.close()
         t_jump.close()
+
+
+def canary_figures(
+    args: argparse.Namespace, spec: HostSpec, t_direct: SSHTransport, t_jump: SSHTransport,
+    address: str,
+) -> None:  # fmt: skip
+    """The canary's exchanges with a stand-in engine on the host, three ways, interleaved."""
+    port = bringup.BASE_PORT + 51
+    argv = [sys.executable, "-m", "kvpd.testing.standin_engine", "--host", address,
+            "--port", str(port), "--role", "mixed"]  # fmt: skip
+    s = t_direct.start_detached(argv, log="standin.log", cwd=".", env={"PYTHONPATH": str(REPO)})
+    url = f"http://{address}:{port}"
+    ways: dict[str, Transport] = {
+        "socket": LocalTransport(spec), "channel": t_direct, "bastion": t_jump,
+    }  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                metrics.fetch(ways["socket"], url + "/metrics")
+                break
+            except Exception:  # not listening yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        lat: dict[str, list[float]] = {k: [] for k in ways}
+        for _ in range(max(1, args.probes // 4)):
+            for k, t in ways.items():
+                t0 = time.perf_counter()
+                canary_exchanges(t, url)
+                lat[k].append(time.perf_counter() - t0)
+        n = len(lat["socket"])
+        print(f"canary exchanges (/metrics, completion, /metrics), stand-in engine, {n} each:")
+        print(f"  direct socket:                 {ms(lat['socket'])}")
+        print(f"  channel, direct SSH:           {ms(lat['channel'])}")
+        print(f"  channel, SSH through bastion:  {ms(lat['bastion'])}")
+    finally:
+        t_direct.signal_group(s.pgid, 15, start_ticks=s.start_ticks)
 
 
 if __name__ == "__main__":

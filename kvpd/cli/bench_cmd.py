@@ -316,11 +316,15 @@ def _profile_facts(profile: str, sets: list[str]) -> tuple[dict[str, list[str]],
 
 
 def _route_to_proxy(plan: Plan) -> bool:
-    """Whether a client on this machine could reach the serving URL at all."""
+    """Whether a client on this machine could reach the serving URL at all: never when kvpd
+    itself reaches the proxy's host through a jump host (no socket is tried then), else
+    whether a TCP connection gets an answer."""
     from kvpd.exec.http_wire import endpoint, route_here
 
     if not plan.proxy_url:
         return True
+    if plan.proxy_host and plan.host(plan.proxy_host).jump:
+        return False
     ep = endpoint(plan.proxy_url)
     return route_here(ep.address, ep.port)
 

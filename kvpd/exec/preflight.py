@@ -21,6 +21,7 @@ from kvpd.exec.channel_preflight import channel_checks
 from kvpd.exec.checks import Check
 from kvpd.exec.containers import preflight as container_preflight
 from kvpd.exec.fanout import Fanout, HostOutcome
+from kvpd.exec.owner_preflight import owner_checks
 from kvpd.exec.pinned_versions import pinned_checks
 from kvpd.exec.planner_gate import planner_checks
 from kvpd.exec.probe import PROBE
@@ -206,6 +207,7 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
     checks += pinned_checks(plan, versions, transports, reached_hosts)
     with Fanout(min(16, max(1, len(reached_hosts)))) as fan:
         checks += channel_checks(sorted(reached_hosts), transports, fan)
+        checks += owner_checks(plan, transports, sorted(reached_hosts), fan)
     for name, by_host in versions.items():
         found = {v for v in by_host.values() if v}
         if len(found) > 1:

@@ -15,6 +15,7 @@ from kvpd.plan.derived import derived_lines
 from kvpd.plan.facts import derive_facts
 from kvpd.plan.faults import warnings as fault_warnings
 from kvpd.plan.hashseed import pin_hash_seed
+from kvpd.plan.kv_owner import mixed_owners
 from kvpd.plan.layout import build_layout, host_devices, merged
 from kvpd.plan.logchecks import log_checks
 from kvpd.plan.plan_files import PlanFiles, config_files, process_specs
@@ -200,6 +201,8 @@ def build_plan(
     requirements = build_requirements(profile, procs, dram, {h.name: h.run_dir for h in hosts})
     # Containers: hosts whose processes run inside one (kvpd.plan.container).
     hosts = with_containers(profile, hosts, processes, requirements, rehearsal)
+    if owners := mixed_owners(hosts, requirements):  # one login user per shared KV folder
+        raise ProfileError([f"{source.where(('ssh', 'user'))}: ssh.user: {m}" for m in owners])
     return Plan(
         deployment=profile.name,
         profile_digest=_digest(source, files, secrets),

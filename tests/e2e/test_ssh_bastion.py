@@ -1,7 +1,7 @@
 """kvpd on a bed like a cluster behind a login node (scripts/testbed.sh TOPOLOGY=bastion): this
 machine reaches only the bastion's sshd; the cluster hosts sit on a bridge it has no address or
-route on (an `unreachable` route for their prefix), d1 is logged into as a user that is not
-root, and one host's sshd forbids TCP forwarding.
+route on (an `unreachable` route for their prefix), h1..h4 are logged into as a user that is not
+root (h5 as root), and h5's sshd forbids TCP forwarding.
 
 `up --rehearse-with standin` of ucm-centralized-2p2d goes through `ssh.jump`: health gate,
 canary (/metrics and the completion through SSH channels), `status`, `logs`, `diagnose`, a
@@ -49,6 +49,8 @@ PROFILE = "ucm-centralized-2p2d"
 BED_HOSTS = 5  # h1..h4 serve; h5's sshd forbids forwarding
 HOSTS = {"p1": "h1", "d1": "h2", "p2": "h3", "d2": "h4"}
 NO_FORWARD = "h5"
+# Logged into as the bed's user that is not root (run dirs in its home, no sudo); h5 as root.
+NONROOT = ("1", "2", "3", "4")
 SHARED = REPO / ".kvpd" / "e2e-bastion"
 
 
@@ -70,7 +72,7 @@ def _bed_env() -> dict[str, str]:
     import sys
 
     env = {**os.environ, "TOPOLOGY": "bastion", "PYTHON": sys.executable}
-    env.update(NONROOT="2", NOFORWARD=NO_FORWARD.removeprefix("h"))
+    env.update(NONROOT=" ".join(NONROOT), NOFORWARD=NO_FORWARD.removeprefix("h"))
     env.pop("KVPD_TESTBED_DIR", None)
     return env
 
@@ -156,6 +158,8 @@ def test_the_controller_reaches_only_the_bastion(bastion: BastionBed) -> None:
         r = t.run(["id", "-un"])
         assert r.ok and r.stdout.strip() == "kvpd"
         assert t.resolve(".") == "/home/kvpd"
+        # the connection's first session (which makes sshd set TCP_NODELAY) printed it
+        assert t._connection().login_dir == "/home/kvpd"
     finally:
         t.close()
 
@@ -249,11 +253,12 @@ def test_cpu_vllm_rehearsal_and_bench_through_the_bastion(
     storage = SHARED / "vllm"
     storage.mkdir(parents=True, exist_ok=True)
     storage.chmod(0o1777)
-    # One engine per host, as the CPU-vLLM rehearsal of the open bed runs it; the non-root
-    # login (h2) runs a prefiller. With it on a decoder, that decoder finds the prompt's KV
-    # folder that a root prefiller wrote on the shared storage but not its layer file (not
-    # understood yet), so the decoders log in as root here.
-    hosts = {"p1": "h1", "d1": "h3", "p2": "h2", "d2": "h4"}
+    # One engine per host, as the CPU-vLLM rehearsal of the open bed runs it. Every engine
+    # shares the hand-over folder, so all log in as the bed's non-root user (a service account,
+    # as on a cluster): KV files are private to their writer, and kvpd refuses a plan whose
+    # engines would share the folder as different users (tests/unit/test_kv_owner.py).
+    hosts = {"p1": "h1", "d1": "h2", "p2": "h3", "d2": "h4"}
+    assert {bastion.hosts[h][1] for h in hosts.values()} == {"kvpd"}
     inv = inventory(tmp_path / "inventory.yaml", bastion, hosts, storage, devices=4)
     state = tmp_path / "state"
     state.mkdir()

@@ -97,3 +97,17 @@ def test_a_route_to_the_proxy_decides_whether_the_client_may_run_here() -> None:
         assert route_here("127.0.0.1", port)
     assert route_here("127.0.0.1", port)  # refused: the host answered
     assert not route_here("255.255.255.255", 8000, timeout_s=0.3)  # no TCP to broadcast
+
+
+def test_a_proxy_behind_a_jump_host_is_never_tried_from_here() -> None:
+    """kvpd reaches the proxy's host through a bastion: the client belongs on the cluster, and
+    no socket goes from here to the cluster port (255.255.255.255 would fail anyway)."""
+    from kvpd.cli.bench_cmd import _route_to_proxy
+    from kvpd.plan.value import ProcessSpec
+
+    proxy = ProcessSpec(name="proxy", host="p1", role="proxy", stage=1, script="p.sh",
+                        command=("kvpd-proxy",), ports=(8000,))  # fmt: skip
+    for jump, reachable in ((None, True), ("root@10.0.1.10", False)):
+        host = HostSpec("p1", "127.0.0.1", jump=jump)
+        plan = Plan("dep", "d", (host,), (), (proxy,), proxy_url="http://127.0.0.1:1")
+        assert _route_to_proxy(plan) is reachable  # refused here counts as a route

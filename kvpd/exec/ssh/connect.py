@@ -1,6 +1,6 @@
 """Opening one SSH connection along a Route: jump hosts tunnelled through direct-tcpip channels,
-TCP_NODELAY on the first socket, verified host keys, and an error a user can act on for every
-way a connect fails."""
+TCP_NODELAY on both ends of every hop, verified host keys, and an error a user can act on for
+every way a connect fails."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from kvpd.errors import HostKeyError, TransportError
 from kvpd.exec.ssh import jumps as shared_jumps
 from kvpd.exec.ssh.config import Hop, Route
 from kvpd.exec.ssh.hostkeys import changed_key_error, verify_with
+from kvpd.exec.ssh.timed import drive
 
 # Network-level failures while talking to a host (a dropped connection shows up as any of them).
 LINK_ERRORS = (paramiko.SSHException, EOFError, OSError)
@@ -33,6 +34,8 @@ class Connection:
         self.client = client
         self.jumps = list(jumps or [])
         self.sftp: paramiko.SFTPClient | None = None
+        # The login directory, as the first session printed it (None if it could not).
+        self.login_dir: str | None = None
 
     @property
     def active(self) -> bool:
@@ -87,8 +90,10 @@ def connect(
             ) -> paramiko.SSHClient:
                 sock = None if prev is None else _channel(prev, hops[i - 1], hop, name, timeout_s)
                 label = f"jump host {hop.address} (for {name})"
-                return _client(hop, sock, label, route.known_hosts, accept_unknown_host_key,
-                               timeout_s)  # fmt: skip
+                c = _client(hop, sock, label, route.known_hosts, accept_unknown_host_key,
+                            timeout_s)  # fmt: skip
+                first_session(c, "true", timeout_s, wait=False)
+                return c
 
             prev = shared_jumps.acquire(chain, make)
             held.append((chain, prev))
@@ -101,11 +106,44 @@ def connect(
             accept_unknown_host_key,
             timeout_s,
         )
+        conn = Connection(client, held)
+        conn.login_dir = first_session(client, "pwd", timeout_s)
     except BaseException:
         for done, c in reversed(held):
             shared_jumps.release(done, c)
         raise
-    return Connection(client, held)
+    return conn
+
+
+def first_session(
+    client: paramiko.SSHClient, command: str, timeout_s: float, *, wait: bool = True
+) -> str | None:
+    """Run `command` in one session right after connecting. OpenSSH's sshd sets TCP_NODELAY on
+    its end of a connection when the connection's first session starts (never before, never
+    later): a connection that carries only direct-tcpip channels (a bastion's, or a host's that
+    only serves probes) keeps Nagle's algorithm on the server side, and every small answer
+    behind an unacknowledged one waits for the peer's delayed ACK (~40 ms per exchange through
+    a bastion). A host that refuses sessions (a jump-only account) just stays slower. The
+    command's first stdout line is returned (`pwd` gives the login directory), None when it
+    failed. `wait=False` (jump hosts, whose account may run a ForceCommand that never ends):
+    sshd has set the option once it accepted the command, so the session is closed then."""
+    try:
+        transport = client.get_transport()
+        if transport is None:
+            return None
+        chan = transport.open_session(timeout=timeout_s)
+        try:
+            if not wait:
+                chan.exec_command(command)  # returns once sshd answered the request
+                return None
+            code, out, _, timed_out = drive(chan, command, min(timeout_s, 10.0))
+        finally:
+            chan.close()
+    except LINK_ERRORS:
+        return None  # refused or failed: the connection works, only without sshd's TCP_NODELAY
+    if code != 0 or timed_out:
+        return None
+    return out.decode(errors="replace").partition("\n")[0].strip() or None
 
 
 def _channel(

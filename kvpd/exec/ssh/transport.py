@@ -199,8 +199,11 @@ class SSHTransport(ShellProcesses):
 
     def home(self) -> str:
         if self._home is None:
-            # The session starts in the login directory; cached, it never changes.
-            home = self._snippet("pwd", "finding the home directory").strip()
+            # A session starts in the login directory (the connection's first session printed
+            # it); cached, it never changes.
+            home = self._connection().login_dir or ""
+            if not home.startswith("/"):
+                home = self._snippet("pwd", "finding the home directory").strip()
             if not home.startswith("/"):
                 raise TransportError(f"host {self.host}: odd home directory {home!r}")
             self._home = home
