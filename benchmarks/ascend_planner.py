@@ -10,8 +10,9 @@ layer are printed (on a shared machine the minimum is the steadier figure of the
 
 Upstream's planner is not part of kvpd: fetch `sparse_kv_offload.cpp` yourself (vllm-project/
 vllm-ascend, vllm_ascend/distributed/kv_transfer/sparse_kv_offload/, base commit 182b75ea) and
-pass it with --upstream-cpp. It is compiled here with -O3 -march=native against kvpd's stand-in
-headers (benchmarks/upstream_stubs). Without it, only kvpd's rows are printed.
+pass it with --upstream-cpp (or KVPD_UPSTREAM_PLANNER_CPP). It is compiled here with -O3
+-march=native against kvpd's stand-in headers (benchmarks/upstream_stubs). Without it, only
+kvpd's rows are printed.
 
 --jit-python PY (a Python with torch and ninja, e.g. the engine venv's) also measures what a
 decode start pays today: torch.utils.cpp_extension.load of upstream's .cpp with its flags (cold,
@@ -204,7 +205,11 @@ def jit_vs_import(jit_python: str, cpp: Path | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--upstream-cpp", type=Path, help="vLLM-Ascend's sparse_kv_offload.cpp")
+    ap.add_argument(
+        "--upstream-cpp", type=Path, default=os.environ.get("KVPD_UPSTREAM_PLANNER_CPP") or None,
+        help="vLLM-Ascend's sparse_kv_offload.cpp (default: $KVPD_UPSTREAM_PLANNER_CPP, as the "
+        "equivalence tests take it)",
+    )  # fmt: skip
     ap.add_argument("--jit-python", help="Python with torch + ninja, to time the JIT build")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
