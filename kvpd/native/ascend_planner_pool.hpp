@@ -118,6 +118,11 @@ class RowPool {
       return;
     }
     std::lock_guard<std::mutex> one_caller(call_, std::adopt_lock);
+    const auto now = std::chrono::steady_clock::now();
+    if (now < solo_until_) {  // a helper stalled a recent layer: plan alone for a while
+      job.claim_all();
+      return;
+    }
     start_helpers(helpers);
     job.wanted = helpers;
     job_.store(&job);
@@ -128,7 +133,7 @@ class RowPool {
     }
     job.claim_all();
     job_.store(nullptr);  // every row is claimed: a helper joining from now on finds nothing
-    wait_for_helpers();
+    back_off(wait_for_helpers());
   }
 
  private:
@@ -137,17 +142,35 @@ class RowPool {
   // (its core is held by another process), and sleeping frees this core, to which the kernel
   // then moves the preempted helper (an idle core pulls runnable threads), instead of the
   // whole layer waiting for its core's scheduler slice.
-  void wait_for_helpers() {
+  // Returns whether the helpers stalled the caller (it had to sleep for them).
+  bool wait_for_helpers() {
     const auto until = std::chrono::steady_clock::now() + kJoinPoll;
     for (int i = 1; active_.load() != 0; ++i) {
       cpu_relax();
       if ((i & 15) == 0 && std::chrono::steady_clock::now() > until) break;
     }
-    if (active_.load() == 0) return;
+    if (active_.load() == 0) return false;
     std::unique_lock<std::mutex> lk(mu_);
     caller_sleeps_.store(true);
     idle_.wait(lk, [this] { return active_.load() == 0; });
     caller_sleeps_.store(false);
+    return true;
+  }
+
+  // A row cannot be taken back from a helper that is preempted while planning it (rows are
+  // planned in place, in buffers the caller reuses as soon as the call returns), so on a core
+  // another process holds, a layer now and then waits for that process's scheduler slice
+  // (milliseconds, against ~0.4 ms of planning). After such a stall the caller plans alone for
+  // a while, 1 ms at first and twice as long after each further stall (up to 128 ms), halved
+  // again by every layer the helpers finish on time: under sustained contention a layer costs
+  // about the one-thread time instead of a slice, and on free cores nothing changes.
+  void back_off(bool stalled) {
+    if (stalled) {
+      backoff_ = std::min(backoff_ == kNoBackoff ? kFirstBackoff : 2 * backoff_, kMaxBackoff);
+      solo_until_ = std::chrono::steady_clock::now() + backoff_;
+    } else {
+      backoff_ /= 2;
+    }
   }
 
   void start_helpers(int helpers) {
@@ -199,7 +222,12 @@ class RowPool {
   // A few rows' time (rows take ~10 us; descriptor claims of 8 rows about as long).
   static constexpr std::chrono::microseconds kJoinPoll{30};
 
-  std::mutex call_;  // one caller at a time uses the helpers
+  static constexpr std::chrono::microseconds kNoBackoff{0}, kFirstBackoff{1000};
+  static constexpr std::chrono::microseconds kMaxBackoff{128000};
+
+  std::mutex call_;  // one caller at a time uses the helpers; it guards the two below
+  std::chrono::microseconds backoff_{0};
+  std::chrono::steady_clock::time_point solo_until_{};
   std::mutex mu_;    // only for sleeping and waking
   std::condition_variable wake_, idle_;
   std::atomic<RowJob*> job_{nullptr};
