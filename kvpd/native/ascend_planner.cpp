@@ -12,7 +12,8 @@
 //   it into a slot per occurrence); attention reads the same K/V either way.
 //
 // Speed: one row is planned by a function chosen once at load time from the CPU's features
-// (AVX2 where the CPU has it, also on AVX-512 CPUs (see kPreferred); NEON on aarch64; baseline),
+// (AVX2 where the CPU has it, also on AVX-512 CPUs (see kPreferred); NEON on aarch64, SVE when
+// named; baseline),
 // so one portable wheel runs the best path the host has. Threads are min(rows, workspace_threads, requested_threads) as upstream, also capped
 // by the processors this process may use; the rows go to the caller and to helper threads that
 // join when the OS runs them (ascend_planner_pool.hpp), not to an OpenMP team. Results do not
@@ -68,6 +69,7 @@ void plan_row_avx512_vpopcnt(const RowIO& io, Workspace& ws);  // ditto, with VP
 #endif
 #ifdef KVPD_ARM64
 void plan_row_neon(const RowIO& io, Workspace& ws);  // ascend_planner_neon.cpp
+void plan_row_sve(const RowIO& io, Workspace& ws);   // ditto, compiled with SVE
 #endif
 
 using RowFn = void (*)(const RowIO&, Workspace&);
@@ -79,7 +81,7 @@ struct Isa {
 
 // Row planners by the instructions they need, widest first: KVPD_NATIVE_ISA=<name> and
 // set_isa refer to this order.
-constexpr const char* kIsas[] = {"avx512_vpopcnt", "avx512", "avx2", "neon", "baseline"};
+constexpr const char* kIsas[] = {"avx512_vpopcnt", "avx512", "avx2", "sve", "neon", "baseline"};
 
 // The load-time choice, fastest first. AVX2 comes before both AVX-512 paths: those vectorise
 // the previous row algorithm (16-lane walk and resolve), and the current one (branch-free
@@ -89,7 +91,10 @@ constexpr const char* kIsas[] = {"avx512_vpopcnt", "avx512", "avx2", "neon", "ba
 // (its nibble-table popcount costs ~8 vector operations per rank); at 2 threads AVX2 and
 // AVX-512 with VPOPCNTD are within 3% of each other. Every AVX-512 CPU has AVX2, so the AVX-512
 // paths run only when named; they stay for comparisons and for a future port of the algorithm.
-constexpr const char* kPreferred[] = {"avx2", "avx512_vpopcnt", "avx512", "neon", "baseline"};
+// NEON comes before SVE: the SVE build is exact (checked under qemu) but has never been timed
+// (Kunpeng 920 has no SVE, and emulation gives no figures), so it runs only when named.
+constexpr const char* kPreferred[] = {"avx2", "avx512_vpopcnt", "avx512", "neon", "sve",
+                                      "baseline"};
 
 bool cpu_has(const std::string& isa) {
 #ifdef KVPD_X86
@@ -107,6 +112,7 @@ bool cpu_has(const std::string& isa) {
 #endif
 #ifdef KVPD_ARM64
   if (isa == "neon") return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+  if (isa == "sve") return (getauxval(AT_HWCAP) & HWCAP_SVE) != 0;
 #endif
   return isa == "baseline";
 }
@@ -119,6 +125,7 @@ Isa isa_named(const std::string& name) {
 #endif
 #ifdef KVPD_ARM64
   if (name == "neon") return {"neon", plan_row_neon};
+  if (name == "sve") return {"sve", plan_row_sve};
 #endif
   (void)name;
   return {"baseline", plan_row_baseline};
@@ -389,6 +396,6 @@ PYBIND11_MODULE(_ascend_planner, m) {
       "with KVPD_NATIVE_ISA=`cap` if given.");
   m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
   m.def("set_isa", &set_isa, py::arg("name"),
-        "Use the named row planner (baseline|neon|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "
+        "Use the named row planner (baseline|neon|sve|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "
         "tests and benchmarks. Returns whether it switched.");
 }

@@ -244,6 +244,9 @@ def test_isa_cap_from_the_environment() -> None:
         (["avx512", "avx2", "baseline"], None, "avx2"),
         (["avx2", "baseline"], None, "avx2"),
         (["neon", "baseline"], None, "neon"),
+        # SVE is exact (under qemu) but never timed: only when named
+        (["sve", "neon", "baseline"], None, "neon"),
+        (["sve", "neon", "baseline"], "sve", "sve"),
         (["baseline"], None, "baseline"),
         # a named path the CPU has is used as named (comparisons, tests)
         (["avx512", "avx2", "baseline"], "avx512", "avx512"),

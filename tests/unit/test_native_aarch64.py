@@ -138,8 +138,8 @@ def test_drop_in_equivalence_with_vllm_ascend_under_emulation(
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["mismatches"] == [], result
-    assert (result["isas"], result["chosen"]) == (["neon", "baseline"], "neon"), result
-    assert result["runs"] == len(ue.CASES) * 2 * 2
+    assert result["chosen"] == "neon" and {"neon", "baseline"} <= set(result["isas"]), result
+    assert result["runs"] == len(ue.CASES) * 2 * len(result["isas"])
 
 
 def test_missing_toolchain_says_how_to_install(
