@@ -162,14 +162,19 @@ class RowPool {
   // another process holds, a layer now and then waits for that process's scheduler slice
   // (milliseconds, against ~0.4 ms of planning). After such a stall the caller plans alone for
   // a while, 1 ms at first and twice as long after each further stall (up to 128 ms), halved
-  // again by every layer the helpers finish on time: under sustained contention a layer costs
-  // about the one-thread time instead of a slice, and on free cores nothing changes.
+  // again only by 16 calls in a row that the helpers finish on time (halving after each one
+  // kept the pause near 1 ms under sustained contention, so every other layer still risked a
+  // slice): under sustained contention a layer costs about the one-thread time instead of a
+  // slice; when the core frees up, the helpers are back after one pause; on free cores nothing
+  // changes (no stalls).
   void back_off(bool stalled) {
     if (stalled) {
       backoff_ = std::min(backoff_ == kNoBackoff ? kFirstBackoff : 2 * backoff_, kMaxBackoff);
       solo_until_ = std::chrono::steady_clock::now() + backoff_;
-    } else {
+      on_time_ = 0;
+    } else if (++on_time_ >= kOnTimeToHalve) {
       backoff_ /= 2;
+      on_time_ = 0;
     }
   }
 
@@ -225,8 +230,10 @@ class RowPool {
   static constexpr std::chrono::microseconds kNoBackoff{0}, kFirstBackoff{1000};
   static constexpr std::chrono::microseconds kMaxBackoff{128000};
 
-  std::mutex call_;  // one caller at a time uses the helpers; it guards the two below
+  std::mutex call_;  // one caller at a time uses the helpers; it guards the three below
+  static constexpr int kOnTimeToHalve = 16;
   std::chrono::microseconds backoff_{0};
+  int on_time_ = 0;  // calls in a row the helpers finished on time
   std::chrono::steady_clock::time_point solo_until_{};
   std::mutex mu_;    // only for sleeping and waking
   std::condition_variable wake_, idle_;
