@@ -87,9 +87,9 @@ constexpr const char* kIsas[] = {"avx512_vpopcnt", "avx512", "avx2", "sve", "neo
 // the previous row algorithm (16-lane walk and resolve), and the current one (branch-free
 // resolve, the shorter walk, the next row fetched ahead) compiled for AVX2 does less work per
 // row. Measured side by side (benchmarks/ascend_planner.py --all-isas, Sapphire Rapids class,
-// 1 thread): AVX2 0.637 ms per layer, AVX-512 with VPOPCNTD 0.665, AVX-512 without it 0.763
-// (its nibble-table popcount costs ~8 vector operations per rank); at 2 threads AVX2 and
-// AVX-512 with VPOPCNTD are within 3% of each other. Every AVX-512 CPU has AVX2, so the AVX-512
+// 1 thread, 8 runs): AVX-512 without VPOPCNTD slower than AVX2 in every run (0.763 vs 0.637 ms
+// per layer in a quiet one; its nibble-table popcount costs ~8 vector operations per rank),
+// AVX-512 with VPOPCNTD slower in 6 (0.665 ms there) and 2-3% faster in 2. Every AVX-512 CPU has AVX2, so the AVX-512
 // paths run only when named; they stay for comparisons and for a future port of the algorithm.
 // NEON comes before SVE: the SVE build is exact (checked under qemu) but has never been timed
 // (Kunpeng 920 has no SVE, and emulation gives no figures), so it runs only when named.
