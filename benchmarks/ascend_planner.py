@@ -10,8 +10,9 @@ layer are printed (on a shared machine the minimum is the steadier figure of the
 
 Upstream's planner is not part of kvpd: fetch `sparse_kv_offload.cpp` yourself (vllm-project/
 vllm-ascend, vllm_ascend/distributed/kv_transfer/sparse_kv_offload/, base commit 182b75ea) and
-pass it with --upstream-cpp. It is compiled here with -O3 -march=native against kvpd's stand-in
-headers (benchmarks/upstream_stubs). Without it, only kvpd's rows are printed.
+pass it with --upstream-cpp (or KVPD_UPSTREAM_PLANNER_CPP). It is compiled here with -O3
+-march=native against kvpd's stand-in headers (benchmarks/upstream_stubs). Without it, only
+kvpd's rows are printed.
 
 --jit-python PY (a Python with torch and ninja, e.g. the engine venv's) also measures what a
 decode start pays today: torch.utils.cpp_extension.load of upstream's .cpp with its flags (cold,
@@ -119,54 +120,81 @@ class Layer:
         return h.digest()
 
 
-def compare(args, trace, bt, upstream, isas: list[str]) -> None:
+def busy_jiffies() -> tuple[int, int]:
+    """(CPU time of every process, of this one), in clock ticks: what others took in between
+    two readings is the difference of the differences."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return user + nice + system + irq + softirq + steal, int(own[11]) + int(own[12])
+
+
+def run_block(args, trace, bt, configs, threads: int):
+    """Every implementation on `threads` threads: times and first-repeat digests per name, and
+    the share of the CPUs other processes used meanwhile."""
     warm = 3
+    times: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    digests: dict[str, list[bytes]] = {name: [] for name, _, _ in configs}
+    (all0, own0), t0 = busy_jiffies(), time.monotonic()
+    for rep in range(args.repeats):
+        # Each implementation plans the whole trace back to back, as a decode process does
+        # layer after layer (so OpenMP's spinning helpers after upstream's call hit upstream's
+        # next call, not kvpd's); the order rotates per repeat so that load drift spreads.
+        order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
+        for name, mod, isa in order:
+            if isa is not None:
+                kvpd_mod.set_isa(isa)
+            layer = Layer()
+            for step in range(trace.steps):
+                ins = (trace.topk_indices[step], trace.req_ids[step])
+                dt = layer.step(mod, *ins, trace.stable_prefix_lens[step], bt, threads)
+                if step >= warm:
+                    times[name].append(dt)
+                if rep == 0:
+                    digests[name].append(layer.digest())
+    (all1, own1), wall = busy_jiffies(), time.monotonic() - t0
+    hz, cpus = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
+    others = ((all1 - all0) - (own1 - own0)) / (hz * wall * cpus)
+    return times, digests, max(others, 0.0)
+
+
+def print_block(threads: int, times, digests, others: float, upstream_name: str | None) -> None:
+    names = list(times)
+    identical = all(d == digests[names[0]] for d in digests.values())
+    print(f"\n{threads} thread(s): median ms per layer (plan + descriptors), "
+          f"{len(times[names[0]])} samples; other processes used {others:.0%} of the "
+          f"{os.cpu_count()} CPUs meanwhile (load {os.getloadavg()[0]:.2f})")  # fmt: skip
+    for name, t in times.items():
+        print(f"  {name:>34}: {statistics.median(t):7.3f} ms  (min {min(t):.3f})")
+    if upstream_name is not None:
+        up = times[upstream_name]
+        for name in names[:-1]:
+            t = times[name]
+            ratio = statistics.median(up) / statistics.median(t)
+            print(f"  {'speed-up ' + name:>34}: {ratio:.2f}x (median), "
+                  f"{min(up) / min(t):.2f}x (min)")  # fmt: skip
+    steps = len(digests[names[0]])
+    print(f"  outputs identical across all rows above: {identical} "
+          f"({steps} steps x {len(names)} implementations, every output and state)")  # fmt: skip
+
+
+def compare(args, trace, bt, upstream, isas: list[str]) -> None:
     configs = [(f"kvpd {isa}", kvpd_mod, isa) for isa in isas]
+    upstream_name = None
     if upstream is not None:
-        configs.append(("vLLM-Ascend (-O3 -march=native)", upstream, None))
+        upstream_name = "vLLM-Ascend (-O3 -march=native)"
+        configs.append((upstream_name, upstream, None))
+    per_threads = {}
     for threads in (1, 2):
-        times: dict[str, list[float]] = {name: [] for name, _, _ in configs}
-        digests: dict[str, list[bytes]] = {name: [] for name, _, _ in configs}
-        for rep in range(args.repeats):
-            # Each implementation plans the whole trace back to back, as a decode process does
-            # layer after layer (so OpenMP's spinning helpers after upstream's call hit upstream's
-            # next call, not kvpd's); the order rotates per repeat so that load drift spreads.
-            order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
-            for name, mod, isa in order:
-                if isa is not None:
-                    kvpd_mod.set_isa(isa)
-                layer = Layer()
-                for step in range(trace.steps):
-                    ins = (
-                        trace.topk_indices[step],
-                        trace.req_ids[step],
-                        trace.stable_prefix_lens[step],
-                    )
-                    dt = layer.step(mod, *ins, bt, threads)
-                    if step >= warm:
-                        times[name].append(dt)
-                    if rep == 0:
-                        digests[name].append(layer.digest())
+        times, digests, others = run_block(args, trace, bt, configs, threads)
         kvpd_mod.set_isa(isas[0])
-        first = digests[configs[0][0]]
-        identical = all(d == first for d in digests.values())
-        print(f"\n{threads} thread(s): median ms per layer (plan + descriptors), "
-              f"{len(times[configs[0][0]])} samples")  # fmt: skip
-        for name, t in times.items():
-            print(f"  {name:>34}: {statistics.median(t):7.3f} ms  (min {min(t):.3f})")
-        if upstream is not None:
-            up = times[configs[-1][0]]
-            for name, _, _ in configs[:-1]:
-                t = times[name]
-                ratio = statistics.median(up) / statistics.median(t)
-                print(
-                    f"  {'speed-up ' + name:>34}: {ratio:.2f}x (median), "
-                    f"{min(up) / min(t):.2f}x (min)"
-                )
-        print(
-            f"  outputs identical across all rows above: {identical} "
-            f"({trace.steps} steps x {len(configs)} implementations, every output and state)"
-        )
+        print_block(threads, times, digests, others, upstream_name)
+        per_threads[threads] = times
+    print("\n1 -> 2 threads (time at 1 / time at 2):")
+    for name, _, _ in configs:
+        one, two = per_threads[1][name], per_threads[2][name]
+        print(f"  {name:>34}: {statistics.median(one) / statistics.median(two):.2f}x (median), "
+              f"{min(one) / min(two):.2f}x (min)")  # fmt: skip
 
 
 def jit_vs_import(jit_python: str, cpp: Path | None) -> None:
@@ -204,7 +232,11 @@ def jit_vs_import(jit_python: str, cpp: Path | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--upstream-cpp", type=Path, help="vLLM-Ascend's sparse_kv_offload.cpp")
+    ap.add_argument(
+        "--upstream-cpp", type=Path, default=os.environ.get("KVPD_UPSTREAM_PLANNER_CPP") or None,
+        help="vLLM-Ascend's sparse_kv_offload.cpp (default: $KVPD_UPSTREAM_PLANNER_CPP, as the "
+        "equivalence tests take it)",
+    )  # fmt: skip
     ap.add_argument("--jit-python", help="Python with torch + ninja, to time the JIT build")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)

@@ -51,10 +51,18 @@ def fallback_warning(row: dict[str, Any], profile: str) -> str | None:
             f"fix it (that `up` warned why), remove {cache_dir() / 'wheels'}/*/{platform} on "
             f"this machine and run `kvpd up {profile}` again."
         )
+    from kvpd.exec.cross_build import platform_target
+
+    cross = (
+        " Or, for this platform, give this controller the cross toolchain (`bash "
+        "scripts/install-aarch64.sh` as root): `kvpd up` then cross-builds the core here."
+        if platform_target(str(platform)) is not None
+        else ""
+    )
     return (
         f"{head}. Install g++ and the Python headers (python3-dev) on a host of that platform "
         "(on this machine for its own): the next `kvpd up` builds the core and replaces the "
-        "fallback."
+        f"fallback.{cross}"
     )
 
 

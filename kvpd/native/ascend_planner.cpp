@@ -12,19 +12,23 @@
 //   it into a slot per occurrence); attention reads the same K/V either way.
 //
 // Speed: one row is planned by a function chosen once at load time from the CPU's features
-// (AVX-512 with VPOPCNTD, AVX-512, AVX2; NEON on aarch64; baseline), so one portable wheel runs
-// the best path the host has. Threads are min(rows, workspace_threads, requested_threads) as upstream, also capped
+// (AVX2 where the CPU has it, also on AVX-512 CPUs (see kPreferred); NEON on aarch64, SVE when
+// named; baseline),
+// so one portable wheel runs the best path the host has. Threads are min(rows, workspace_threads, requested_threads) as upstream, also capped
 // by the processors this process may use; the rows go to the caller and to helper threads that
 // join when the OS runs them (ascend_planner_pool.hpp), not to an OpenMP team. Results do not
 // depend on threads. Unlike upstream, the GIL is released while planning (the arguments are
 // plain integers; each layer's state is the caller's).
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +69,7 @@ void plan_row_avx512_vpopcnt(const RowIO& io, Workspace& ws);  // ditto, with VP
 #endif
 #ifdef KVPD_ARM64
 void plan_row_neon(const RowIO& io, Workspace& ws);  // ascend_planner_neon.cpp
+void plan_row_sve(const RowIO& io, Workspace& ws);   // ditto, compiled with SVE
 #endif
 
 using RowFn = void (*)(const RowIO&, Workspace&);
@@ -74,8 +79,22 @@ struct Isa {
   RowFn fn;
 };
 
-// Row planners, best first.
-constexpr const char* kIsas[] = {"avx512_vpopcnt", "avx512", "avx2", "neon", "baseline"};
+// Row planners by the instructions they need, widest first: KVPD_NATIVE_ISA=<name> and
+// set_isa refer to this order.
+constexpr const char* kIsas[] = {"avx512_vpopcnt", "avx512", "avx2", "sve", "neon", "baseline"};
+
+// The load-time choice, fastest first. AVX2 comes before both AVX-512 paths: those vectorise
+// the previous row algorithm (16-lane walk and resolve), and the current one (branch-free
+// resolve, the shorter walk, the next row fetched ahead) compiled for AVX2 does less work per
+// row. Measured side by side (benchmarks/ascend_planner.py --all-isas, Sapphire Rapids class,
+// 1 thread, 8 runs): AVX-512 without VPOPCNTD slower than AVX2 in every run (0.763 vs 0.637 ms
+// per layer in a quiet one; its nibble-table popcount costs ~8 vector operations per rank),
+// AVX-512 with VPOPCNTD slower in 6 (0.665 ms there) and 2-3% faster in 2. Every AVX-512 CPU has AVX2, so the AVX-512
+// paths run only when named; they stay for comparisons and for a future port of the algorithm.
+// NEON comes before SVE: the SVE build is exact (checked under qemu) but has never been timed
+// (Kunpeng 920 has no SVE, and emulation gives no figures), so it runs only when named.
+constexpr const char* kPreferred[] = {"avx2", "avx512_vpopcnt", "avx512", "neon", "sve",
+                                      "baseline"};
 
 bool cpu_has(const std::string& isa) {
 #ifdef KVPD_X86
@@ -93,6 +112,7 @@ bool cpu_has(const std::string& isa) {
 #endif
 #ifdef KVPD_ARM64
   if (isa == "neon") return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+  if (isa == "sve") return (getauxval(AT_HWCAP) & HWCAP_SVE) != 0;
 #endif
   return isa == "baseline";
 }
@@ -105,22 +125,45 @@ Isa isa_named(const std::string& name) {
 #endif
 #ifdef KVPD_ARM64
   if (name == "neon") return {"neon", plan_row_neon};
+  if (name == "sve") return {"sve", plan_row_sve};
 #endif
   (void)name;
   return {"baseline", plan_row_baseline};
 }
 
-// Best path this CPU runs; KVPD_NATIVE_ISA=<name> caps it at that path (for comparisons and
-// tests): the first of kIsas, from the named one down, that the CPU has.
-Isa choose_isa() {
-  const char* cap = std::getenv("KVPD_NATIVE_ISA");
-  bool allowed = cap == nullptr;
-  for (const char* name : kIsas) {
-    allowed = allowed || std::strcmp(name, cap) == 0;
-    if (allowed && cpu_has(name)) return isa_named(name);
-  }
-  return isa_named("baseline");
+// The row planner to use among `available` (names the CPU has): with no `cap`, the first of
+// kPreferred; with one, the named path if it is available (comparisons and tests ask for a
+// specific path), else the first of kPreferred below it in kIsas (an unknown name leaves only the
+// baseline). A pure function of its arguments, so the choice is testable for CPUs this is not.
+size_t isa_rank(const char* name) {  // index in kIsas; past the end for an unknown name
+  size_t i = 0;
+  while (i < std::size(kIsas) && std::strcmp(kIsas[i], name) != 0) ++i;
+  return i;
 }
+
+std::string isa_choice(const std::vector<std::string>& available, const char* cap) {
+  auto has = [&](const char* n) {
+    return std::find(available.begin(), available.end(), n) != available.end();
+  };
+  if (cap != nullptr && has(cap)) return cap;
+  // The widest path allowed: all without a cap, below it with one, the baseline if unknown.
+  const size_t widest = cap == nullptr ? 0 : std::min(isa_rank(cap), std::size(kIsas) - 1);
+  for (const char* name : kPreferred) {
+    if (isa_rank(name) >= widest && has(name)) return name;
+  }
+  return "baseline";
+}
+
+std::vector<std::string> cpu_isas() {
+  std::vector<std::string> out;
+  for (const char* name : kIsas) {
+    if (cpu_has(name)) out.emplace_back(name);
+  }
+  return out;
+}
+
+// Best path this CPU runs; KVPD_NATIVE_ISA=<name> asks for that path (see isa_choice).
+Isa choose_isa() { return isa_named(isa_choice(cpu_isas(), std::getenv("KVPD_NATIVE_ISA"))); }
 
 Isa g_isa = choose_isa();
 
@@ -255,7 +298,9 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
       valid[r] = j;
     }
   };
-  parallel_rows(threads, rows, 8, plan);
+  // Claims of 2 rows (~1 us each): the two threads finish within ~1 us of each other, where
+  // claims of 8 left one waiting up to ~8 us of a ~40 us pass; a claim costs one CAS.
+  parallel_rows(threads, rows, 2, plan);
   int64_t kept = 0;
   for (int64_t r = 0; r < rows; ++r) kept += valid[r];
   if (kept != total) {  // pack out the invalid entries: K of all rows, then V
@@ -269,8 +314,18 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
       }
     }
   }
-  std::fill(size, size + kept, static_cast<int32_t>(tok_k));
-  std::fill(size + kept, size + 2 * kept, static_cast<int32_t>(tok_v));
+  // The sizes on the rows' threads too, in blocks of 4096: one thread filling 2 x ~25k of them
+  // takes a tenth of the descriptor pass. Only [0, 2 * kept) is written (the rest is the
+  // caller's, as upstream leaves it).
+  constexpr int64_t kFill = 4096;
+  auto fill = [&](int64_t begin, int64_t end, int64_t /*after*/) {
+    for (int64_t b = begin * kFill; b < std::min(end * kFill, 2 * kept); b += kFill) {
+      const int64_t e = std::min(b + kFill, 2 * kept), mid = std::clamp(kept, b, e);
+      std::fill(size + b, size + mid, static_cast<int32_t>(tok_k));  // K entries first
+      std::fill(size + mid, size + e, static_cast<int32_t>(tok_v));
+    }
+  };
+  parallel_rows(threads, (2 * kept + kFill - 1) / kFill, 1, fill);
   num[0] = static_cast<int32_t>(2 * kept);
   return kept;
 }
@@ -306,9 +361,7 @@ py::dict isa_info() {
   py::dict d;
   d["isa"] = g_isa.name;
   py::list avail;
-  for (const char* name : kIsas) {
-    if (cpu_has(name)) avail.append(name);
-  }
+  for (const std::string& name : cpu_isas()) avail.append(name);
   d["available"] = avail;
 #ifdef _OPENMP
   d["openmp"] = static_cast<long>(_OPENMP);
@@ -335,8 +388,16 @@ PYBIND11_MODULE(_ascend_planner, m) {
         "LRU residency of one layer's top-k rows over raw addresses of caller-owned state; "
         "outputs written in place.");
   bind_compute_lru_resident_addrs(m);
+  m.def(
+      "isa_choice",
+      [](const std::vector<std::string>& available, std::optional<std::string> cap) {
+        return isa_choice(available, cap ? cap->c_str() : nullptr);
+      },
+      py::arg("available"), py::arg("cap") = py::none(),
+      "The row planner the load-time dispatch picks among `available` (path names a CPU has), "
+      "with KVPD_NATIVE_ISA=`cap` if given.");
   m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
   m.def("set_isa", &set_isa, py::arg("name"),
-        "Use the named row planner (baseline|neon|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "
+        "Use the named row planner (baseline|neon|sve|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "
         "tests and benchmarks. Returns whether it switched.");
 }

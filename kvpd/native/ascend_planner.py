@@ -3,9 +3,11 @@
 A drop-in for the module vLLM-Ascend's `SparseKVOffloadManager` JIT-compiles as
 `sparse_kv_offload_cpp`: the same two functions, the same arguments, caller-owned state and
 in-place outputs, but prebuilt (no compiler, ninja or omp.h on the decode host), without libtorch,
-and with the row planner chosen at load time for the CPU (AVX-512 with VPOPCNTD / AVX-512 / AVX2 /
-baseline). Rows go to the calling thread and to helper threads that join when the OS runs them
-(no OpenMP team: no barrier waiting for an unscheduled thread, no spinning between calls).
+and with the row planner chosen at load time for the CPU (AVX2 where the CPU has it, also on
+AVX-512 CPUs, whose own paths run only when named: they vectorise the previous row algorithm and
+are slower; NEON on aarch64; else baseline; `isa_choice` is that choice as a function). Rows go
+to the calling thread and to helper threads that join when the OS runs them (no OpenMP team: no
+barrier waiting for an unscheduled thread, no spinning between calls).
 
 - `lru_resident_compact(req_ids, last_req_ids, topk, stable_prefix_lens, slot_to_token,
   lru_slots, current_slots, miss_count, miss_tokens, miss_slots, token_mark, token_pos, slot_ws,
@@ -40,6 +42,7 @@ from typing import Any
 try:
     from kvpd.native._ascend_planner import (  # type: ignore[import-not-found]
         compute_lru_resident_addrs,
+        isa_choice,
         isa_info,
         lru_resident_compact,
         set_isa,
@@ -50,7 +53,13 @@ except ImportError as e:  # the plugin reports this and leaves vLLM-Ascend's own
         "The kvpd sparse-offload planner needs kvpd built with its C++ extension."
     ) from e
 
-__all__ = ["compute_lru_resident_addrs", "isa_info", "lru_resident_compact", "set_isa"]
+__all__ = [
+    "compute_lru_resident_addrs",
+    "isa_choice",
+    "isa_info",
+    "lru_resident_compact",
+    "set_isa",
+]
 
 
 def implementation() -> dict[str, Any]:

@@ -10,8 +10,10 @@
 // for the single-word popcounts of rank_of; so results are those of the baseline path bit for
 // bit.
 //
-// SVE is not built: Kunpeng 920 has none, and a vector-length-agnostic variant could only be
-// checked for correctness here (under qemu), never timed.
+// SVE: the same row planner compiled with SVE enabled (plan_row_sve; GCC then vectorises the
+// slot-order pass and the mark loop with predicated SVE loops), chosen only when named
+// (KVPD_NATIVE_ISA=sve): Kunpeng 920 has no SVE, and here it can only be checked for
+// correctness under qemu, never timed, so nothing says it beats NEON on the CPUs that have it.
 
 #if defined(__aarch64__)
 #include <arm_neon.h>
@@ -51,6 +53,11 @@ void plan_row_neon(const RowIO& io, Workspace& ws) {
   plan_row_with(io, ws, [](Workspace& w, uint32_t last) KVPD_LAMBDA_INLINE {
     return rank_prefix_neon(w, last);
   });
+}
+
+// The NEON path's row planner with SVE enabled for the compiler (see the top of this file).
+__attribute__((target("+sve"))) void plan_row_sve(const RowIO& io, Workspace& ws) {
+  plan_row_generic(io, ws);
 }
 
 }  // namespace kvpd_ascend

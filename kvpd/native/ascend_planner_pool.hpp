@@ -50,7 +50,9 @@ struct RowJob {
   void* ctx;
   int64_t n, chunk, threads = 1;
   bool two_ends = false;  // threads == 2 (and n < 2^31, which the packing below needs)
-  std::atomic<int64_t> next{0}, done{0};
+  std::atomic<int64_t> next{0};
+  std::atomic<int> joined{0};  // helpers that took part (at most `wanted`)
+  int wanted = 0;
   // Two ends (threads == 2): the front in the low 32 bits, the back (one past the last row
   // still free) in the high 32 bits; the rows left are [front, back).
   std::atomic<uint64_t> ends{0};
@@ -72,7 +74,6 @@ struct RowJob {
       const int64_t e = std::min(b + take, n);
       if (!next.compare_exchange_weak(b, e, std::memory_order_relaxed)) continue;  // b reloaded
       run(ctx, b, e, e < n ? e : -1);
-      done.fetch_add(e - b, std::memory_order_release);
       b = next.load(std::memory_order_relaxed);
     }
   }
@@ -91,7 +92,6 @@ struct RowJob {
       if (!ends.compare_exchange_weak(cur, want, std::memory_order_relaxed)) continue;
       const int64_t after = from_back ? b - 1 : e;
       run(ctx, b, e, after >= front && after < back ? after : -1);
-      done.fetch_add(take, std::memory_order_release);
       cur = ends.load(std::memory_order_relaxed);
     }
   }
@@ -101,38 +101,84 @@ class RowPool {
  public:
   // Runs the job on the calling thread with up to `helpers` pool threads; returns when every
   // row has run and no helper holds the job any more.
+  //
+  // No mutex on the way of a layer when the helpers are polling (the usual case, layer after
+  // layer): the job is published and joined through atomics, and the mutex and condition
+  // variables are taken only by a thread about to sleep or to wake a sleeper. A helper that
+  // sees the new job while the caller still held a mutex would otherwise block on it, and the
+  // caller's unlock would then have to wake it through the kernel: tens of microseconds a layer
+  // on a virtual machine (an idle vCPU is woken by an interrupt), which is the whole gain of a
+  // second thread on a small layer. Joining is a Dekker handshake (sequentially consistent
+  // operations only): a helper counts itself in `active_` before reading `job_`; the caller
+  // clears `job_` before reading `active_`, so either it sees the helper counted, or the helper
+  // sees no job, and it never returns while a helper may still touch the job on its stack.
   void run(RowJob& job, int helpers) {
     if (helpers <= 0 || !call_.try_lock()) {  // busy with another caller: plan alone
       job.claim_all();
       return;
     }
     std::lock_guard<std::mutex> one_caller(call_, std::adopt_lock);
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      start_helpers(helpers);
-      job_ = &job;
-      wanted_ = helpers;
-      gen_.fetch_add(1, std::memory_order_release);
+    const auto now = std::chrono::steady_clock::now();
+    if (now < solo_until_) {  // a helper stalled a recent layer: plan alone for a while
+      job.claim_all();
+      return;
     }
-    wake_.notify_all();
+    start_helpers(helpers);
+    job.wanted = helpers;
+    job_.store(&job);
+    gen_.fetch_add(1);
+    if (sleepers_.load() > 0) {  // someone sleeps: wake it through the mutex (no lost wake-up)
+      { std::lock_guard<std::mutex> lk(mu_); }
+      wake_.notify_all();
+    }
     job.claim_all();
-    // Rows a helper took and is still planning: poll (it is usually finishing one right now,
-    // and a futex wake-up would cost more than the wait), then sleep until it is done, so that
-    // a helper the OS preempted gets the core back.
-    const auto until = std::chrono::steady_clock::now() + kPoll;
-    for (int i = 1; job.done.load(std::memory_order_acquire) < job.n ||
-                    active_.load(std::memory_order_acquire) != 0;
-         ++i) {
-      cpu_relax();
-      if ((i & 63) == 0 && std::chrono::steady_clock::now() > until) break;
-    }
-    std::unique_lock<std::mutex> lk(mu_);
-    job_ = nullptr;  // a helper waking from now on finds nothing
-    idle_.wait(lk, [this] { return active_ == 0; });
+    job_.store(nullptr);  // every row is claimed: a helper joining from now on finds nothing
+    back_off(wait_for_helpers());
   }
 
  private:
-  void start_helpers(int helpers) {  // under mu_
+  // Rows a helper took and is still planning. Poll first (it is usually finishing one right
+  // now), but only for a few rows' time: a helper still busy after that has been preempted
+  // (its core is held by another process), and sleeping frees this core, to which the kernel
+  // then moves the preempted helper (an idle core pulls runnable threads), instead of the
+  // whole layer waiting for its core's scheduler slice.
+  // Returns whether the helpers stalled the caller (it had to sleep for them).
+  bool wait_for_helpers() {
+    const auto until = std::chrono::steady_clock::now() + kJoinPoll;
+    for (int i = 1; active_.load() != 0; ++i) {
+      cpu_relax();
+      if ((i & 15) == 0 && std::chrono::steady_clock::now() > until) break;
+    }
+    if (active_.load() == 0) return false;
+    std::unique_lock<std::mutex> lk(mu_);
+    caller_sleeps_.store(true);
+    idle_.wait(lk, [this] { return active_.load() == 0; });
+    caller_sleeps_.store(false);
+    return true;
+  }
+
+  // A row cannot be taken back from a helper that is preempted while planning it (rows are
+  // planned in place, in buffers the caller reuses as soon as the call returns), so on a core
+  // another process holds, a layer now and then waits for that process's scheduler slice
+  // (milliseconds, against ~0.4 ms of planning). After such a stall the caller plans alone for
+  // a while, 1 ms at first and twice as long after each further stall (up to 128 ms), halved
+  // again only by 16 calls in a row that the helpers finish on time (halving after each one
+  // kept the pause near 1 ms under sustained contention, so every other layer still risked a
+  // slice): under sustained contention a layer costs about the one-thread time instead of a
+  // slice; when the core frees up, the helpers are back after one pause; on free cores nothing
+  // changes (no stalls).
+  void back_off(bool stalled) {
+    if (stalled) {
+      backoff_ = std::min(backoff_ == kNoBackoff ? kFirstBackoff : 2 * backoff_, kMaxBackoff);
+      solo_until_ = std::chrono::steady_clock::now() + backoff_;
+      on_time_ = 0;
+    } else if (++on_time_ >= kOnTimeToHalve) {
+      backoff_ /= 2;
+      on_time_ = 0;
+    }
+  }
+
+  void start_helpers(int helpers) {
     while (started_ < helpers) {
       try {
         std::thread([this] { helper_loop(); }).detach();
@@ -143,39 +189,60 @@ class RowPool {
     }
   }
 
-  void helper_loop() {
-    uint64_t seen = 0;
-    for (;;) {
-      // Poll for the next job for up to kPoll before sleeping: the planner is called twice per
-      // layer and layer after layer, and a sleeping helper takes tens of microseconds to wake
-      // (a sizeable share of a ~0.4 ms layer). Bounded, unlike OpenMP's spinning.
-      const auto until = std::chrono::steady_clock::now() + kPoll;
-      for (int i = 1; gen_.load(std::memory_order_acquire) == seen; ++i) {
-        cpu_relax();
-        if ((i & 63) == 0 && std::chrono::steady_clock::now() > until) break;
-      }
+  // Until a job newer than `seen` is published: poll for up to kPoll (the planner is called
+  // twice per layer and layer after layer, and a sleeping helper takes tens of microseconds to
+  // wake, a sizeable share of a ~0.4 ms layer), then sleep instead of spinning for milliseconds
+  // on a core the engine's own threads need, as OpenMP's threads do.
+  uint64_t next_gen(uint64_t seen) {
+    const auto until = std::chrono::steady_clock::now() + kPoll;
+    for (int i = 1; gen_.load() == seen; ++i) {
+      cpu_relax();
+      if ((i & 63) == 0 && std::chrono::steady_clock::now() > until) break;
+    }
+    if (gen_.load() == seen) {
       std::unique_lock<std::mutex> lk(mu_);
-      wake_.wait(lk, [&] { return gen_.load(std::memory_order_relaxed) != seen; });
-      seen = gen_.load(std::memory_order_relaxed);
-      if (job_ == nullptr || active_ >= wanted_) continue;
-      RowJob* job = job_;
-      ++active_;
-      lk.unlock();
-      job->claim_all(/*from_back=*/true);
-      lk.lock();
-      if (--active_ == 0) idle_.notify_all();
+      sleepers_.fetch_add(1);
+      wake_.wait(lk, [&] { return gen_.load() != seen; });
+      sleepers_.fetch_sub(1);
+    }
+    return gen_.load();
+  }
+
+  void helper_loop() {
+    for (uint64_t seen = 0;;) {
+      seen = next_gen(seen);
+      active_.fetch_add(1);  // counted before looking at the job (see run)
+      RowJob* job = job_.load();
+      if (job != nullptr && job->joined.fetch_add(1) < job->wanted) {
+        job->claim_all(/*from_back=*/true);
+      }
+      if (active_.fetch_sub(1) == 1 && caller_sleeps_.load()) {
+        { std::lock_guard<std::mutex> lk(mu_); }
+        idle_.notify_all();
+      }
     }
   }
 
   static constexpr std::chrono::microseconds kPoll{100};
+  // A few rows' time (rows take ~10 us; descriptor claims of 8 rows about as long).
+  static constexpr std::chrono::microseconds kJoinPoll{30};
 
-  std::mutex call_;  // one caller at a time uses the helpers
-  std::mutex mu_;
+  static constexpr std::chrono::microseconds kNoBackoff{0}, kFirstBackoff{1000};
+  static constexpr std::chrono::microseconds kMaxBackoff{128000};
+
+  std::mutex call_;  // one caller at a time uses the helpers; it guards the three below
+  static constexpr int kOnTimeToHalve = 16;
+  std::chrono::microseconds backoff_{0};
+  int on_time_ = 0;  // calls in a row the helpers finished on time
+  std::chrono::steady_clock::time_point solo_until_{};
+  std::mutex mu_;    // only for sleeping and waking
   std::condition_variable wake_, idle_;
-  RowJob* job_ = nullptr;
-  std::atomic<uint64_t> gen_{0};  // changed under mu_; read without it while polling
-  std::atomic<int> active_{0};  // helpers holding the job; changed under mu_
-  int started_ = 0, wanted_ = 0;
+  std::atomic<RowJob*> job_{nullptr};
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<int> active_{0};    // helpers that may be looking at job_
+  std::atomic<int> sleepers_{0};  // helpers asleep or about to be, in wake_
+  std::atomic<bool> caller_sleeps_{false};
+  int started_ = 0;  // under call_
 };
 
 // The process's pool. Never destroyed (helpers may sleep in it at exit); a forked child (vLLM

@@ -361,6 +361,9 @@ def test_fallback_warning_says_how_to_get_the_native_core() -> None:
     assert w.startswith("d1: kvpd's native core is not available")
     assert "Install g++ and the Python headers" in w
     assert "the next `kvpd up` builds the core and replaces the fallback" in w
+    assert "scripts/install-aarch64.sh" in w and "cross-builds the core here" in w  # aarch64
+    x86 = fallback_warning({**row, "platform": "cpython-311-x86_64-linux-gnu"}, "prod.yaml")
+    assert x86 is not None and "install-aarch64" not in x86
     failed = fallback_warning({**row, "compiler": True}, "prod.yaml")
     assert failed is not None
     assert "failed before and is not retried" in failed
@@ -442,3 +445,38 @@ def test_preflight_says_a_cross_buildable_platform_is_the_controllers_cross_buil
     without = _native_check(arm, facts, LOCAL, set(), frozenset())
     assert not without.ok
     assert "NumPy fallback" in without.detail  # required, no compiler
+
+
+def test_preflight_says_why_there_is_no_cross_build_and_how_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvpd.exec.bundle.preflight import _native_check
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no aarch64-linux-gnu-g++ on this controller
+    arm = "cpython-311-aarch64-linux-gnu"
+    facts = {"hosts": ["a1"], "builders": [], "required": []}
+    check = _native_check(arm, facts, LOCAL, set(), frozenset())
+    assert check.ok  # a warning: nothing requires the native core there
+    assert check.detail == (
+        "warning: no compiler on a1: NumPy fallback "
+        "(no controller cross-build: no aarch64-linux-gnu-g++ on the controller)"
+    )
+    assert "scripts/install-aarch64.sh" in check.fix and "python3-dev" in check.fix
+
+
+def test_preflight_names_a_cached_wheel_as_the_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kvpd.exec.bundle import preflight as bundle_preflight
+
+    platform = "cpython-399-fake"
+    monkeypatch.setattr(
+        bundle_preflight, "_cached_native", lambda p, host: (p, host) == (platform, "h1")
+    )
+    facts = {"hosts": ["h1", "h2"], "builders": ["h2"], "required": []}
+    check = bundle_preflight._native_check(platform, facts, LOCAL, set())
+    assert check.ok and check.detail == (
+        "cached wheel built on h1 for h1; host build on each of h2 for itself"
+    )
+    shared = bundle_preflight._native_check(platform, {**facts, "builders": []}, LOCAL, {"h1"})
+    assert shared.detail == "cached wheel built on h1 for h1; cached wheel built on h1 for h2"

@@ -6,6 +6,12 @@ tests (test_native.py, test_ascend_planner.py) under qemu-aarch64-static, unchan
 reference checks as on x86, on every row-planner path the emulated CPU offers (NEON, baseline).
 Only correctness is measured under emulation, never time.
 
+The drop-in equivalence with vLLM-Ascend's own planner runs here too: upstream's
+`sparse_kv_offload.cpp`, from the copy the user names with KVPD_UPSTREAM_PLANNER_CPP, is
+cross-compiled for aarch64 (-mcpu=tsv110: Kunpeng 920's core, what -march=native picks there)
+and both modules plan the same traces under qemu (tests/unit/upstream_equivalence.py). Without
+that source it skips saying how to fetch it, in CI too (CI cannot fetch it).
+
 Without the toolchain (not root, no apt) the tests skip saying why; in CI (CI=true) they fail
 instead, so a green CI means they ran.
 """
@@ -32,6 +38,7 @@ TEST_FILES = (
     "tests/unit/native_reference.py",
     "tests/unit/test_ascend_planner.py",
     "tests/unit/ascend_reference.py",
+    "tests/unit/upstream_equivalence.py",
 )
 NATIVE_TESTS = ("tests/unit/test_native.py", "tests/unit/test_ascend_planner.py")
 
@@ -69,7 +76,8 @@ def aarch64_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "_ascend_planner.cpython-311-aarch64-linux-gnu.so",
     }
     (tree / "kvpd" / "native").mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "kvpd" / "__init__.py", tree / "kvpd" / "__init__.py")
+    for py in ("__init__.py", "errors.py"):  # errors: kvpd.native.trace's one kvpd import
+        shutil.copy(REPO / "kvpd" / py, tree / "kvpd" / py)
     for py in (REPO / "kvpd" / "native").glob("*.py"):
         shutil.copy(py, tree / "kvpd" / "native" / py.name)
     for rel in TEST_FILES:
@@ -110,6 +118,28 @@ def test_native_unit_tests_pass_under_emulation(aarch64_tree: Path) -> None:
     # Every test ran on the native core: a skip would mean the modules did not load.
     assert "passed" in summary, summary
     assert "skipped" not in summary, done.stdout[-4000:]
+
+
+def test_drop_in_equivalence_with_vllm_ascend_under_emulation(
+    request: pytest.FixtureRequest,
+) -> None:
+    from tests.unit import upstream_equivalence as ue
+
+    cpp, why = ue.upstream_source(dict(os.environ))
+    if cpp is None:  # before the toolchain: without the source there is nothing to build
+        pytest.skip(why)
+    tree: Path = request.getfixturevalue("aarch64_tree")
+    chain = _need_toolchain()
+    out = tree / "upstream"
+    out.mkdir(exist_ok=True)
+    suffix, includes = chain.target.suffix(chain.python), list(chain.includes)
+    ue.compile_upstream(cpp, out, str(chain.compiler), includes, ["-mcpu=tsv110"], suffix)
+    done = _emulated(tree, "-m", "tests.unit.upstream_equivalence", str(out))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["mismatches"] == [], result
+    assert result["chosen"] == "neon" and {"neon", "baseline"} <= set(result["isas"]), result
+    assert result["runs"] == len(ue.CASES) * 2 * len(result["isas"])
 
 
 def test_missing_toolchain_says_how_to_install(

@@ -1,9 +1,9 @@
 """Preflight for the node bundle (read-only): what `kvpd up` will need on each host to install it.
 
 Per slot of `Plan.bundle`: its Python found and >= 3.10, pip, free disk in the run dir; per
-platform: whether the native core can be had (the controller's own platform, or a host of that
-platform with a compiler), else the NumPy fallback, which fails the check when a process requires
-the native core (the kvpd sparse planner).
+platform: where the native core comes from (the controller's own build, its cross-build, a
+cached wheel, a host's build), else the NumPy fallback and why, which fails the check when a
+process requires the native core (the kvpd sparse planner).
 """
 
 from __future__ import annotations
@@ -116,6 +116,34 @@ def _slot_checks(host: str, u: BundleUse, rep: dict[str, Any], checks: list[Chec
     return True
 
 
+def _cached_hosts(platform: str, hosts: list[str], builders: set[str]) -> dict[str, str]:
+    """Host -> the host whose cached native build of this kvpd `up` will give it: its own, else
+    a `bundle_builder`'s (the only builds shared between hosts)."""
+    shared = [b for b in sorted(builders) if _cached_native(platform, b)]
+    out = {}
+    for h in hosts:
+        if _cached_native(platform, h):
+            out[h] = h
+        elif shared:
+            out[h] = shared[0]
+    return out
+
+
+def _cached_native(platform: str, host: str) -> bool:
+    w = wheels.cached(platform, built_on=host)
+    return w is not None and w.native
+
+
+def _cross_missing(platform: str) -> str:
+    """Why a platform the controller could cross-build for has no cross-build ("" if none
+    applies): the cross toolchain's absence, and how to install it."""
+    target = cross_build.platform_target(platform)
+    if target is None:
+        return ""
+    why = cross_build.find_toolchain(*target)
+    return why if isinstance(why, str) else ""
+
+
 def _native_check(
     platform: str,
     p: dict[str, Any],
@@ -124,28 +152,45 @@ def _native_check(
     cross: frozenset[str] = frozenset(),
 ) -> Check:
     """Where the wheel of one platform's hosts will come from, and whether they get the native
-    core: the controller's build, its cross-build (aarch64, with the cross toolchain), a
-    `bundle_builder` host's (for all of them), else each host with a compiler builds its own
-    and the others get the NumPy fallback."""
+    core: the controller's build, its cross-build (aarch64, with the cross toolchain), a cached
+    wheel (the host's own earlier build, or a `bundle_builder`'s), a `bundle_builder` host's
+    build (for all of them), else each host with a compiler builds its own and the others get
+    the NumPy fallback, with the reason."""
     hosts = list(dict.fromkeys(p["hosts"]))
-    able = [h for h in p["builders"] if h in builders]
     name = f"native core {platform}"
     if platform == local:
         return Check("*", name, True, f"controller build ({', '.join(hosts)})")
     if platform in cross:
         return Check("*", name, True, f"controller cross-build ({', '.join(hosts)})")
-    if able:
-        return Check("*", name, True, f"host build on {able[0]} for {', '.join(hosts)}")
+    cached = _cached_hosts(platform, hosts, builders)
+    parts = [f"cached wheel built on {b} for {h}" for h, b in cached.items()]
+    hosts = [h for h in hosts if h not in cached]
+    able = [h for h in p["builders"] if h in builders]
+    if able and hosts:
+        parts.append(f"host build on {able[0]} for {', '.join(hosts)}")
+        hosts = []
     own = [h for h in hosts if h in p["builders"]]
+    if own:
+        parts.append(f"host build on each of {', '.join(own)} for itself")
     left = [h for h in hosts if h not in own]
-    detail = f"host build on each of {', '.join(own)} for itself" if own else ""
     if not left:
-        return Check("*", name, True, detail)
+        return Check("*", name, True, "; ".join(parts))
+    return _fallback_check(platform, name, p, parts, own, left)
+
+
+def _fallback_check(
+    platform: str, name: str, p: dict[str, Any], parts: list[str], own: list[str], left: list[str]
+) -> Check:
     required = any(h in p["required"] for h in left)
+    no_cross = _cross_missing(platform)
     fallback = f"warning: no compiler on {', '.join(left)}: NumPy fallback" + (
         " but the kvpd planner requires the native core" if required else ""
     )
+    if no_cross:
+        fallback += f" (no controller cross-build: {no_cross.split(';')[0]})"
     fix = "install g++ and the Python headers (python3-dev) on them"
+    if no_cross:
+        fix = f"{cross_build.INSTALL_HINT}; or {fix}"
     if own:
         fix += f", or set `bundle_builder: true` on {own[0]} so its build serves them"
-    return Check("*", name, not required, "; ".join(x for x in (detail, fallback) if x), fix)
+    return Check("*", name, not required, "; ".join([*parts, fallback]), fix)
