@@ -172,7 +172,7 @@ class Inspecting(ClientHosts):
     def _process(
         self, name: str, deployment: str | None, plan: Plan | None = None
     ) -> tuple[DeploymentState, ProcessRecord]:
-        dep = deployment or (plan.deployment if plan else self._deployment_with_process(name))
+        dep = deployment or (plan.deployment if plan else self.deployment_with_process(name))
         state = self._state(dep, plan) if plan is not None else self.store.load(dep)
         if state is None:
             raise StateError(f"no state for deployment {dep!r} under {self.store.root}.")
@@ -183,7 +183,7 @@ class Inspecting(ClientHosts):
         self._pool.add_hosts(state.plan.hosts)
         return state, rec
 
-    def _deployment_with_process(self, name: str) -> str:
+    def deployment_with_process(self, name: str) -> str:
         having = [
             d for d in self.store.deployments()
             if (s := self.store.load(d)) is not None and s.record(name)

@@ -152,8 +152,9 @@ class StateStore:
             known = self.deployments()
             hint = f" Known deployments: {', '.join(known)}." if known else ""
             raise StateError(
-                f"no state for deployment {deployment!r} under {self.root}.{hint} "
-                f"(Set KVPD_STATE_DIR if `up` ran from another directory.)"
+                f"no state for deployment {deployment!r} under {self.root}.{hint} The hosts "
+                "hold the records: give its profile (e.g. `kvpd status PROFILE --inventory "
+                "FILE`, as `up` had them), or set KVPD_STATE_DIR to where `up` ran."
             )
         return state
 
