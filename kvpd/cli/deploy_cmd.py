@@ -204,6 +204,7 @@ def register(app: typer.Typer) -> None:
         The run dirs stay (the next `up` reuses the installed node bundle) unless --purge."""
         from kvpd.cli import output
         from kvpd.exec.service import Deployments, problems
+        from kvpd.exec.stop import DownResult
 
         with Deployments(grace_s=grace) as svc:
             name, plan = target.resolve(profile, deployment, svc.store, inventory=inventory,
@@ -215,6 +216,8 @@ def register(app: typer.Typer) -> None:
                 with output.LiveProgress(names, f"down {name}") as progress:
                     result = svc.down(name, progress, plan=plan)
             state = svc.seen.state if svc.seen is not None else None
+            if result is None and purge and state is not None:
+                result = DownResult(name)  # nothing runs (an earlier `down`): purge still goes
             purged = None
             if result is not None and state is not None and purge and not result.stop.leftover:
                 purged = svc.purge(state)  # only once nothing runs from the run dirs

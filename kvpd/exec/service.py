@@ -209,8 +209,14 @@ class Deployments(Inspecting):
 
     def purge(self, state: DeploymentState) -> dict[str, str]:
         """Remove every host's run dir of a stopped deployment (rendered files, logs, the node
-        bundle): host -> why a run dir was kept, for those not removed."""
+        bundle): host -> why a run dir was kept, for those not removed. Hosts no record names
+        (files only, or records already removed by the `down`) get the run dir the plan names,
+        as their transport resolves it: the marker still decides what is removed."""
         self._pool.add_hosts(state.plan.hosts)
+        plan = state.plan
+        for h in sorted({p.host for p in plan.processes} | {f.host for f in plan.files}):
+            if h not in state.run_dirs:
+                state.run_dirs[h] = self._pool[h].resolve(plan.host(h).run_dir)
         return purge_run_dirs(state, self._pool.__getitem__)
 
     def stop(self, deployment: str, reporter: Reporter | None = None) -> None:
