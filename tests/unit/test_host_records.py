@@ -250,3 +250,38 @@ def test_a_cache_whose_profile_changed_is_refused(tmp_path: Path, monkeypatch) -
 def test_hostio_reads_nothing_when_absent(tmp_path: Path) -> None:
     t = LocalTransport()
     assert hostio.read_raw(t, str(tmp_path / "none.json")) is None
+
+
+def test_preflight_busy_port_names_the_kvpd_process(started) -> None:
+    from kvpd.exec.preflight import busy_detail
+
+    _, state, t = started
+    port = state.record("kv").ports[0]
+    detail = busy_detail(t, [port, 1])
+    assert detail.startswith(f"in use: [{port}, 1] ({port} by kv of kvpd deployment 'demo'")
+    assert "started by " in detail and "1 by" not in detail
+
+
+def test_status_lines_say_drift_refusals_and_stopped(started, tmp_path: Path) -> None:
+    import dataclasses
+
+    from kvpd.cli.records_out import records_json, records_lines
+
+    plan, _, t = started
+    edited = dataclasses.replace(plan, profile_digest="sha256:new")
+    cur = read_current(edited, {HOST: t}, None)
+    lines = records_lines(edited, cur.state, cur)
+    assert lines[0].startswith("started by ") and "(plan sha256:test)" in lines[0]
+    assert "drift: what runs was planned from a different profile" in lines[1]
+    assert records_json(cur.state, cur)["drift"]["running_plan_digests"] == ["sha256:test"]
+    d = _record(tmp_path)
+    d["processes"][0]["pgid"] = 1
+    (tmp_path / "run" / RECORD_FILE).write_text(json.dumps(d))
+    cur = read_current(plan, {HOST: t}, None)
+    lines = records_lines(plan, cur.state, cur)
+    assert lines == [f"refused: {cur.refused[HOST]}"] and cur.state.processes == []
+    (tmp_path / "run" / RECORD_FILE).unlink()
+    cur = read_current(plan, {HOST: t}, None)
+    assert records_lines(plan, cur.state, cur) == [
+        "demo: stopped (no host records a process of it)"
+    ]
