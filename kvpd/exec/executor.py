@@ -22,6 +22,7 @@ from kvpd.exec.stop import DownResult, NullReporter, Reporter, Stopper, StopResu
 from kvpd.exec.transport import Transport
 from kvpd.exec.write_files import write_files
 from kvpd.plan.value import HostSpec, Plan, ProcessSpec
+from kvpd.profile.roles import Role
 
 DEFAULT_GRACE_S = 20.0
 # Through bash's positional parameters, so no value is parsed as shell code; private (0600).
@@ -209,7 +210,7 @@ class Executor:
             ports=list(p.ports),
             log=log,
             started_at=self.wall(),
-            role=str(p.role),
+            role=Role(p.role),
             devices=list(p.devices),
             launch_digest=launch_digest(state.plan, p),
         )

@@ -8,7 +8,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kvpd import __version__
 from kvpd.errors import StateError
@@ -16,6 +16,7 @@ from kvpd.exec import state_check
 from kvpd.exec.local import private_dirs
 from kvpd.exec.records.model import DeploymentStatus, ProcessStatusWord
 from kvpd.plan.value import Plan
+from kvpd.profile.roles import Role
 
 STATE_ENV = "KVPD_STATE_DIR"
 STATE_FILE = "state.json"
@@ -44,7 +45,7 @@ class ProcessRecord:
     status: ProcessStatusWord = "running"
     # What the host record names too: the role and devices the plan gave it, and the digest of
     # what was launched (command, env, script), so drift is named per process.
-    role: str = ""
+    role: Role | Literal[""] = ""  # "": a cache an older kvpd wrote
     devices: list[int] = field(default_factory=list)
     launch_digest: str = ""
 
@@ -101,7 +102,7 @@ class DeploymentState:
             plan=Plan.from_dict(d["plan"]),
             status=d.get("status", "starting"),
             run_dirs=dict(d.get("run_dirs", {})),
-            processes=[ProcessRecord(**r) for r in d.get("processes", [])],
+            processes=[_process(r) for r in d.get("processes", [])],
             created_at=d.get("created_at", 0.0),
             updated_at=d.get("updated_at", 0.0),
             profile=d.get("profile", ""),
@@ -109,6 +110,12 @@ class DeploymentState:
             started_by=str(d.get("started_by", "")),
             recipe=dict(d.get("recipe") or {}),
         )
+
+
+def _process(r: dict[str, Any]) -> ProcessRecord:
+    rec = ProcessRecord(**r)
+    rec.role = Role(rec.role) if rec.role else ""  # ValueError (corrupt) for an unknown word
+    return rec
 
 
 class StateStore:

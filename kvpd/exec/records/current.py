@@ -88,7 +88,7 @@ def _processes(records: dict[str, HostRecord]) -> list[ProcessRecord]:
     out = [
         ProcessRecord(name=p.name, host=h, stage=p.stage, pid=p.pid, pgid=p.pgid,
                       start_ticks=p.start_ticks, ports=list(p.ports), log=p.log,
-                      started_at=p.started_at, status=p.status, role=str(p.role),
+                      started_at=p.started_at, status=p.status, role=p.role,
                       devices=list(p.devices), launch_digest=p.launch_digest)
         for h, r in records.items() for p in r.processes
     ]  # fmt: skip
