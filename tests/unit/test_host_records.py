@@ -68,7 +68,7 @@ def test_up_writes_the_record_and_index(started, tmp_path: Path, home: Path) -> 
     kv = state.record("kv")
     assert by_name["kv"]["pid"] == kv.pid and by_name["kv"]["start_ticks"] == kv.start_ticks
     assert by_name["kv"]["launch_digest"].startswith("sha256:")
-    index = home / ".kvpd" / "deployments" / "demo"
+    (index,) = (home / ".kvpd" / "deployments").glob("demo@*")
     assert index.read_text().strip() == str(tmp_path / "run")
     rec = _parse(plan, d)
     assert [p.name for p in rec.processes] == ["kv", "proxy"]
@@ -196,7 +196,7 @@ def test_down_removes_records_and_a_cache_catches_up(started, tmp_path: Path, ho
         result = svc.down("demo", plan=plan)
     assert result is not None and result.clean
     assert not (tmp_path / "run" / RECORD_FILE).exists()
-    assert not (home / ".kvpd" / "deployments" / "demo").exists()
+    assert not list((home / ".kvpd" / "deployments").glob("demo@*"))
     with Deployments(StateStore(tmp_path / "state"), transports={HOST: t}) as svc:
         st, rows = svc.status("demo", plan=plan)  # the first controller's cache
     assert st.status == "down" and rows and not any(r.alive for r in rows)
@@ -219,6 +219,14 @@ def test_conflicts_name_the_deployment_and_owner(started, tmp_path: Path) -> Non
     assert "Stop that deployment first" in str(e.value)
     port = state.record("proxy").ports[0]
     assert "proxy of kvpd deployment 'demo' (started by " in port_holders(t, [port])[port]
+    # The same deployment again: running already; the same name in another run dir (another
+    # checkout): in the way through its ports only.
+    again = conflicts(plan, {HOST: t})
+    assert len(again) == 2 and all("already (deployment 'demo' (started by" in f for f in again)
+    host = dataclasses.replace(plan.hosts[0], run_dir=str(tmp_path / "other"))
+    elsewhere = conflicts(dataclasses.replace(plan, hosts=(host,)), {HOST: t})
+    assert len(elsewhere) == 2 and all(f.startswith("local: ports ") for f in elsewhere)
+    assert not any("run dir" in f or "already" in f for f in elsewhere)
 
 
 def test_a_cache_whose_profile_changed_is_refused(tmp_path: Path, monkeypatch) -> None:

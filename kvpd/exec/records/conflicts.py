@@ -82,6 +82,22 @@ def port_holders(t: Transport, ports: list[int]) -> dict[int, str]:
     return out
 
 
+def _held(f: Foreign, ports: set[int], devices: set[int], run_dir: str, name: str) -> str:
+    """What `f` holds of a plan's ports, devices and run dir on one host ("" if nothing). The
+    plan's own deployment in its very run dir is running already; the same name elsewhere
+    (another checkout) is in the way only through ports or devices, like any other."""
+    if f.deployment == name and f.run_dir == run_dir:
+        return f"runs {f.process} already (deployment {f.owner})"
+    held = []
+    if f.ports & ports:
+        held.append(f"ports {', '.join(map(str, sorted(f.ports & ports)))}")
+    if f.devices & devices:
+        held.append(f"devices {', '.join(map(str, sorted(f.devices & devices)))}")
+    if f.run_dir == run_dir:
+        held.append(f"the run dir {run_dir}")
+    return f"{'; '.join(held)} ({f.process} of kvpd deployment {f.owner})" if held else ""
+
+
 def _host_conflicts(plan: Plan, t: Transport, host: str) -> list[str]:
     ports = {p for s in plan.processes if s.host == host for p in s.ports}
     ports |= {u.port for u in plan.ports if u.host == host}
@@ -89,19 +105,9 @@ def _host_conflicts(plan: Plan, t: Transport, host: str) -> list[str]:
     run_dir = t.resolve(plan.host(host).run_dir)
     out = []
     for f in live_foreign(t):
-        held = []
-        if f.deployment == plan.deployment:
-            held.append(f"runs {f.process} already (deployment {f.owner})")
-        if f.deployment != plan.deployment and f.ports & ports:
-            held.append(f"ports {', '.join(map(str, sorted(f.ports & ports)))}")
-        if f.deployment != plan.deployment and f.devices & devices:
-            held.append(f"devices {', '.join(map(str, sorted(f.devices & devices)))}")
-        if f.deployment != plan.deployment and f.run_dir == run_dir:
-            held.append(f"the run dir {run_dir}")
-        if held:
-            mine = f.deployment == plan.deployment
-            who = "" if mine else f" ({f.process} of kvpd deployment {f.owner})"
-            out.append(f"{host}: {'; '.join(held)}{who}")
+        line = _held(f, ports, devices, run_dir, plan.deployment)
+        if line:
+            out.append(f"{host}: {line}")
     return out
 
 

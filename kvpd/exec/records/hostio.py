@@ -11,6 +11,7 @@ naming conflicts; nothing is acted on through it.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 
 from kvpd.exec.records.model import INDEX_DIR, RECORD_FILE, HostRecord
@@ -50,8 +51,11 @@ def record_path(plan: Plan, host: str) -> str:
     return posixpath.join(plan.host(host).run_dir, RECORD_FILE)
 
 
-def index_path(deployment: str) -> str:
-    return posixpath.join(INDEX_DIR, deployment)
+def index_path(deployment: str, run_dir: str) -> str:
+    """One entry per deployment and run dir: two instances of one deployment name in other
+    run dirs (two checkouts on one machine) do not overwrite each other's entry."""
+    tag = hashlib.sha256(run_dir.encode()).hexdigest()[:12]
+    return posixpath.join(INDEX_DIR, f"{deployment}@{tag}")  # '@' is in no deployment name
 
 
 def read_raw(t: Transport, path: str) -> bytes | None:
@@ -71,12 +75,12 @@ def write(t: Transport, record: HostRecord) -> None:
 
 
 def write_index(t: Transport, deployment: str, run_dir: str) -> None:
-    t.put(index_path(deployment), (run_dir + "\n").encode(), mode=0o600)
+    t.put(index_path(deployment, run_dir), (run_dir + "\n").encode(), mode=0o600)
 
 
 def remove(t: Transport, run_dir: str, deployment: str) -> None:
     """Remove the record and the index entry: nothing of the deployment runs on the host."""
-    paths = [posixpath.join(run_dir, RECORD_FILE), t.resolve(index_path(deployment))]
+    paths = [posixpath.join(run_dir, RECORD_FILE), t.resolve(index_path(deployment, run_dir))]
     r = t.run(["rm", "-f", "--", *paths], timeout_s=30)
     if not r.ok:
         raise RecordUnreadable(f"removing the host record on {t.host}: {r.stderr.strip()}")
@@ -92,5 +96,6 @@ def list_indexed(t: Transport) -> list[tuple[str, str, bytes]]:
     for entry in r.stdout.split("\036")[1:]:
         parts = entry.split("\037", 2)
         if len(parts) == 3:
-            out.append((parts[0], parts[1], parts[2].encode("utf-8", "surrogateescape")))
+            name = parts[0].split("@", 1)[0]
+            out.append((name, parts[1], parts[2].encode("utf-8", "surrogateescape")))
     return out
