@@ -1,9 +1,9 @@
 """Any controller can act on a deployment: host records on the SSH test bed.
 
 `up` from folder A; from folder B, which has no state (its own KVPD_STATE_DIR), `status`,
-`logs`, `restart` of one process and `down` with the same profile and inventory; tampered host
-records (pgid 1, another deployment's name, a wrong start time) refused and nothing of theirs
-killed; A's `status` after B's `down` shows the deployment stopped; a second deployment on the
+`logs`, `diagnose`, `restart` of one process and `down` with the same profile and inventory;
+tampered host records (pgid 1, another deployment's name, a wrong start time) refused and
+nothing of theirs killed; A's `status` after B's `down` shows the deployment stopped; a second deployment on the
 same hosts refused naming the first and its owner.
 
 The engines are the day-two tests' ready fake (fault injection stand-in: a CPU vLLM per host
@@ -90,6 +90,8 @@ def test_any_controller_acts_on_the_hosts_records(
         log = kvpd(b, "logs", *prof[:1], "decode-0", *prof[1:]).stdout
         assert "fake engine: serving on" in log, log
         assert not (b / PROFILE / "state.json").exists()  # B keeps no cache of its own
+        r = kvpd(b, "diagnose", *prof)
+        assert "Archive:" in r.stdout and "decode-0" in r.stdout, r.stdout
 
         # A second deployment on the same hosts, from B: refused, naming the first's owner.
         r = kvpd(b, "up", *prof, "--set", "name=second", "--yes", "--skip-preflight",
