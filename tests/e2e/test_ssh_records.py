@@ -3,8 +3,8 @@
 `up` from folder A; from folder B, which has no state (its own KVPD_STATE_DIR), `status`,
 `logs`, `diagnose`, `restart` of one process and `down` with the same profile and inventory;
 tampered host records (pgid 1, another deployment's name, a wrong start time) refused and
-nothing of theirs killed; A's `status` after B's `down` shows the deployment stopped; a second deployment on the
-same hosts refused naming the first and its owner.
+nothing of theirs killed; A's `status` after B's `down` shows the deployment stopped; a second
+deployment on the same hosts refused naming the first and its owner.
 
 The engines are the day-two tests' ready fake (fault injection stand-in: a CPU vLLM per host
 would take minutes and prove nothing more here); plan, SSH transport, records, executor and
