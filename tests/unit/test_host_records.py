@@ -293,3 +293,28 @@ def test_status_lines_say_drift_refusals_and_stopped(started, tmp_path: Path) ->
     assert records_lines(plan, cur.state, cur) == [
         "demo: stopped (no host records a process of it)"
     ]
+
+
+def test_restart_refuses_drifted_missing_and_refused(started, tmp_path: Path) -> None:
+    import dataclasses
+
+    from kvpd.errors import DeployError
+    from kvpd.exec.rolling import refuse_drifted
+
+    plan, _, t = started
+    kv = plan.process("kv")
+    files = tuple(
+        dataclasses.replace(f, content=f.content + "# edited\n") if f.path == kv.script else f
+        for f in plan.files
+    )
+    edited = dataclasses.replace(plan, files=files)
+    cur = read_current(edited, {HOST: t}, None)
+    refuse_drifted([edited.process("proxy")], cur)  # launched as planned: fine
+    with pytest.raises(DeployError, match="kv ran from a launch the profile given no longer"):
+        refuse_drifted([edited.process("kv")], cur)
+    cur.state.processes = [r for r in cur.state.processes if r.name != "proxy"]
+    with pytest.raises(DeployError, match="no host records proxy"):
+        refuse_drifted([edited.process("proxy")], cur)
+    cur.refused = {HOST: "local: the host record ... pgid: 1"}
+    with pytest.raises(DeployError, match="restart refused: local: the host record"):
+        refuse_drifted([edited.process("proxy")], cur)
