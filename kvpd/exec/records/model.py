@@ -22,7 +22,8 @@ from kvpd.profile.roles import Role
 RECORD_FILE = ".kvpd-host-record.json"  # in the host's run dir, mode 0600
 RECORD_FORMAT = 1
 # The per-user index on each host: one file per deployment naming its run dir, so another
-# deployment's `up` finds the records on that host without knowing their profiles.
+# deployment's `up` finds the records on that host without knowing their profiles (entries
+# are `<deployment>@<run dir hash>`, see hostio.index_path).
 INDEX_DIR = "~/.kvpd/deployments"
 
 ProcessStatusWord = Literal["running", "healthy", "failed", "stopped"]
@@ -72,13 +73,6 @@ class HostRecord:
 
     def process(self, name: str) -> RecordedProcess | None:
         return next((p for p in self.processes if p.name == name), None)
-
-    def owner(self) -> str:
-        """How a message names this deployment: its name, who started it and when."""
-        import time
-
-        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started_at))
-        return f"{self.deployment!r} (started by {self.started_by} at {when})"
 
 
 def controller_id() -> str:
