@@ -9,6 +9,11 @@ namespaces). It brings the bed up to N hosts (`scripts/testbed.sh up N`, one ssh
 leaves it up (`scripts/testbed.sh down` stops it); set KVPD_TESTBED_DIR, PFX and NET as for the
 e2e tests.
 
+It also times `kvpd status` two ways in the same run: from the folder `up` ran in (its local
+cache names the profile) and from a folder without any state, given the profile and inventory
+(every host's record read and validated): host records are the truth either way, so the two
+should cost about the same (target: at most 2x).
+
 Usage: python benchmarks/rehearsal_scale.py [N=64]
 """
 
@@ -63,6 +68,40 @@ def kvpd(state: Path, *args: str) -> tuple[float, subprocess.CompletedProcess[st
     return time.perf_counter() - t0, r
 
 
+def status_twice(
+    state: Path, name: str, prof: Path, inv: Path, runs: int = 3
+) -> tuple[float, float, int, int]:
+    """Best of `runs` of `status` with the cache and from a stateless folder, alternating (so
+    load drifts hit both alike); the processes each reports alive."""
+    bare = state.parent / "elsewhere" / "state"
+    bare.parent.mkdir(exist_ok=True)
+    cached, fresh, alive = [], [], [0, 0]
+    for _ in range(runs):
+        for i, (times, where, args) in enumerate((
+            (cached, state, ["status", name, "--json"]),
+            (fresh, bare, ["status", str(prof), "--rehearse-with", "standin",
+                           "--inventory", str(inv), "--json"]),
+        )):  # fmt: skip
+            s, r = kvpd(where, *args)
+            if r.returncode != 0:
+                raise SystemExit(f"kvpd {' '.join(args)} failed:\n{r.stdout}\n{r.stderr}")
+            times.append(s)
+            alive[i] = sum(p["alive"] for p in json.loads(r.stdout)["processes"])
+    if (bare / name / "state.json").exists():
+        raise SystemExit("a status from elsewhere wrote a cache there")
+    return min(cached), min(fresh), alive[0], alive[1]
+
+
+def machine() -> str:
+    load = os.getloadavg()
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0]
+    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "base"
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
+                  .splitlines() if ln.startswith("model name")), "?")  # fmt: skip
+    cores = os.cpu_count()
+    return f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; CPU {model} ({isa}, {cores} cores)"
+
+
 def main() -> None:
     stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 64
@@ -94,8 +133,7 @@ def main() -> None:
                 )
                 urllib.request.urlopen(req, timeout=30).read()
             per_req = (time.perf_counter() - t1) / 20
-            st_s, r = kvpd(state, "status", name, "--json")
-            alive = sum(p["alive"] for p in json.loads(r.stdout)["processes"])
+            st_s, st_fresh_s, alive, alive_fresh = status_twice(state, name, prof, inv)
         finally:
             down_s, r = kvpd(state, "down", name, "--json")
         clean = r.returncode == 0 and json.loads(r.stdout)["clean"]
@@ -104,6 +142,12 @@ def main() -> None:
           f"{up_s / n * 1000:>11.1f}")  # fmt: skip
     print(f"alive after up: {alive}/{len(procs)}; a request through the proxy: "
           f"{per_req * 1000:.1f} ms; down clean: {clean}")  # fmt: skip
+    print(
+        f"status with the local cache: {st_s:.2f} s; from a folder without state (profile + "
+        f"inventory, every host record read): {st_fresh_s:.2f} s "
+        f"({alive_fresh}/{len(procs)} alive); ratio {st_fresh_s / st_s:.2f}x (target <= 2x)"
+    )
+    print(machine())
 
 
 if __name__ == "__main__":

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 
-from kvpd.cli import complete
+from kvpd.cli import complete, target
 from kvpd.errors import StateError
 
 if TYPE_CHECKING:
@@ -43,14 +44,28 @@ def register(app: typer.Typer) -> None:
             60.0, "--drain-timeout", help="Longest wait for a backend's in-flight requests."
         ),
         no_canary: bool = typer.Option(False, "--no-canary", help="Skip the canary per process."),
+        inventory: str | None = target.INVENTORY,
+        sets: list[str] = target.SETS,
+        rehearse: bool = target.REHEARSE,
+        rehearse_with: str | None = target.REHEARSE_WITH,
     ) -> None:
-        """Rolling restart: drain, stop, start, health gate, re-admit, canary; one at a time."""
+        """Rolling restart: drain, stop, start, health gate, re-admit, canary; one at a time.
+        `kvpd restart PROFILE NAME` (with --inventory as `up` had it) works from any
+        controller: what the hosts record is restarted, with the launch the profile plans."""
         from kvpd.bench import canary
         from kvpd.cli import output
         from kvpd.exec.service import Deployments
 
         with Deployments(grace_s=grace) as svc:
-            name, names = split_targets(list(targets or []), svc.store.deployments())
+            words = list(targets or [])
+            how = rehearse_with or rehearse
+            if words and (inventory or sets or how or Path(words[0]).is_file()):  # PROFILE first
+                name, plan = target.resolve(words[0], None, svc.store, inventory=inventory,
+                                            sets=sets, rehearse=how)  # fmt: skip
+                names = words[1:]
+            else:
+                name, names = split_targets(words, svc.store.deployments())
+                plan = target.from_cache(svc.store, name)
 
             def show(step: Step) -> None:
                 drained = {None: "", True: ", drained", False: ", drain timed out"}[step.drained]
@@ -60,12 +75,11 @@ def register(app: typer.Typer) -> None:
                 for note in step.notes:
                     output.err.print(f"  [yellow]note:[/] {note}")
 
-            state = svc.store.require(name)
             # the service keeps answering during a restart: the check shares batches with it
             live = functools.partial(canary.run, live_traffic=True)
-            check = None if no_canary or not canary.applies(state.plan) else live
+            check = None if no_canary or not canary.applies(plan) else live
             steps = svc.roll(name, names, canary=check, drain_timeout_s=drain_timeout,
-                             on_step=show)  # fmt: skip
+                             on_step=show, plan=plan)  # fmt: skip
         output.out.print(f"{name}: {len(steps)} processes restarted, one at a time.")
 
     @app.command("diagnose")
@@ -82,13 +96,18 @@ def register(app: typer.Typer) -> None:
             help="An archive to hand to others: masked log tails, summary and machine facts "
             "only; no state, environments, rendered files, addresses, run dirs or key paths.",
         ),
+        inventory: str | None = target.INVENTORY,
+        sets: list[str] = target.SETS,
+        rehearse: bool = target.REHEARSE,
+        rehearse_with: str | None = target.REHEARSE_WITH,
     ) -> None:
         """Gather logs, files, state and host facts from every host; a likely cause per process."""
         from kvpd.cli import output
         from kvpd.exec.service import Deployments
 
         with Deployments() as svc:
-            name, _ = split_targets([deployment] if deployment else [], svc.store.deployments())
-            report = svc.diagnose(name, lines=lines, shareable=shareable)
+            name, plan = target.resolve(deployment, None, svc.store, inventory=inventory,
+                                        sets=sets, rehearse=rehearse_with or rehearse)  # fmt: skip
+            report = svc.diagnose(name, lines=lines, shareable=shareable, plan=plan)
         output.out.print(output.diagnose_table(report))
         output.out.print(f"Archive: {report.archive}")

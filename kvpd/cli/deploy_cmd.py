@@ -8,14 +8,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvpd.cli import bundle_view, complete
+from kvpd.cli import bundle_view, complete, records_out, target
 from kvpd.cli.terminal import clean
 from kvpd.errors import DeployError, KvpdError, StateError
 from kvpd.profile.roles import ENGINE_ROLES
 
 if TYPE_CHECKING:
     from kvpd.exec.service import Deployments
-    from kvpd.exec.state import StateStore
     from kvpd.plan.value import Plan
 
 
@@ -38,26 +37,6 @@ def _load_plan(
         sets=sets,
         base_dir=os.getcwd(),
         scenarios=scenarios,
-    )
-
-
-def _resolve_deployment(profile: str | None, deployment: str | None, store: StateStore) -> str:
-    """--deployment wins; else PROFILE (a deployment name, or a profile whose plan names one);
-    else the only deployment with state."""
-    if deployment:
-        return deployment
-    known = store.deployments()
-    if profile:
-        if profile in known:
-            return profile
-        return _load_plan(profile, scenarios=False).deployment  # the name is all it needs
-    if len(known) == 1:
-        return known[0]
-    if not known:
-        raise StateError(f"no deployments under {store.root}: nothing was started from here.")
-    raise StateError(
-        f"{len(known)} deployments under {store.root} ({', '.join(known)}): name one with "
-        "PROFILE or --deployment NAME."
     )
 
 
@@ -153,12 +132,15 @@ def register(app: typer.Typer) -> None:
             names = [(p.name, p.host) for p in plan.processes]
             # node bundle: its own step of the progress, one row per host, before the processes
             names = [(f"bundle@{h}", h) for h in dict.fromkeys(u.host for u in plan.bundle)] + names
+            how = target.recipe(profile, inventory, sets, rehearse_with or rehearse)
             try:
                 if json_out:
-                    state = svc.up(plan, profile=profile, prepared=True)
+                    state = svc.up(plan, profile=profile, prepared=True, recipe=how)
                 else:
                     with output.LiveProgress(names, f"up {plan.deployment}") as progress:
-                        state = svc.up(plan, profile=profile, reporter=progress, prepared=True)
+                        state = svc.up(
+                            plan, profile=profile, reporter=progress, prepared=True, recipe=how
+                        )
             except KvpdError as e:
                 if json_out:
                     failed = svc.store.load(plan.deployment)
@@ -213,23 +195,29 @@ def register(app: typer.Typer) -> None:
             "--purge",
             help="Also remove each host's run dir (logs, files, the kvpd node bundle).",
         ),
+        inventory: str | None = target.INVENTORY,
+        sets: list[str] = target.SETS,
+        rehearse: bool = target.REHEARSE,
+        rehearse_with: str | None = target.REHEARSE_WITH,
     ) -> None:
         """Stop a deployment (reverse order, SIGTERM then SIGKILL); verify nothing is left.
         The run dirs stay (the next `up` reuses the installed node bundle) unless --purge."""
         from kvpd.cli import output
         from kvpd.exec.service import Deployments, problems
+        from kvpd.exec.stop import DownResult
 
         with Deployments(grace_s=grace) as svc:
-            name = _resolve_deployment(profile, deployment, svc.store)
-            state = svc.store.load(name)
-            if state is None:
-                result = None
-            elif json_out:
-                result = svc.down(name)
+            name, plan = target.resolve(profile, deployment, svc.store, inventory=inventory,
+                                        sets=sets, rehearse=rehearse_with or rehearse)  # fmt: skip
+            if json_out:
+                result = svc.down(name, plan=plan)
             else:
-                names = [(r.name, r.host) for r in state.processes]
+                names = [(p.name, p.host) for p in plan.processes]
                 with output.LiveProgress(names, f"down {name}") as progress:
-                    result = svc.down(name, progress)
+                    result = svc.down(name, progress, plan=plan)
+            state = svc.seen.state if svc.seen is not None else None
+            if result is None and purge and state is not None:
+                result = DownResult(name)  # nothing runs (an earlier `down`): purge still goes
             purged = None
             if result is not None and state is not None and purge and not result.stop.leftover:
                 purged = svc.purge(state)  # only once nothing runs from the run dirs
@@ -245,7 +233,7 @@ def register(app: typer.Typer) -> None:
                     }
                 )
             else:
-                output.out.print(f"Nothing to stop: no state for deployment {name!r}.")
+                output.out.print(f"Nothing to stop: no host records a process of {name!r}.")
             return
         if json_out:
             data = output.down_json(result)
@@ -275,13 +263,19 @@ def register(app: typer.Typer) -> None:
         events: bool = typer.Option(
             False, "--events", help="Show the deployment's event log (up, down, canary, ...)."
         ),
+        inventory: str | None = target.INVENTORY,
+        sets: list[str] = target.SETS,
+        rehearse: bool = target.REHEARSE,
+        rehearse_with: str | None = target.REHEARSE_WITH,
     ) -> None:
-        """Show each process: alive, healthy (one probe), uptime, ports."""
+        """Show each process as its host records it: alive, healthy (one probe), uptime, ports;
+        and what differs from the profile given (drift)."""
         from kvpd.cli import output
         from kvpd.exec.service import Deployments
 
         with Deployments() as svc:
-            name = _resolve_deployment(profile, deployment, svc.store)
+            name, plan = target.resolve(profile, deployment, svc.store, inventory=inventory,
+                                        sets=sets, rehearse=rehearse_with or rehearse)  # fmt: skip
             if events:
                 history = svc.history(name)
                 if json_out:
@@ -289,10 +283,11 @@ def register(app: typer.Typer) -> None:
                 else:
                     output.out.print(output.events_table(name, history))
                 return
-            state, rows = svc.status(name)
+            state, rows = svc.status(name, plan=plan)
+            seen = svc.seen
             # A process its supervisor gave up on: the end of its log says why.
             tails = {
-                r.name: svc.logs(r.name, deployment=name, lines=15).text
+                r.name: svc.logs(r.name, deployment=name, lines=15, plan=plan).text
                 for r in rows
                 if r.supervisor is not None and r.supervisor.state == "failed"
             }
@@ -301,9 +296,12 @@ def register(app: typer.Typer) -> None:
             for p in data["processes"]:
                 if p["name"] in tails:
                     p["log_tail"] = tails[p["name"]].splitlines()
-            output.print_json({**data, "status": state.status, "bundle": state.bundle})
+            output.print_json({**data, **records_out.records_json(state, seen),
+                               "status": state.status, "bundle": state.bundle})  # fmt: skip
             return
         output.out.print(output.status_table(f"{name} ({state.status})", rows))
+        for line in records_out.records_lines(plan, state, seen):
+            output.err.print(line, markup=False)
         if state.bundle:  # node bundle: what `up` verified on each host
             output.out.print(bundle_view.status_table(state.bundle))
         for proc, text in tails.items():
@@ -321,8 +319,13 @@ def register(app: typer.Typer) -> None:
         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new lines."),
         lines: int = typer.Option(50, "-n", "--lines", help="How many last lines to show."),
         deployment: str | None = typer.Option(None, "--deployment", help="Deployment name."),
+        inventory: str | None = target.INVENTORY,
+        sets: list[str] = target.SETS,
+        rehearse: bool = target.REHEARSE,
+        rehearse_with: str | None = target.REHEARSE_WITH,
     ) -> None:
-        """Print the log of one process (from its host)."""
+        """Print the log of one process (from its host). `kvpd logs PROFILE PROCESS` (with
+        --inventory as `up` had it) works from any controller."""
         from kvpd.exec.service import Deployments
 
         if len(targets) > 2 or (len(targets) == 2 and deployment):
@@ -334,7 +337,11 @@ def register(app: typer.Typer) -> None:
         else:
             name = targets[0]
         with Deployments() as svc:
-            log = svc.logs(name, deployment=deployment, lines=lines)
+            if deployment is None and len(targets) == 1:  # the only cached one with `name`
+                deployment = svc.deployment_with_process(name)
+            dep, plan = target.resolve(deployment, None, svc.store, inventory=inventory,
+                                       sets=sets, rehearse=rehearse_with or rehearse)  # fmt: skip
+            log = svc.logs(name, deployment=dep, lines=lines, plan=plan)
             sys.stdout.write(clean(log.text))  # node output: no escape sequences
             sys.stdout.flush()
             if follow:

@@ -17,11 +17,10 @@ from rich.text import Text
 from kvpd.cli.terminal import SafeConsole
 from kvpd.exec.checks import Check
 from kvpd.exec.events import Event
-from kvpd.exec.executor import DownResult
 from kvpd.exec.gather import Report
 from kvpd.exec.state import DeploymentState
 from kvpd.exec.status import ProcessStatus
-from kvpd.exec.stop import Progress
+from kvpd.exec.stop import DownResult, Progress
 from kvpd.plan.value import Plan
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)

@@ -6,7 +6,6 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
 from kvpd.exec import diagnose, logs, readiness, run_dirs
@@ -15,11 +14,15 @@ from kvpd.exec.containers.life import remove_containers, start_containers
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.pool import TransportPool
+from kvpd.exec.records.model import controller_id, launch_digest
+from kvpd.exec.records.writer import RecordSync
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.status import ProcessStatus, query_status
-from kvpd.exec.stop import NullReporter, Reporter, Stopper, StopResult, is_running
+from kvpd.exec.stop import DownResult, NullReporter, Reporter, Stopper, StopResult, is_running
 from kvpd.exec.transport import Transport
-from kvpd.plan.value import FileSpec, HostSpec, Plan, ProcessSpec
+from kvpd.exec.write_files import write_files
+from kvpd.plan.value import HostSpec, Plan, ProcessSpec
+from kvpd.profile.roles import Role
 
 DEFAULT_GRACE_S = 20.0
 # Through bash's positional parameters, so no value is parsed as shell code; private (0600).
@@ -32,21 +35,6 @@ class _ProcessFailed(Exception):
         self.spec = spec
         self.reason = reason
         self.timeout = timeout
-
-
-@dataclass
-class DownResult:
-    deployment: str
-    stop: StopResult = field(default_factory=StopResult)
-    containers_left: list[str] = field(default_factory=list)  # kvpd-started, not removed
-
-    @property
-    def nothing_running(self) -> bool:
-        return self.stop.nothing_was_running
-
-    @property
-    def clean(self) -> bool:
-        return not self.stop.leftover and not self.stop.busy_ports and not self.containers_left
 
 
 class Executor:
@@ -87,13 +75,22 @@ class Executor:
         self.log_tail_lines = log_tail_lines
         self.serial = serial
         self._lock = threading.Lock()  # guards the state being built and its saving
+        self.records = RecordSync(self.transports, self._lock)  # each host's own record
 
     # -- up ------------------------------------------------------------------------------
 
-    def up(self, plan: Plan, *, profile: str = "", refuse_running: bool = True) -> DeploymentState:
+    def up(
+        self,
+        plan: Plan,
+        *,
+        profile: str = "",
+        refuse_running: bool = True,
+        recipe: dict[str, object] | None = None,
+    ) -> DeploymentState:
         """Start every process stage by stage, each stage gated on health. On any failure,
         stop what this run started and raise DeployError (HealthTimeout for deadlines).
-        `refuse_running=False`: the caller has just refused a running deployment itself."""
+        `refuse_running=False`: the caller has just refused a running deployment itself.
+        `recipe`: how the plan was built (kept in the cache, see DeploymentState.recipe)."""
         self._know_hosts(plan.hosts)
         if refuse_running:
             self.refuse_if_running(plan.deployment, profile or plan.deployment)
@@ -102,13 +99,15 @@ class Executor:
             profile_digest=plan.profile_digest,
             plan=plan,
             profile=profile,
+            started_by=controller_id(),
+            recipe=dict(recipe or {}),
         )
         self._save(state)
         with Fanout(1 if self.serial else self.max_workers) as pool:
             try:
                 start_containers(plan, self.transports, self.reporter)
                 self._resolve_run_dirs(state, pool)
-                self._write_files(state, pool)
+                write_files(state, self.transports, self.reporter, pool)
                 # kvpd on every host slot of the plan (node bundle), verified, before any start
                 state.bundle = install_bundle(plan, state.run_dirs, self.transports, self.reporter)
                 for stage in plan.stages:
@@ -166,38 +165,12 @@ class Executor:
         dirs = pool.map(lambda h: self.transports[h.name].resolve(h.run_dir), specs)
         state.run_dirs = {h.name: d for h, d in zip(specs, dirs, strict=True)}
         self._save(state)
-        pool.map(lambda h: run_dirs.mark(self.transports[h], state.run_dirs[h], state.deployment),
-                 sorted(state.run_dirs))  # fmt: skip
 
-    def _write_files(self, state: DeploymentState, pool: Fanout) -> None:
-        by_host: dict[str, list[FileSpec]] = {}
-        for f in state.plan.files:
-            by_host.setdefault(f.host, []).append(f)
+        def mark(h: str) -> None:  # the run dir, then the index naming it (records/hostio.py)
+            run_dirs.mark(self.transports[h], state.run_dirs[h], state.deployment)
+            self.records.index(state, h)
 
-        def write(host: str) -> None:
-            t, run_dir = self.transports[host], state.run_dirs[host]
-            for d in state.plan.fresh_dirs:  # scratch, by the profile's say-so (relative only)
-                path = posixpath.normpath(posixpath.join(run_dir, d))
-                if not path.startswith(run_dir.rstrip("/") + "/"):
-                    raise DeployError(f"fresh dir {d!r} is outside the run dir {run_dir}")
-                r = t.run(["rm", "-rf", "--", path], timeout_s=300)
-                if r.ok:
-                    r = t.run(["mkdir", "-p", "--", path], timeout_s=60)
-                if not r.ok:
-                    raise DeployError(f"emptying {path} on {host} failed: {r.stderr.strip()}")
-            self.reporter.message(f"{host}: writing {len(by_host[host])} files under {run_dir}")
-            for f in by_host[host]:
-                try:
-                    t.put(posixpath.join(run_dir, f.path), f.content.encode(), mode=f.mode)
-                except KvpdError:
-                    raise
-                except Exception as e:
-                    raise DeployError(f"writing {f.path} on host {host} failed: {e}") from e
-
-        hosts = set(by_host) | (set(state.run_dirs) if state.plan.fresh_dirs else set())
-        for h in hosts:
-            by_host.setdefault(h, [])
-        pool.map(write, sorted(hosts))
+        pool.map(mark, sorted(state.run_dirs))
 
     def _start_stage(
         self, state: DeploymentState, stage: list[ProcessSpec], pool: Fanout
@@ -237,10 +210,17 @@ class Executor:
             ports=list(p.ports),
             log=log,
             started_at=self.wall(),
+            role=Role(p.role),
+            devices=list(p.devices),
+            launch_digest=launch_digest(state.plan, p),
         )
         with self._lock:  # record before anything else can fail: `down` must know it
             state.processes.append(rec)
             self.store.save(state)
+        try:  # and on its host, where any controller finds it
+            self.records.sync(state, p.host)
+        except Exception as e:  # a process no record names must not stay up: roll back
+            raise _ProcessFailed(p, f"started, but its host record was not written: {e}") from e
         return rec, self.clock()
 
     def _wait_stage(
@@ -322,11 +302,7 @@ class Executor:
             rec = state.record(err.spec.name)
             if rec is not None:
                 rec.status = "failed"
-        result = self._stopper(pool).stop(list(state.processes))
-        for o in result.outcomes:
-            rec = state.record(o.name)
-            if rec is not None and o.gone and rec.status != "failed":
-                rec.status = "stopped"
+        result = self._stop_all(state, pool)
         if not result.leftover:  # containers kvpd started: removed once nothing runs inside
             for problem in remove_containers(state.plan, self.transports, self.reporter):
                 self.reporter.message(problem)
@@ -374,6 +350,19 @@ class Executor:
             sleep=self.sleep,
         )
 
+    def _stop_all(self, state: DeploymentState, pool: Fanout) -> StopResult:
+        """Stop every recorded process; those gone are `stopped` (a `failed` one keeps its
+        word), and each host's record then names only what is left (none: removed)."""
+        result = self._stopper(pool).stop(list(state.processes))
+        for o in result.outcomes:
+            rec = state.record(o.name)
+            if rec is not None and o.gone and rec.status != "failed":
+                rec.status = "stopped"
+        gone = {o.name for o in result.outcomes if o.gone}
+        for problem in self.records.sync_all(state, pool.map, gone):
+            self.reporter.message(problem)
+        return result
+
     def down(self, state: DeploymentState) -> DownResult:
         """Stop every recorded process (reverse stage order), verify they and their ports are
         gone, and record the outcome. Idempotent; works on the state of a killed `up`."""
@@ -381,11 +370,7 @@ class Executor:
         state.status = "stopping"
         self._save(state)
         with Fanout(self.max_workers) as pool:
-            result = self._stopper(pool).stop(list(state.processes))
-        for o in result.outcomes:
-            rec = state.record(o.name)
-            if rec is not None and o.gone:
-                rec.status = "stopped"
+            result = self._stop_all(state, pool)
         left: list[str] = []
         if not result.leftover:  # containers kvpd started: once nothing runs inside
             left = remove_containers(state.plan, self.transports, self.reporter)

@@ -25,6 +25,7 @@ from kvpd.exec.owner_preflight import owner_checks
 from kvpd.exec.pinned_versions import pinned_checks
 from kvpd.exec.planner_gate import planner_checks
 from kvpd.exec.probe import PROBE
+from kvpd.exec.records.conflicts import port_holders
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import Plan
 
@@ -147,7 +148,7 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
         busy = res["busy_ports"]
         checks.append(
             Check.judged(h, "ports free", not busy,
-                         f"{len(ports[h])} ports free", f"in use: {busy}",
+                         f"{len(ports[h])} ports free", busy_detail(transports(h), busy),
                          "stop what holds them (`ss -ltnp`) or change the ports in the profile")
         )  # fmt: skip
         if req.npu:
@@ -224,6 +225,18 @@ def run_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check
     if plan.bundle:  # node bundle: each slot's Python, pip, disk, native core per platform
         checks += bundle_preflight.preflight_checks(plan, transports)
     return checks
+
+
+def busy_detail(t: Transport, busy: list[int]) -> str:
+    """ "in use: [ports]", naming the kvpd process (deployment, who started it) that holds a
+    port when its host's records say so (exec/records/conflicts.py)."""
+    detail = f"in use: {busy}"
+    try:
+        holders = port_holders(t, list(busy)) if busy else {}
+    except Exception:  # noqa: BLE001 - the names are a courtesy; the check stands without them
+        holders = {}
+    named = [f"{port} by {who}" for port, who in sorted(holders.items())]
+    return detail + (f" ({'; '.join(named)})" if named else "")
 
 
 def _space(

@@ -19,6 +19,7 @@ from kvpd.errors import DeployError
 from kvpd.exec.executor import Executor
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.proxy_admin import ProxyAdmin
+from kvpd.exec.records.current import Current
 from kvpd.exec.state import DeploymentState
 from kvpd.exec.transport import Transports
 from kvpd.plan.value import Plan, ProcessSpec
@@ -75,6 +76,28 @@ def select(plan: Plan, targets: list[str]) -> list[ProcessSpec]:
     chosen = [p for p in plan.processes
               if not targets or p.name in targets or p.role in targets]  # fmt: skip
     return sorted(chosen, key=lambda p: p.role == "proxy")
+
+
+def refuse_drifted(specs: list[ProcessSpec], current: Current) -> None:
+    """DeployError unless every process to restart is recorded and was launched as the plan
+    (built from the profile now) launches it: a restart starts the launch script `up` wrote
+    into the run dir, so a process whose launch differs would come back as it ran before, not
+    as the profile says. Refused records are refused here too."""
+    if current.refused:
+        raise DeployError("restart refused: " + "\n".join(current.refused.values()))
+    recorded = {r.name for r in current.state.processes}
+    missing = [s.name for s in specs if s.name not in recorded]
+    drifted = [s.name for s in specs if s.name in current.drift.processes]
+    if missing:
+        raise DeployError(
+            f"restart refused: no host records {', '.join(missing)} (not running, or started "
+            "by no kvpd `up` of this profile). Start the deployment with `kvpd up`."
+        )
+    if drifted:
+        raise DeployError(
+            f"restart refused: {', '.join(drifted)} ran from a launch the profile given no "
+            "longer plans (drift). `kvpd down` then `kvpd up` starts what the profile says now."
+        )
 
 
 class Roller:

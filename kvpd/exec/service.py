@@ -7,28 +7,26 @@ renders. Nothing here prints.
 
 from __future__ import annotations
 
-import posixpath
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from kvpd.errors import DeployError, StateError
-from kvpd.exec import admin_token, client_key, gather, logs, rolling, supervised
+from kvpd.exec import admin_token, client_key, rolling, supervised
 from kvpd.exec.checks import Check
 from kvpd.exec.containers.life import remove_containers, start_containers
-from kvpd.exec.events import Event, EventLog, note_restarts
-from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor
+from kvpd.exec.executor import DEFAULT_GRACE_S, Executor
 from kvpd.exec.interrupts import sigterm_as_interrupt
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.preflight import run_checks
 from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.purge import purge_run_dirs
+from kvpd.exec.records.current import Current
 from kvpd.exec.rolling import CanaryCheck, CanaryOutcome, Roller, Step
-from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
-from kvpd.exec.status import ProcessStatus
-from kvpd.exec.stop import NullReporter, Reporter
+from kvpd.exec.service_inspect import Inspecting
+from kvpd.exec.state import DeploymentState, StateStore
+from kvpd.exec.stop import DownResult, NullReporter, Reporter
 from kvpd.exec.supervised import Supervised
-from kvpd.exec.transport import CommandResult, Transport
+from kvpd.exec.transport import Transport
 from kvpd.plan.value import Plan
 
 
@@ -47,18 +45,7 @@ class PreflightFailed(DeployError):
         self.checks = checks
 
 
-@dataclass(frozen=True)
-class LogTail:
-    """The end of one process's log, and where it is."""
-
-    deployment: str
-    process: str
-    host: str
-    path: str
-    text: str
-
-
-class Deployments:
+class Deployments(Inspecting):
     """check, up, down, restart, status and logs of deployments, over one transport pool.
 
     `transports`: transports to use instead of opening them (tests, the local demo); hosts not
@@ -75,6 +62,8 @@ class Deployments:
         transports: Mapping[str, Transport] | None = None,
     ) -> None:
         self.store = store or StateStore()
+        self.seen: Current | None = None  # what the hosts recorded at the last look
+        self.cached: DeploymentState | None = None  # the local cache at that look
         self.grace_s = grace_s
         self.serial = serial
         self._pool = TransportPool(
@@ -118,6 +107,7 @@ class Deployments:
         (StateError) and, with `preflight`, the checks, returned (failed ones included) so the
         caller can show them before asking to go on."""
         self._executor().refuse_if_running(plan.deployment, profile or plan.deployment)
+        self.refuse_conflicts(plan)
         if not preflight:
             return []
         if not any(h.container and h.container.started_by_kvpd for h in plan.hosts):
@@ -141,6 +131,7 @@ class Deployments:
         reporter: Reporter | None = None,
         preflight: bool = True,
         prepared: bool = False,
+        recipe: dict[str, object] | None = None,
     ) -> DeploymentState:
         """Start `plan` stage by stage (see Executor.up); on failure everything started is
         stopped and DeployError raised. Unless the caller already called `prepare` for this
@@ -154,7 +145,9 @@ class Deployments:
         plan = client_key.attach(admin_token.issue(plan, self.store.root))
         try:
             with sigterm_as_interrupt():
-                state = self._executor(reporter).up(plan, profile=profile, refuse_running=False)
+                state = self._executor(reporter).up(
+                    plan, profile=profile, refuse_running=False, recipe=recipe
+                )
         except BaseException as e:
             events.record("up-failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise
@@ -175,21 +168,26 @@ class Deployments:
             self.down(plan.deployment)
         return result
 
-    def events(self, deployment: str) -> EventLog:
-        """The append-only event log of `deployment` (next to its state)."""
-        return EventLog(self.store.root, deployment)
-
-    def history(self, deployment: str, last: int | None = None) -> list[Event]:
-        return self.events(deployment).read(last)
-
-    def down(self, deployment: str, reporter: Reporter | None = None) -> DownResult | None:
-        """Stop every recorded process of `deployment`; None when it has no state."""
-        state = self.store.load(deployment)
+    def down(
+        self, deployment: str, reporter: Reporter | None = None, *, plan: Plan | None = None
+    ) -> DownResult | None:
+        """Stop every recorded process of `deployment`; None when nothing records it. With
+        `plan`, what the hosts record (validated against `plan`); refused records are named in
+        the result and nothing of theirs is signalled."""
+        refused: list[str] = []
+        if plan is None:
+            state = self.store.load(deployment)
+        else:
+            cur = self.current(plan)
+            state, refused = cur.state, list(cur.refused.values())
+            if not state.processes and not refused:
+                state = None
         if state is None:
             return None
         self._pool.add_hosts(state.plan.hosts)
         children = self.supervisors(state)  # read before the supervisors go
         result = self._executor(reporter).down(state)
+        result.refused = refused
         self._reap_children(state, children, result)
         self.events(deployment).record(
             "down", "clean" if result.clean else "incomplete: " + "; ".join(problems(result))
@@ -211,8 +209,14 @@ class Deployments:
 
     def purge(self, state: DeploymentState) -> dict[str, str]:
         """Remove every host's run dir of a stopped deployment (rendered files, logs, the node
-        bundle): host -> why a run dir was kept, for those not removed."""
+        bundle): host -> why a run dir was kept, for those not removed. Hosts no record names
+        (files only, or records already removed by the `down`) get the run dir the plan names,
+        as their transport resolves it: the marker still decides what is removed."""
         self._pool.add_hosts(state.plan.hosts)
+        plan = state.plan
+        for h in sorted({p.host for p in plan.processes} | {f.host for f in plan.files}):
+            if h not in state.run_dirs:
+                state.run_dirs[h] = self._pool[h].resolve(plan.host(h).run_dir)
         return purge_run_dirs(state, self._pool.__getitem__)
 
     def stop(self, deployment: str, reporter: Reporter | None = None) -> None:
@@ -237,18 +241,22 @@ class Deployments:
         canary: CanaryCheck | None = None,
         drain_timeout_s: float = 60.0,
         on_step: Callable[[Step], None] | None = None,
+        plan: Plan | None = None,
     ) -> list[Step]:
         """Rolling restart of `targets` (names or groups; all when empty) of a running
         deployment: for each in turn drain, stop, start, health gate, re-admit, canary (see
         exec/rolling.py), `canary(plan)` after each. Stops at the first failure (DeployError),
         the rest untouched."""
-        state = self.store.require(deployment)
+        from_hosts = plan is not None
+        state = self._state(deployment, plan)
         plan = state.plan
         self._pool.add_hosts(plan.hosts)
         specs = rolling.select(plan, targets)
+        if from_hosts and self.seen is not None:
+            rolling.refuse_drifted(specs, self.seen)
         admin = None
         if plan.proxy_url and any(p.role == "proxy" for p in plan.processes):
-            token = admin_token.read(self.store.root, deployment)
+            token = admin_token.read(self.store.root, deployment) or self._host_token(state)
             admin = ProxyAdmin(self._pool[plan.proxy_host], plan.proxy_url, token)
         check = None
         if canary is not None:
@@ -276,118 +284,11 @@ class Deployments:
                 on_step(step)
         return steps
 
-    # -- inspecting --------------------------------------------------------------------
-
-    def diagnose(
-        self, deployment: str, *, lines: int = 200, shareable: bool = False
-    ) -> gather.Report:
-        """Everything that explains `deployment`'s state, from every host in parallel, into
-        `<state root>/<deployment>/diagnose/<time>.tar.gz` (exec/gather.py); `shareable`: the
-        masked, topology-free form meant for others."""
-        state = self.store.require(deployment)
-        ev = self.events(deployment)
-        extra = {"events.jsonl": ev.path.read_bytes()} if ev.path.exists() else {}
-        out = self.store.root / deployment / "diagnose"
-        report = gather.gather(self._pool, state, out, lines=lines, extra=extra,
-                               shareable=shareable)  # fmt: skip
-        bad = [f.name for f in report.processes if f.state not in ("healthy", "running")]
-        ev.record("diagnose", str(report.archive), not_ok=bad)
-        return report
-
-    def status(self, deployment: str) -> tuple[DeploymentState, list[ProcessStatus]]:
-        """The recorded state and each process: alive, healthy, uptime, ports."""
-        state = self.store.require(deployment)
-        rows = self._executor().status(state)
-        for row in rows:
-            run_dir = state.run_dirs.get(row.host)
-            if run_dir and row.alive is not None:
-                row.supervisor = supervised.read(self._pool[row.host], run_dir, row.name, row.pid)
-            if row.supervisor is not None:
-                note_restarts(self.events(deployment), row.name, row.supervisor.restarts,
-                              row.supervisor.last_exit)  # fmt: skip
-        return state, rows
-
-    def supervisors(self, state: DeploymentState) -> dict[str, Supervised]:
-        """The supervisor status of each supervised process of `state`, by name."""
-        out: dict[str, Supervised] = {}
-        for rec in state.processes:
-            run_dir = state.run_dirs.get(rec.host)
-            if run_dir:
-                sup = supervised.read(self._pool[rec.host], run_dir, rec.name, rec.pid)
-                if sup is not None:
-                    out[rec.name] = sup
-        return out
-
-    def running(self, deployment: str) -> DeploymentState | None:
-        """The state of `deployment` if any of its processes is (or may be) alive."""
-        state = self.store.load(deployment)
-        if state is None:
-            return None
-        rows = self._executor().status(state)
-        return state if any(r.alive is not False for r in rows) else None
-
-    def _process(self, name: str, deployment: str | None) -> tuple[DeploymentState, ProcessRecord]:
-        dep = deployment or self._deployment_with_process(name)
-        state = self.store.load(dep)
-        if state is None:
-            raise StateError(f"no state for deployment {dep!r} under {self.store.root}.")
-        rec = state.record(name)
-        if rec is None:
-            known = ", ".join(r.name for r in state.processes) or "none started"
-            raise StateError(f"deployment {dep!r} has no process {name!r} (known: {known}).")
-        self._pool.add_hosts(state.plan.hosts)
-        return state, rec
-
-    def _deployment_with_process(self, name: str) -> str:
-        having = [
-            d for d in self.store.deployments()
-            if (s := self.store.load(d)) is not None and s.record(name)
-        ]  # fmt: skip
-        if len(having) == 1:
-            return having[0]
-        if not having:
-            raise StateError(f"no deployment under {self.store.root} has a process {name!r}.")
-        raise StateError(f"{name!r} exists in {', '.join(having)}: pick one with --deployment.")
-
-    def logs(self, name: str, *, deployment: str | None = None, lines: int = 50) -> LogTail:
-        """The last `lines` lines of process `name`'s log (deployment found by the name when
-        only one has such a process)."""
-        state, rec = self._process(name, deployment)
-        text = logs.tail(self._pool[rec.host], rec.log, lines)
-        return LogTail(state.deployment, rec.name, rec.host, rec.log, text)
-
-    # -- a client on a cluster host (kvpd bench with bench.host) -------------------------------
-
-    def host_dir(self, plan: Plan, host: str, *parts: str) -> str:
-        """An absolute folder inside `host`'s run dir (created), for what a client writes."""
-        self._pool.add_hosts(plan.hosts)
-        t = self._pool[host]
-        path = t.resolve(posixpath.join(plan.host(host).run_dir, *parts))
-        r = t.run(["mkdir", "-p", "--", path], timeout_s=60)
-        if not r.ok:
-            raise DeployError(f"could not create {path} on {host}: {r.stderr.strip()}")
-        return path
-
-    def run_on(
-        self, plan: Plan, host: str, argv: list[str], *, env: dict[str, str], timeout_s: float
-    ) -> CommandResult:
-        """Run a command to completion on `host` (a benchmark client), its output returned."""
-        self._pool.add_hosts(plan.hosts)
-        return self._pool[host].run(argv, env=env, timeout_s=timeout_s)
-
-    def read_on(self, plan: Plan, host: str, path: str) -> bytes:
-        """A file from `host` (a client's results); FileNotFoundError if it is not there."""
-        self._pool.add_hosts(plan.hosts)
-        return self._pool[host].read(path)
-
-    def follow(self, log: LogTail) -> Iterator[str]:
-        """What is appended to `log` from now on, until the caller stops iterating."""
-        return logs.follow(self._pool[log.host], log.path)
-
 
 def problems(result: DownResult) -> list[str]:
     """What a `down` left behind, one sentence each."""
     out = list(result.containers_left)
+    out += result.refused
     if result.stop.leftover:
         out.append("still running: " + ", ".join(o.name for o in result.stop.leftover))
     for host, ports in result.stop.busy_ports.items():

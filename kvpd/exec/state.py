@@ -8,13 +8,15 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kvpd import __version__
 from kvpd.errors import StateError
 from kvpd.exec import state_check
 from kvpd.exec.local import private_dirs
+from kvpd.exec.records.model import DeploymentStatus, ProcessStatusWord
 from kvpd.plan.value import Plan
+from kvpd.profile.roles import Role
 
 STATE_ENV = "KVPD_STATE_DIR"
 STATE_FILE = "state.json"
@@ -40,7 +42,12 @@ class ProcessRecord:
     ports: list[int]
     log: str  # absolute on its host
     started_at: float  # Unix time
-    status: str = "running"  # running | healthy | failed | stopped
+    status: ProcessStatusWord = "running"
+    # What the host record names too: the role and devices the plan gave it, and the digest of
+    # what was launched (command, env, script), so drift is named per process.
+    role: Role | Literal[""] = ""  # "": a cache an older kvpd wrote
+    devices: list[int] = field(default_factory=list)
+    launch_digest: str = ""
 
 
 @dataclass
@@ -48,7 +55,7 @@ class DeploymentState:
     deployment: str
     profile_digest: str
     plan: Plan
-    status: str = "starting"  # starting | up | failed | stopping | down
+    status: DeploymentStatus = "starting"
     run_dirs: dict[str, str] = field(default_factory=dict)  # host -> absolute run dir
     processes: list[ProcessRecord] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
@@ -56,6 +63,12 @@ class DeploymentState:
     profile: str = ""  # the PROFILE argument `up` was given, for messages
     # node bundle: per host slot, what `up` verified (digest, interpreter, native implementation)
     bundle: list[dict[str, Any]] = field(default_factory=list)
+    # Who started it (user@host of the controller), as every host record names it.
+    started_by: str = ""
+    # How to build the plan again (profile, inventory, sets, rehearse, base dir): a verb given
+    # only the deployment's name rebuilds the plan from these and acts on that plan, never on
+    # the cached one (a cache is trusted no more than a host record).
+    recipe: dict[str, Any] = field(default_factory=dict)
 
     def record(self, name: str) -> ProcessRecord | None:
         for r in self.processes:
@@ -76,6 +89,8 @@ class DeploymentState:
             "run_dirs": self.run_dirs,
             "processes": [asdict(r) for r in self.processes],
             "bundle": self.bundle,
+            "started_by": self.started_by,
+            "recipe": self.recipe,
             "plan": self.plan.to_dict(),
         }
 
@@ -87,12 +102,20 @@ class DeploymentState:
             plan=Plan.from_dict(d["plan"]),
             status=d.get("status", "starting"),
             run_dirs=dict(d.get("run_dirs", {})),
-            processes=[ProcessRecord(**r) for r in d.get("processes", [])],
+            processes=[_process(r) for r in d.get("processes", [])],
             created_at=d.get("created_at", 0.0),
             updated_at=d.get("updated_at", 0.0),
             profile=d.get("profile", ""),
             bundle=list(d.get("bundle", [])),
+            started_by=str(d.get("started_by", "")),
+            recipe=dict(d.get("recipe") or {}),
         )
+
+
+def _process(r: dict[str, Any]) -> ProcessRecord:
+    rec = ProcessRecord(**r)
+    rec.role = Role(rec.role) if rec.role else ""  # ValueError (corrupt) for an unknown word
+    return rec
 
 
 class StateStore:
@@ -136,8 +159,9 @@ class StateStore:
             known = self.deployments()
             hint = f" Known deployments: {', '.join(known)}." if known else ""
             raise StateError(
-                f"no state for deployment {deployment!r} under {self.root}.{hint} "
-                f"(Set KVPD_STATE_DIR if `up` ran from another directory.)"
+                f"no state for deployment {deployment!r} under {self.root}.{hint} The hosts "
+                "hold the records: give its profile (e.g. `kvpd status PROFILE --inventory "
+                "FILE`, as `up` had them), or set KVPD_STATE_DIR to where `up` ran."
             )
         return state
 

@@ -19,14 +19,15 @@ from urllib.parse import urlsplit
 
 from kvpd.errors import StateError
 from kvpd.exec import logs
+from kvpd.exec.records.model import DeploymentStatus, ProcessStatusWord
 from kvpd.profile.container_schema import CONTAINER_NAME, ContainerRuntime
 from kvpd.profile.types import shared_folder
 
 if TYPE_CHECKING:
     from kvpd.exec.state import DeploymentState, ProcessRecord
 
-STATES = ("starting", "up", "failed", "stopping", "down")
-RECORD_STATES = ("running", "healthy", "failed", "stopped")
+STATES = get_args(DeploymentStatus)
+RECORD_STATES = get_args(ProcessStatusWord)
 
 
 def check_owner(path: Path, what: str) -> None:

@@ -115,8 +115,12 @@ class Stopper:
     def _stop_guarded(self, rec: ProcessRecord) -> StopOutcome:
         t = self.transports[rec.host]
         if not is_running(t, rec):
-            self.reporter.process(rec.name, "stopped", host=rec.host, detail="not running")
-            return StopOutcome(rec.name, rec.host, "not running")
+            detail = "not running"
+            if t.alive(rec.pid):  # the recorded start time is not this PID's: never signalled
+                detail = (f"not running: PID {rec.pid} is another process now (its start time "
+                          "is not the recorded one), left alone")  # fmt: skip
+            self.reporter.process(rec.name, "stopped", host=rec.host, detail=detail)
+            return StopOutcome(rec.name, rec.host, "not running", detail)
         self.reporter.process(rec.name, "stopping", host=rec.host, detail="SIGTERM")
         t.signal_group(rec.pgid, signal.SIGTERM, start_ticks=rec.start_ticks)
         if self._wait_gone(t, rec, self.grace_s):
@@ -163,3 +167,21 @@ class Stopper:
             if left:
                 busy[host] = left
         return busy
+
+
+@dataclass
+class DownResult:
+    deployment: str
+    stop: StopResult = field(default_factory=StopResult)
+    containers_left: list[str] = field(default_factory=list)  # kvpd-started, not removed
+    # hosts whose record was refused (records/validate.py): nothing there was signalled
+    refused: list[str] = field(default_factory=list)
+
+    @property
+    def nothing_running(self) -> bool:
+        return self.stop.nothing_was_running
+
+    @property
+    def clean(self) -> bool:
+        left = self.stop.leftover or self.stop.busy_ports or self.containers_left
+        return not left and not self.refused

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import kvpd.cli.deploy_cmd as deploy_cmd
+from kvpd.cli import target
 from kvpd.cli.main import build_app
 from kvpd.errors import StateError
 from kvpd.exec.local import LocalTransport
@@ -22,6 +23,8 @@ def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     plan = make_plan(tmp_path / "run", [("kv", 0, "ok"), ("proxy", 1, "ok")], deployment="demo")
     # Stand-in for the profile -> plan step (tested on its own): the test's plan.
     monkeypatch.setattr(deploy_cmd, "_load_plan", lambda profile, **kw: plan)
+    # ... and for the verbs that build it again (from PROFILE or from the cache's recipe)
+    monkeypatch.setattr(target, "build", lambda profile, **kw: plan)
     runner = CliRunner()
     app = build_app()
 
@@ -64,8 +67,8 @@ def test_up_status_logs_down_json(cli) -> None:
     assert d["clean"] and [p["result"] for p in d["processes"]] == ["stopped", "stopped"]
     assert [p["name"] for p in d["processes"]] == ["proxy", "kv"]
 
-    r = cli("down", "demo")
-    assert r.exit_code == 0 and "Nothing is running for deployment 'demo'" in r.stdout
+    r = cli("down", "demo")  # the hosts' records are gone with the processes
+    assert r.exit_code == 0 and "no host records a process of 'demo'" in r.stdout
 
     r = cli("status", "--json")
     assert not any(p["alive"] for p in json.loads(r.stdout)["processes"])
@@ -77,8 +80,11 @@ def test_up_needs_yes_when_not_interactive(cli) -> None:
 
 
 def test_down_without_state(cli) -> None:
+    """A name alone says nothing about where the hosts are: the profile does."""
     r = cli("down", "--deployment", "nope")
-    assert r.exit_code == 0 and "Nothing to stop" in r.stdout
+    assert r.exit_code == 1 and "give its profile" in str(r.exception)
+    r = cli("down", "demo.yaml")  # a profile: its hosts are asked, and hold no record
+    assert r.exit_code == 0 and "Nothing to stop: no host records a process of 'demo'" in r.stdout
 
 
 def test_one_grammar_logs_and_events(cli) -> None:
