@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvpd.cli import complete
+from kvpd.cli import complete, lease_opts
 from kvpd.errors import StateError
 
 if TYPE_CHECKING:
@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
             60.0, "--drain-timeout", help="Longest wait for a backend's in-flight requests."
         ),
         no_canary: bool = typer.Option(False, "--no-canary", help="Skip the canary per process."),
+        break_lease: bool = typer.Option(False, "--break-lease", help=lease_opts.BREAK_HELP),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Break the lease without asking."),
     ) -> None:
         """Rolling restart: drain, stop, start, health gate, re-admit, canary; one at a time."""
         from kvpd.bench import canary
@@ -61,11 +63,13 @@ def register(app: typer.Typer) -> None:
                     output.err.print(f"  [yellow]note:[/] {note}")
 
             state = svc.store.require(name)
+            hold = lease_opts.hold(svc, state.plan, "restart", break_lease=break_lease, yes=yes)
             # the service keeps answering during a restart: the check shares batches with it
             live = functools.partial(canary.run, live_traffic=True)
             check = None if no_canary or not canary.applies(state.plan) else live
-            steps = svc.roll(name, names, canary=check, drain_timeout_s=drain_timeout,
-                             on_step=show)  # fmt: skip
+            with hold:
+                steps = svc.roll(name, names, canary=check, drain_timeout_s=drain_timeout,
+                                 on_step=show)  # fmt: skip
         output.out.print(f"{name}: {len(steps)} processes restarted, one at a time.")
 
     @app.command("diagnose")

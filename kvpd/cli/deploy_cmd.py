@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 from typing import TYPE_CHECKING
 
 import typer
 
-from kvpd.cli import bundle_view, complete
+from kvpd.cli import bundle_view, complete, lease_opts
 from kvpd.cli.terminal import clean
 from kvpd.errors import DeployError, KvpdError, StateError
 from kvpd.profile.roles import ENGINE_ROLES
@@ -119,6 +120,7 @@ def register(app: typer.Typer) -> None:
             help="After the canary, compare greedy completions through the proxy with a "
             "prefill (or mixed) engine's own: KV that moved with the wrong content fails `up`.",
         ),
+        break_lease: bool = typer.Option(False, "--break-lease", help=lease_opts.BREAK_HELP),
     ) -> None:
         """Start a deployment: write its files, start its stages in order, gate on health."""
         from rich.text import Text
@@ -130,9 +132,12 @@ def register(app: typer.Typer) -> None:
         plan = _load_plan(
             profile, rehearse=rehearse_with or rehearse, inventory=inventory, sets=sets
         )
-        with Deployments(
-            accept_new_host_keys=accept_new_host_keys, grace_s=grace, serial=serial
-        ) as svc:
+        with (
+            Deployments(
+                accept_new_host_keys=accept_new_host_keys, grace_s=grace, serial=serial
+            ) as svc,
+            lease_opts.hold(svc, plan, "up", break_lease=break_lease, yes=yes),
+        ):
             # Before asking: a running deployment is refused whatever the answer.
             checks = svc.prepare(plan, profile=profile, preflight=not skip_preflight)
             if not all(c.ok for c in checks):
@@ -213,15 +218,20 @@ def register(app: typer.Typer) -> None:
             "--purge",
             help="Also remove each host's run dir (logs, files, the kvpd node bundle).",
         ),
+        break_lease: bool = typer.Option(False, "--break-lease", help=lease_opts.BREAK_HELP),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Break the lease without asking."),
     ) -> None:
         """Stop a deployment (reverse order, SIGTERM then SIGKILL); verify nothing is left.
         The run dirs stay (the next `up` reuses the installed node bundle) unless --purge."""
         from kvpd.cli import output
         from kvpd.exec.service import Deployments, problems
 
-        with Deployments(grace_s=grace) as svc:
+        with Deployments(grace_s=grace) as svc, contextlib.ExitStack() as leased:
             name = _resolve_deployment(profile, deployment, svc.store)
             state = svc.store.load(name)
+            if state is not None:
+                hold = lease_opts.hold(svc, state.plan, "down", break_lease=break_lease, yes=yes)
+                leased.enter_context(hold)
             if state is None:
                 result = None
             elif json_out:

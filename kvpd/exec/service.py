@@ -19,6 +19,7 @@ from kvpd.exec.container_life import remove_containers, start_containers
 from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import DEFAULT_GRACE_S, DownResult, Executor
 from kvpd.exec.interrupts import sigterm_as_interrupt
+from kvpd.exec.lease_scope import Leasing, leased
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.preflight import run_checks
 from kvpd.exec.proxy_admin import ProxyAdmin
@@ -58,7 +59,8 @@ class LogTail:
     text: str
 
 
-class Deployments:
+@leased(up="up", down="down", restart="restart", roll="restart")
+class Deployments(Leasing):
     """check, up, down, restart, status and logs of deployments, over one transport pool.
 
     `transports`: transports to use instead of opening them (tests, the local demo); hosts not
