@@ -85,7 +85,7 @@ def word(text: str) -> str:
 def _field(d: dict[str, object], key: str, kind: type) -> object:
     v = d.get(key)
     if not isinstance(v, kind) or isinstance(v, bool):
-        raise ValueError(f"{key!r} is not a {kind.__name__}")
+        raise ValueError(f"{key!r} is not {'an integer' if kind is int else 'text'}")
     if isinstance(v, str) and not _WORD.match(v):
         raise ValueError(f"{key!r} is not a short printable word")
     if isinstance(v, int) and not 0 <= v < 2**63:
