@@ -209,3 +209,18 @@ def test_down_without_a_record_takes_no_lease(tmp_path: Path) -> None:
     with Deployments(StateStore(tmp_path), transports={"h1": fake}) as svc:
         assert svc.down("demo") is None
     assert fake.ran == []
+
+
+def test_a_local_host_keeps_the_lease_in_the_users_home_whatever_the_folder(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the `local` deployment: its run dir is under the working folder, its lease is not
+    p = plan("local")
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        with Deployments() as svc, svc.lease(p, "up"):
+            assert (home / ".kvpd" / "leases" / "demo.json").exists()
+            with Deployments() as other, pytest.raises(LeaseHeld):
+                other.up(p)
+    assert not (home / ".kvpd" / "leases" / "demo.json").exists()
