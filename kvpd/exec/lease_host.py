@@ -212,7 +212,7 @@ def take(
     here = holder or me()
     for _ in range(_ATTEMPTS):
         seen = host.read()
-        prev = _parsed(seen.content)
+        prev = parsed(seen.content)
         d = lease.decide(seen, here, ttl_s=ttl_s, take_over=take_over, gone=gone_here(prev, here))
         if not d.may_take:
             raise LeaseHeld(lease.held_message(host.deployment, d, host.where), seen.target)
@@ -227,7 +227,8 @@ def take(
     )
 
 
-def _parsed(content: str | None) -> LeaseRecord | None:
+def parsed(content: str | None) -> LeaseRecord | None:
+    """The record in `content`, or None for no lease file or one kvpd cannot read."""
     if content is None:
         return None
     try:
@@ -280,7 +281,7 @@ class Renewer:
             seen = self.held.host.read()
         except TransportError as e:
             return f"it changed on its host and could not be read again ({e})"
-        now = lease.holder_line(_parsed(seen.content)) if seen.content is not None else "nobody"
+        now = lease.holder_line(parsed(seen.content)) if seen.content is not None else "nobody"
         return f"the lease was taken over; it is now held by {now}"
 
     def release(self) -> str:

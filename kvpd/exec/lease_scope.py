@@ -49,6 +49,7 @@ class Leasing:
     _pool: TransportPool
 
     def _held(self) -> dict[str, Renewer | None]:
+        # Made on first use: the mixin needs no __init__, so the service's stays its own.
         return self.__dict__.setdefault("_leases_held", {})  # type: ignore[no-any-return]
 
     def _host_lease(self, plan: Plan) -> HostLease:
@@ -63,7 +64,7 @@ class Leasing:
         except TransportError as e:
             raise _unreachable(plan, lease_host.lease_host(plan), e) from e
         here = lease_host.me()
-        gone = lease_host.gone_here(lease_host._parsed(seen.content), here)
+        gone = lease_host.gone_here(lease_host.parsed(seen.content), here)
         return seen, decide(seen, here, ttl_s=ttl_of(plan), gone=gone)
 
     @contextmanager
