@@ -30,6 +30,7 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from kvpd.errors import TransportError
 from kvpd.exec import lease, procfs
@@ -77,6 +78,7 @@ t="$f.$$.tmp"
 cksum <"$f"
 """
 CHANGED = 4
+Mode = Literal["read", "write", "drop"]  # LEASE_SH's $1
 MAX_READ = lease.MAX_BYTES + 1  # one byte more than a record may have: too large is seen
 
 
@@ -126,11 +128,7 @@ def gone_here(record: LeaseRecord | None, here: Holder) -> frozenset[tuple[int, 
 
 
 class LeaseHostError(TransportError):
-    """The lease host could not be asked. `target` is what `--break-lease` confirms."""
-
-    def __init__(self, message: str, target: str = UNLEASED) -> None:
-        super().__init__(message)
-        self.target = target
+    """The lease host could not be asked (`--break-lease` may go on without a lease)."""
 
 
 @dataclass
@@ -144,7 +142,7 @@ class HostLease:
     def where(self) -> str:
         return f"{self.t.host}:{lease_path(self.deployment)}"
 
-    def _run(self, mode: str, want: str = "", new: str = "") -> tuple[int, str]:
+    def _run(self, mode: Mode, want: str = "", new: str = "") -> tuple[int, str]:
         argv = [
             "sh",
             "-c",
