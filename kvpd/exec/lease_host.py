@@ -60,9 +60,11 @@ _ATTEMPTS = 5  # compare-and-swap retries when the lease changed between a read 
 # the write failed (stderr says).
 LEASE_SH = r"""mode=$1 f=$2 want=$3 new=${4-}
 d=${f%/*}
-[ -d "$d" ] || (umask 077 && mkdir -p -- "$d") || exit 3
+umask 077
+[ -d "$d" ] || mkdir -p -- "$d" || exit 3
 exec 9>>"$d/.lock" || exit 3
 flock -w 20 9 || { echo "flock on $d/.lock failed" >&2; exit 3; }
+[ -d "$f" ] && { echo "$f is a directory, not a lease file" >&2; exit 3; }
 cur=
 [ -f "$f" ] && [ ! -L "$f" ] && { cur=$(cksum <"$f") || exit 3; }
 if [ "$mode" = read ]; then
@@ -74,7 +76,7 @@ fi
 [ "$cur" = "$want" ] || exit 4
 if [ "$mode" = drop ]; then rm -f -- "$f"; exit; fi
 t="$f.$$.tmp"
-(umask 077 && printf '%s' "$new" >"$t") && mv -f -- "$t" "$f" || { rm -f -- "$t"; exit 3; }
+printf '%s' "$new" >"$t" && mv -f -- "$t" "$f" || { rm -f -- "$t"; exit 3; }
 cksum <"$f"
 """
 CHANGED = 4

@@ -49,6 +49,7 @@ def test_take_renew_release_on_a_real_host(home: Path) -> None:
     assert rec["holder"]["start_ticks"] > 0 and rec["ttl_s"] == 30
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    assert oct((path.parent / ".lock").stat().st_mode & 0o777) == "0o600"
     with pytest.raises(LeaseHeld, match=r"being changed by .* \(kvpd pid \d+, up\) since"):
         lease_host.take(host, "down", ttl_s=30, holder=OTHER)
     renewer = lease_host.Renewer(held)
@@ -160,6 +161,12 @@ def test_an_unreachable_lease_host_refuses_the_change_unless_the_user_goes_on() 
             assert held is None
         with pytest.raises(LeaseHostError):
             svc.peek_lease(p)
+
+
+def test_a_folder_where_the_lease_belongs_is_an_error_not_a_lease(home: Path) -> None:
+    (home / ".kvpd" / "leases" / "demo.json").mkdir(parents=True)
+    with pytest.raises(LeaseHostError, match="is a directory, not a lease file"):
+        lease_host.take(HostLease(LocalTransport(), "demo"), "up", ttl_s=30)
 
 
 def test_a_host_without_flock_says_what_it_needs(home: Path) -> None:
