@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvpd.cli import complete, target
+from kvpd.cli import complete, lease_opts, target
 from kvpd.errors import StateError
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ def register(app: typer.Typer) -> None:
         sets: list[str] = target.SETS,
         rehearse: bool = target.REHEARSE,
         rehearse_with: str | None = target.REHEARSE_WITH,
+        break_lease: bool = typer.Option(False, "--break-lease", help=lease_opts.BREAK_HELP),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Break the lease without asking."),
     ) -> None:
         """Rolling restart: drain, stop, start, health gate, re-admit, canary; one at a time.
         `kvpd restart PROFILE NAME` (with --inventory as `up` had it) works from any
@@ -75,11 +77,13 @@ def register(app: typer.Typer) -> None:
                 for note in step.notes:
                     output.err.print(f"  [yellow]note:[/] {note}")
 
+            hold = lease_opts.hold(svc, plan, "restart", break_lease=break_lease, yes=yes)
             # the service keeps answering during a restart: the check shares batches with it
             live = functools.partial(canary.run, live_traffic=True)
             check = None if no_canary or not canary.applies(plan) else live
-            steps = svc.roll(name, names, canary=check, drain_timeout_s=drain_timeout,
-                             on_step=show, plan=plan)  # fmt: skip
+            with hold:
+                steps = svc.roll(name, names, canary=check, drain_timeout_s=drain_timeout,
+                                 on_step=show, plan=plan)  # fmt: skip
         output.out.print(f"{name}: {len(steps)} processes restarted, one at a time.")
 
     @app.command("diagnose")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvpd.cli import bundle_view, complete, records_out, target
+from kvpd.cli import bundle_view, complete, lease_opts, records_out, target
 from kvpd.cli.terminal import clean
 from kvpd.errors import DeployError, KvpdError, StateError
 from kvpd.profile.roles import ENGINE_ROLES
@@ -98,6 +98,7 @@ def register(app: typer.Typer) -> None:
             help="After the canary, compare greedy completions through the proxy with a "
             "prefill (or mixed) engine's own: KV that moved with the wrong content fails `up`.",
         ),
+        break_lease: bool = typer.Option(False, "--break-lease", help=lease_opts.BREAK_HELP),
     ) -> None:
         """Start a deployment: write its files, start its stages in order, gate on health."""
         from rich.text import Text
@@ -109,9 +110,12 @@ def register(app: typer.Typer) -> None:
         plan = _load_plan(
             profile, rehearse=rehearse_with or rehearse, inventory=inventory, sets=sets
         )
-        with Deployments(
-            accept_new_host_keys=accept_new_host_keys, grace_s=grace, serial=serial
-        ) as svc:
+        with (
+            Deployments(
+                accept_new_host_keys=accept_new_host_keys, grace_s=grace, serial=serial
+            ) as svc,
+            lease_opts.hold(svc, plan, "up", break_lease=break_lease, yes=yes),
+        ):
             # Before asking: a running deployment is refused whatever the answer.
             checks = svc.prepare(plan, profile=profile, preflight=not skip_preflight)
             if not all(c.ok for c in checks):
@@ -199,6 +203,8 @@ def register(app: typer.Typer) -> None:
         sets: list[str] = target.SETS,
         rehearse: bool = target.REHEARSE,
         rehearse_with: str | None = target.REHEARSE_WITH,
+        break_lease: bool = typer.Option(False, "--break-lease", help=lease_opts.BREAK_HELP),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Break the lease without asking."),
     ) -> None:
         """Stop a deployment (reverse order, SIGTERM then SIGKILL); verify nothing is left.
         The run dirs stay (the next `up` reuses the installed node bundle) unless --purge."""
@@ -209,18 +215,19 @@ def register(app: typer.Typer) -> None:
         with Deployments(grace_s=grace) as svc:
             name, plan = target.resolve(profile, deployment, svc.store, inventory=inventory,
                                         sets=sets, rehearse=rehearse_with or rehearse)  # fmt: skip
-            if json_out:
-                result = svc.down(name, plan=plan)
-            else:
-                names = [(p.name, p.host) for p in plan.processes]
-                with output.LiveProgress(names, f"down {name}") as progress:
-                    result = svc.down(name, progress, plan=plan)
-            state = svc.seen.state if svc.seen is not None else None
-            if result is None and purge and state is not None:
-                result = DownResult(name)  # nothing runs (an earlier `down`): purge still goes
-            purged = None
-            if result is not None and state is not None and purge and not result.stop.leftover:
-                purged = svc.purge(state)  # only once nothing runs from the run dirs
+            with lease_opts.hold(svc, plan, "down", break_lease=break_lease, yes=yes):
+                if json_out:
+                    result = svc.down(name, plan=plan)
+                else:
+                    names = [(p.name, p.host) for p in plan.processes]
+                    with output.LiveProgress(names, f"down {name}") as progress:
+                        result = svc.down(name, progress, plan=plan)
+                state = svc.seen.state if svc.seen is not None else None
+                if result is None and purge and state is not None:
+                    result = DownResult(name)  # nothing runs (an earlier `down`): purge still goes
+                purged = None
+                if result is not None and state is not None and purge and not result.stop.leftover:
+                    purged = svc.purge(state)  # only once nothing runs from the run dirs
         if result is None or state is None:  # both or neither
             if json_out:
                 output.print_json(

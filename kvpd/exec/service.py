@@ -16,6 +16,7 @@ from kvpd.exec.checks import Check
 from kvpd.exec.containers.life import remove_containers, start_containers
 from kvpd.exec.executor import DEFAULT_GRACE_S, Executor
 from kvpd.exec.interrupts import sigterm_as_interrupt
+from kvpd.exec.lease_scope import Leasing, leased
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.preflight import run_checks
 from kvpd.exec.proxy_admin import ProxyAdmin
@@ -45,7 +46,8 @@ class PreflightFailed(DeployError):
         self.checks = checks
 
 
-class Deployments(Inspecting):
+@leased(up="up", down="down", restart="restart", roll="restart")
+class Deployments(Inspecting, Leasing):
     """check, up, down, restart, status and logs of deployments, over one transport pool.
 
     `transports`: transports to use instead of opening them (tests, the local demo); hosts not

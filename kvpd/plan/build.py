@@ -225,6 +225,7 @@ def build_plan(
         log_checks=log_checks(facts, procs, rehearsal),
         derived=derived_lines(profile, layout, facts.memcache_ranks, dram),
         client_key_file=(profile.proxy.client_key_file or "") if profile.proxy else "",
+        lease_s=profile.runtime.lease_s,
     )
 
 

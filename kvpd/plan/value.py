@@ -244,6 +244,8 @@ class Plan:
     log_checks: tuple[LogCheck, ...] = ()
     # Every size the plan derived, with its formula's inputs (kvpd.plan.derived)
     derived: tuple[str, ...] = ()
+    # runtime.lease_s: the time to live of the deployment's lease (kvpd.exec.lease)
+    lease_s: int = 60
 
     @property
     def stages(self) -> list[list[ProcessSpec]]:
@@ -291,6 +293,8 @@ class Plan:
         for key in ("client_key_file", "made_dirs"):  # unset: plan.json keeps its old form
             if not d[key]:
                 d.pop(key)
+        if d["lease_s"] == 60:  # the default: plan.json keeps its old form
+            d.pop("lease_s")
         for f in d["files"]:
             for s in secrets:
                 f["content"] = f["content"].replace(s, "****")
@@ -333,4 +337,5 @@ class Plan:
             log_checks=tuple(LogCheck(**c) for c in d.get("log_checks", ())),
             derived=tuple(d.get("derived", ())),
             client_key_file=d.get("client_key_file", ""),
+            lease_s=int(d.get("lease_s", 60)),
         )

@@ -352,6 +352,13 @@ class Runtime(_Model):
         return v
 
     health_timeout_s: float = Field(1800, gt=0)
+    lease_s: int = Field(
+        60,
+        ge=3,
+        le=3600,
+        description="time to live of the deployment's lease while `up`, `down` or `restart` "
+        "runs (renewed every third of it; a killed kvpd's lease expires after it)",
+    )
 
 
 class Profile(_Model):

@@ -15,6 +15,7 @@ import itertools
 import posixpath
 import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from kvpd.exec import procfs, run_dirs
 from kvpd.exec.channel_errors import CONNECT_FAILED, PROHIBITED, refusal, unreachable
 from kvpd.exec.command_words import check_env
 from kvpd.exec.executor import LOG_HEADER_SH
+from kvpd.exec.lease_host import LEASE_SH
 from kvpd.exec.transport import (
     CommandResult,
     HttpRequest,
@@ -32,6 +34,7 @@ from kvpd.exec.transport import (
     RunOptions,
     Started,
 )
+from kvpd.testing import lease_sh
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
     from typing_extensions import Unpack
@@ -80,6 +83,8 @@ class FakeTransport:
         self.home = home
         self.files: dict[str, bytes] = {}
         self.modes: dict[str, int] = {}
+        self.mtimes: dict[str, int] = {}  # written by the lease snippet, by `clock`
+        self.clock: Callable[[], float] = time.time  # the host's clock (epoch seconds)
         self.processes: dict[int, FakeProcess] = {}
         self.programs: dict[str, FakeProgram] = {}
         self.commands: dict[str, Builtin] = dict(_BUILTINS)
@@ -301,6 +306,9 @@ def _under(t: FakeTransport, d: str) -> list[str]:
 
 def _sh(t: FakeTransport, argv: list[str]) -> CommandResult:
     # Only kvpd's run-dir scripts (kvpd.exec.run_dirs): sh -c SCRIPT NAME DIR MARKER TEXT ...
+    # and its lease snippet (kvpd.testing.lease_sh)
+    if argv[1:3] == ["-c", LEASE_SH]:
+        return lease_sh.run(t, argv)
     if argv[1:2] != ["-c"] or argv[2] not in (run_dirs.MARK_SH, run_dirs.PURGE_SH):
         return _fail(argv, "sh: this script is not scripted in the fake", NOT_FOUND)
     d, marker, text = t.resolve(argv[4]), argv[5], (argv[6] + "\n").encode()
