@@ -151,8 +151,8 @@ class Steps:
             if outcome is None:
                 if relay.status < 400:
                     pool.succeeded(backend)
-                    if cached is not None:
-                        self.metrics.kv_handoff_tokens += cached.handoff
+                    if relay.usage is not None:  # set by the caller, or by a layerwise prefill
+                        self.metrics.kv_handoff_tokens += relay.usage.handoff
                     self.metrics.first_byte_seconds.observe(relay.first_byte_at - req.started)
                 else:
                     backend.errors += 1
