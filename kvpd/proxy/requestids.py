@@ -42,9 +42,13 @@ def log_replaced(given: str, request_id: str, why: str) -> None:
 
 def backend_headers(req: Request, request_id: str) -> bytes:
     """The header lines every backend call of the request carries (authorization aside)."""
-    lines = [b"X-Request-Id: " + request_id.encode() + b"\r\n"]
+    line = b"X-Request-Id: " + request_id.encode() + b"\r\n"
+    headers = req.headers
+    if b"traceparent" not in headers and b"tracestate" not in headers:
+        return line  # the usual case: no trace context
+    lines = [line]
     for name in TRACE_HEADERS:
-        value = req.headers.get(name)
+        value = headers.get(name)
         if value is not None:
             lines.append(name + b": " + value + b"\r\n")
     return b"".join(lines)
