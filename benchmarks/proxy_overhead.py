@@ -361,6 +361,12 @@ def parse_args() -> argparse.Namespace:
         help="also measure the proxy of another source tree (e.g. `git archive <commit>` "
         "unpacked in DIR), alternated with this one's in every repetition; repeatable",
     )
+    ap.add_argument(
+        "--together",
+        action="store_true",
+        help="with --baseline: load every proxy at the same time in each round (each with "
+        "--streams streams) instead of one after the other",
+    )
     ap.add_argument("--json", help="also write the results to this file")
     return ap.parse_args()
 
@@ -372,6 +378,15 @@ def measure(
     so drift in machine load hits all of them alike."""
     runs: dict[str, list[RunResult]] = {"floor": [], **{t.name: [] for t in targets}}
     order: list[Target | None] = [None, *targets]
+    if args.together:
+        for _ in range(args.reps):
+            runs["floor"].append(
+                asyncio.run(run_load("floor", ports, streams, args.duration, args.warmup, None))
+            )
+            for t, r in zip(targets, asyncio.run(together(ports, targets, streams, args)),
+                            strict=True):  # fmt: skip
+                runs[t.name].append(r)
+        return runs
     for rep in range(args.reps):
         k = rep % len(order)
         for t in order[k:] + order[:k]:
@@ -382,6 +397,24 @@ def measure(
             )
             runs[t.name if t else "floor"].append(r)
     return runs
+
+
+async def together(
+    ports: dict[str, int], targets: list[Target], streams: int, args: argparse.Namespace
+) -> list[RunResult]:
+    """Every target under its own `streams` streams at the same time: the proxies share the
+    machine's state second by second, so their CPU per request compares without the drift
+    between runs (the backends then serve streams x targets)."""
+    return list(
+        await asyncio.gather(
+            *(
+                run_load(
+                    "proxy", dict(ports, proxy=t.port), streams, args.duration, args.warmup, t.pid
+                )
+                for t in targets
+            )  # fmt: skip
+        )
+    )
 
 
 def med(runs: list[RunResult], attr: str) -> float:
