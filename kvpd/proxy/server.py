@@ -68,6 +68,11 @@ class ClientConnection(asyncio.Protocol):
         if self.phase is Phase.HANDLING:
             self.phase = Phase.RESPONDING
 
+    def relay_from(self, upstream: UpstreamConnection, on_lost: Callable[[], None]) -> None:
+        """A decoder's stream is relayed here: its connection (paused when the client's is
+        full) and what a client that goes away mid-request ends."""
+        self.relay, self.on_lost = upstream, on_lost
+
     def close_after_response(self) -> None:
         """The current answer ends with the connection (an HTTP/1.0 body without length)."""
         self.keep_alive = False

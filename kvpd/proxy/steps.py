@@ -226,8 +226,7 @@ class Steps:
                 pool.release(conn)
                 return ClientGone()
             relay.upstream = conn
-            client.relay = conn
-            client.on_lost = lambda: relay.abandon(ClientGone())
+            client.relay_from(conn, lambda: relay.abandon(ClientGone()))
             conn.send(
                 request, relay, self.cfg.read_timeout, first_timeout=self.cfg.first_byte_timeout
             )
