@@ -46,11 +46,20 @@ PREFILL_KV_PARAMS = {
 DEFAULT_MAX_TOKENS = 256  # decode work estimate when the request sets no limit
 
 
+def as_text(raw: bytes) -> str | bytes:
+    """A JSON object's bytes as json.loads would decode them, without its encoding detection
+    for the usual case: text starting with "{" and a non-zero byte is UTF-8 (surrogatepass, as
+    json.loads decodes it); anything else is left to json.loads."""
+    if raw[:1] == b"{" and raw[1:2] != b"\x00":
+        return raw.decode("utf-8", "surrogatepass")
+    return raw
+
+
 def parse_body(raw: bytes, what: str = "body") -> dict[str, Any]:
     """A client's JSON object, or Failure(400): invalid JSON or UTF-8, nesting too deep for
     the parser (RecursionError), or anything but an object."""
     try:
-        body = json.loads(raw)
+        body = json.loads(as_text(raw))
     except (ValueError, RecursionError) as e:
         reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:200]
         raise Failure(400, "bad_request", f"invalid JSON {what}: {reason}") from None

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from kvpd.proxy.upstream import UpstreamConnection
 
 log = logging.getLogger("kvpd.proxy")
+_BUSY = frozenset((Phase.HANDLING, Phase.RESPONDING))  # a request is being answered
 
 
 class ClientConnection(asyncio.Protocol):
@@ -60,7 +61,7 @@ class ClientConnection(asyncio.Protocol):
         self._peer = ""  # the client's address, counted in state.per_peer
 
     # --- the phase (read-only outside: moved by the methods below) ---------------------------
-    busy = property(lambda self: self.phase in (Phase.HANDLING, Phase.RESPONDING))
+    busy = property(lambda self: self.phase in _BUSY)
     response_started = property(lambda self: self.phase is Phase.RESPONDING)
 
     def begin_response(self) -> None:
@@ -137,9 +138,9 @@ class ClientConnection(asyncio.Protocol):
             self._buf += data
         else:
             self._buf = data
-            if not self.busy:
+            if self.phase not in _BUSY:
                 self.since = self.state.loop.time()  # a new request starts arriving
-        if not self.busy:
+        if self.phase not in _BUSY:
             self._parse()
         elif len(self._buf) > MAX_HEAD_BYTES and not self._held:
             # Pipelined bytes beyond one head while a response runs: stop reading (TCP pushes

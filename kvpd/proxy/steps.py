@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvpd.proxy.hostpool import build_request, fetch
 from kvpd.proxy.relay import ClientGone, DecodeRelay, Failure
+from kvpd.proxy.rewrite import as_text
 from kvpd.proxy.upstream import ConnectFailed, ConnectionLost, ReadTimeout, UpstreamError
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ class Steps:
                 backend.end(tokens)
             if resp.status == 200:
                 try:
-                    answer = json.loads(resp.body)
+                    answer = json.loads(as_text(resp.body))
                 except ValueError:
                     answer = None
                 if not isinstance(answer, dict):  # the decode step reads kv_transfer_params
