@@ -6,6 +6,7 @@ CPU time per 1,000 requests and, with --profile, where the proxy's CPU goes.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--reps 3] [--duration 2] [--profile]
         [--client-key]  # the proxy checks a client key and the load sends it
+        [--baseline old=/tmp/kvpd-old]  # another tree's proxy, alternated with this one's
 """
 
 from __future__ import annotations
@@ -33,9 +34,20 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 12  # ~540 characters
 
 
 def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc/<pid>/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    """CPU time of a process's threads, from /proc/<pid>/task/*/schedstat (nanoseconds on the
+    CPU; utime + stime in /proc/<pid>/stat count 10 ms ticks, too coarse for a 2 s run of a
+    process that uses ~0.1 s of it); the tick counts where schedstat is missing."""
+    try:
+        return (
+            sum(
+                int(t.joinpath("schedstat").read_text().split()[0])
+                for t in Path(f"/proc/{pid}/task").iterdir()
+            )
+            / 1e9
+        )
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def system_busy() -> tuple[float, float]:
@@ -251,31 +263,59 @@ def wait_http(url: str, deadline_s: float = 15.0) -> None:
         time.sleep(0.05)
 
 
+def start_proxy(
+    root: Path, ports: dict[str, int], port: int, profile_path: str | None
+) -> subprocess.Popen:
+    """`kvpd proxy` from the tree at `root` (this one, or a baseline's copy: its own code
+    through cwd and PYTHONPATH) in front of the stand-in backends."""
+    prof = ["-m", "cProfile", "-o", profile_path] if profile_path else []
+    env = {**os.environ, **({"KVPD_PROXY_CLIENT_KEY": CLIENT_KEY} if KEYED else {})}
+    if root != ROOT:
+        env["PYTHONPATH"] = str(root)
+    return subprocess.Popen(
+        [sys.executable, *prof, "-m", "kvpd.proxy", "--port", str(port),
+         "--prefiller-ports", str(ports["prefill"]), "--decoder-ports", str(ports["decode"]),
+         "--log-level", "WARNING"],
+        cwd=root, env=env,
+    )  # fmt: skip
+
+
 def start_processes(
-    profile_path: str | None, chunk_gap_ms: float, procs: list[subprocess.Popen]
-) -> dict[str, int]:
-    """Start the stand-in backends and the proxy, each appended to `procs` as soon as it runs:
-    the caller's cleanup stops them even when this is interrupted half way."""
-    py = sys.executable
-    ports = {"prefill": free_port(), "decode": free_port(), "proxy": free_port()}
+    profile_path: str | None,
+    chunk_gap_ms: float,
+    procs: list[subprocess.Popen],
+    baselines: list[tuple[str, Path]],
+) -> tuple[dict[str, int], list[Target]]:
+    """Start the stand-in backends, this tree's proxy and one per baseline tree, each
+    appended to `procs` as soon as it runs: the caller's cleanup stops them even when this is
+    interrupted half way."""
+    ports = {"prefill": free_port(), "decode": free_port()}
     backends = subprocess.Popen(
-        [py, "-m", "kvpd.testing.backend", "--prefill-port", str(ports["prefill"]),
+        [sys.executable, "-m", "kvpd.testing.backend", "--prefill-port", str(ports["prefill"]),
          "--decode-port", str(ports["decode"]), "--delay-ms", "20", "--chunks", "16",
          "--chunk-gap-ms", str(chunk_gap_ms)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     procs.append(backends)
     backends.stdout.readline()  # type: ignore[union-attr]  # printed once both listen
-    prof = ["-m", "cProfile", "-o", profile_path] if profile_path else []
-    proxy = subprocess.Popen(
-        [py, *prof, "-m", "kvpd.proxy", "--port", str(ports["proxy"]),
-         "--prefiller-ports", str(ports["prefill"]), "--decoder-ports", str(ports["decode"]),
-         "--log-level", "WARNING"],
-        cwd=ROOT, env={**os.environ, **({"KVPD_PROXY_CLIENT_KEY": CLIENT_KEY} if KEYED else {})},
-    )  # fmt: skip
-    procs.append(proxy)
-    wait_http(f"http://127.0.0.1:{ports['proxy']}/health")
-    return ports
+    targets = []
+    for name, root in [("proxy", ROOT), *baselines]:
+        port = free_port()
+        proc = start_proxy(root, ports, port, profile_path if root == ROOT else None)
+        procs.append(proc)
+        targets.append(Target(name, port, proc.pid))
+    for t in targets:
+        wait_http(f"http://127.0.0.1:{t.port}/health")
+    return ports, targets
+
+
+@dataclass
+class Target:
+    """A proxy under measurement: this tree's ("proxy") or a baseline tree's."""
+
+    name: str
+    port: int
+    pid: int
 
 
 def stop_processes(procs: list[subprocess.Popen]) -> None:
@@ -293,8 +333,7 @@ def fmt(v: float, spec: str = ".2f") -> str:
     return "-" if v != v else format(v, spec)
 
 
-def main() -> None:
-    stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 16, 128])
     ap.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
@@ -314,83 +353,144 @@ def main() -> None:
         default=0.0,
         help="pause between the decoder's SSE chunks (0 = the 16 chunks back to back)",
     )
+    ap.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also measure the proxy of another source tree (e.g. `git archive <commit>` "
+        "unpacked in DIR), alternated with this one's in every repetition; repeatable",
+    )
+    ap.add_argument(
+        "--together",
+        action="store_true",
+        help="with --baseline: load every proxy at the same time in each round (each with "
+        "--streams streams) instead of one after the other",
+    )
     ap.add_argument("--json", help="also write the results to this file")
-    args = ap.parse_args()
-    try:
-        import uvloop
+    return ap.parse_args()
 
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        print("uvloop not installed: the load generator runs on plain asyncio", file=sys.stderr)
 
-    global KEYED
-    KEYED = args.client_key
-    profile_path = tempfile.mktemp(suffix=".prof") if args.profile else None
-    load_before = Path("/proc/loadavg").read_text().split()[:3]
-    procs: list[subprocess.Popen] = []
-    rows = []
-    try:
-        ports = start_processes(profile_path, args.chunk_gap_ms, procs)
-        proxy_pid = procs[1].pid
-        for streams in args.streams:
-            floor_runs, proxy_runs = [], []
-            for _ in range(args.reps):  # alternate so drift in machine load hits both
-                floor_runs.append(
-                    asyncio.run(run_load("floor", ports, streams, args.duration, args.warmup, None))
-                )
-                proxy_runs.append(
-                    asyncio.run(
-                        run_load("proxy", ports, streams, args.duration, args.warmup, proxy_pid)
-                    )
-                )
-
-            def med(runs: list[RunResult], attr: str) -> float:
-                return statistics.median(getattr(r, attr) for r in runs)
-
-            pairs = list(zip(proxy_runs, floor_runs, strict=True))
-            rows.append(
-                {
-                    "streams": streams,
-                    "floor_p50_ms": med(floor_runs, "p50"),
-                    "floor_p99_ms": med(floor_runs, "p99"),
-                    "proxy_p50_ms": med(proxy_runs, "p50"),
-                    "proxy_p99_ms": med(proxy_runs, "p99"),
-                    "added_p50_ms": med(proxy_runs, "p50") - med(floor_runs, "p50"),
-                    "floor_rps": med(floor_runs, "rps"),
-                    "proxy_rps": med(proxy_runs, "rps"),
-                    "ratio": med(proxy_runs, "rps") / max(1e-9, med(floor_runs, "rps")),
-                    "cpu_per_1k": med(proxy_runs, "cpu_per_1k"),
-                    "errors": sum(r.errors for r in floor_runs + proxy_runs),
-                    "machine_busy": med(floor_runs + proxy_runs, "busy"),
-                    "all_proxy_rps": [round(r.rps) for r in proxy_runs],
-                    "all_added_p50_ms": [round(p.p50 - f.p50, 3) for p, f in pairs],
-                }
+def measure(
+    ports: dict[str, int], targets: list[Target], streams: int, args: argparse.Namespace
+) -> dict[str, list[RunResult]]:
+    """`args.reps` rounds of the floor and every target, in an order that rotates each round,
+    so drift in machine load hits all of them alike."""
+    runs: dict[str, list[RunResult]] = {"floor": [], **{t.name: [] for t in targets}}
+    order: list[Target | None] = [None, *targets]
+    if args.together:
+        for _ in range(args.reps):
+            runs["floor"].append(
+                asyncio.run(run_load("floor", ports, streams, args.duration, args.warmup, None))
             )
-    finally:
-        stop_processes(procs)
-    load_after = Path("/proc/loadavg").read_text().split()[:3]
+            for t, r in zip(targets, asyncio.run(together(ports, targets, streams, args)),
+                            strict=True):  # fmt: skip
+                runs[t.name].append(r)
+        return runs
+    for rep in range(args.reps):
+        k = rep % len(order)
+        for t in order[k:] + order[:k]:
+            tp = dict(ports, proxy=t.port) if t else ports
+            mode = "proxy" if t else "floor"
+            r = asyncio.run(
+                run_load(mode, tp, streams, args.duration, args.warmup, t.pid if t else None)
+            )
+            runs[t.name if t else "floor"].append(r)
+    return runs
 
-    print(f"\nkvpd proxy overhead: {args.reps} reps x {args.duration:g} s per cell, medians; "
-          f"{os.cpu_count()} CPUs; loadavg before {' '.join(load_before)}, after "
-          f"{' '.join(load_after)}; decode chunk gap {args.chunk_gap_ms:g} ms"
-          f"{'; PROXY UNDER cProfile' if args.profile else ''}")  # fmt: skip
-    head = (f"{'streams':>7} {'floor p50':>9} {'proxy p50':>9} {'added p50':>9} {'floor p99':>9} "
-            f"{'proxy p99':>9} {'floor rps':>9} {'proxy rps':>9} {'ratio':>6} {'CPU-s/1k':>8} "
-            f"{'busy':>5} {'err':>4}")  # fmt: skip
+
+async def together(
+    ports: dict[str, int], targets: list[Target], streams: int, args: argparse.Namespace
+) -> list[RunResult]:
+    """Every target under its own `streams` streams at the same time: the proxies share the
+    machine's state second by second, so their CPU per request compares without the drift
+    between runs (the backends then serve streams x targets)."""
+    return list(
+        await asyncio.gather(
+            *(
+                run_load(
+                    "proxy", dict(ports, proxy=t.port), streams, args.duration, args.warmup, t.pid
+                )
+                for t in targets
+            )  # fmt: skip
+        )
+    )
+
+
+def med(runs: list[RunResult], attr: str) -> float:
+    return statistics.median(getattr(r, attr) for r in runs)
+
+
+def row_of(name: str, streams: int, floor: list[RunResult], proxy: list[RunResult]) -> dict:
+    pairs = list(zip(proxy, floor, strict=True))
+    return {
+        "proxy": name,
+        "streams": streams,
+        "floor_p50_ms": med(floor, "p50"),
+        "floor_p99_ms": med(floor, "p99"),
+        "proxy_p50_ms": med(proxy, "p50"),
+        "proxy_p99_ms": med(proxy, "p99"),
+        "added_p50_ms": med(proxy, "p50") - med(floor, "p50"),
+        "floor_rps": med(floor, "rps"),
+        "proxy_rps": med(proxy, "rps"),
+        "ratio": med(proxy, "rps") / max(1e-9, med(floor, "rps")),
+        "cpu_per_1k": med(proxy, "cpu_per_1k"),
+        "errors": sum(r.errors for r in floor + proxy),
+        "machine_busy": med(floor + proxy, "busy"),
+        "all_proxy_rps": [round(r.rps) for r in proxy],
+        "all_added_p50_ms": [round(p.p50 - f.p50, 3) for p, f in pairs],
+        "all_cpu_per_1k": [round(r.cpu_per_1k, 4) for r in proxy],
+    }
+
+
+def paired(rows: list[dict], base: str) -> list[dict]:
+    """This tree's proxy against a baseline's, per stream count: the median over rounds of
+    the per-round ratios (the two ran next to each other in each round)."""
+    out = []
+    for r in rows:
+        if r["proxy"] != "proxy":
+            continue
+        b = next(x for x in rows if x["proxy"] == base and x["streams"] == r["streams"])
+        cpu = [n / o for n, o in zip(r["all_cpu_per_1k"], b["all_cpu_per_1k"], strict=True)]
+        rps = [n / o for n, o in zip(r["all_proxy_rps"], b["all_proxy_rps"], strict=True)]
+        added = [n - o for n, o in zip(r["all_added_p50_ms"], b["all_added_p50_ms"], strict=True)]
+        out.append({"baseline": base, "streams": r["streams"],
+                    "cpu_ratio": statistics.median(cpu), "cpu_ratio_range": (min(cpu), max(cpu)),
+                    "rps_ratio": statistics.median(rps), "rps_ratio_range": (min(rps), max(rps)),
+                    "added_p50_diff_ms": statistics.median(added)})  # fmt: skip
+    return out
+
+
+def print_rows(rows: list[dict]) -> None:
+    head = (f"{'proxy':>8} {'streams':>7} {'floor p50':>9} {'proxy p50':>9} {'added p50':>9} "
+            f"{'floor p99':>9} {'proxy p99':>9} {'floor rps':>9} {'proxy rps':>9} {'ratio':>6} "
+            f"{'CPU-s/1k':>8} {'busy':>5} {'err':>4}")  # fmt: skip
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['streams']:>7} {fmt(r['floor_p50_ms']):>9} {fmt(r['proxy_p50_ms']):>9} "
-              f"{fmt(r['added_p50_ms'], '+.2f'):>9} {fmt(r['floor_p99_ms']):>9} "
-              f"{fmt(r['proxy_p99_ms']):>9} {fmt(r['floor_rps'], '.0f'):>9} "
-              f"{fmt(r['proxy_rps'], '.0f'):>9} {fmt(r['ratio'] * 100, '.0f') + '%':>6} "
-              f"{fmt(r['cpu_per_1k'], '.3f'):>8} {fmt(r['machine_busy'] * 100, '.0f') + '%':>5} "
-              f"{r['errors']:>4}")  # fmt: skip
+        print(f"{r['proxy'][:8]:>8} {r['streams']:>7} {fmt(r['floor_p50_ms']):>9} "
+              f"{fmt(r['proxy_p50_ms']):>9} {fmt(r['added_p50_ms'], '+.2f'):>9} "
+              f"{fmt(r['floor_p99_ms']):>9} {fmt(r['proxy_p99_ms']):>9} "
+              f"{fmt(r['floor_rps'], '.0f'):>9} {fmt(r['proxy_rps'], '.0f'):>9} "
+              f"{fmt(r['ratio'] * 100, '.0f') + '%':>6} {fmt(r['cpu_per_1k'], '.3f'):>8} "
+              f"{fmt(r['machine_busy'] * 100, '.0f') + '%':>5} {r['errors']:>4}")  # fmt: skip
     print(
         "(ms; rps = completed requests/s; ratio = proxy rps / floor rps; CPU-s/1k = proxy "
         "process CPU seconds per 1,000 requests; busy = whole-machine CPU use during runs)"
     )
-    by = {r["streams"]: r for r in rows}
+
+
+def print_paired(pairs: list[dict]) -> None:
+    for p in pairs:
+        lo, hi = p["cpu_ratio_range"]
+        rlo, rhi = p["rps_ratio_range"]
+        print(f"  vs {p['baseline']} at {p['streams']:>3} streams: CPU/request x"
+              f"{p['cpu_ratio']:.3f} (rounds {lo:.3f}-{hi:.3f}), rps x{p['rps_ratio']:.3f} "
+              f"({rlo:.3f}-{rhi:.3f}), added p50 {p['added_p50_diff_ms']:+.3f} ms")  # fmt: skip
+
+
+def checks_of(rows: list[dict]) -> list[tuple[str, bool]]:
+    by = {r["streams"]: r for r in rows if r["proxy"] == "proxy"}
     checks = []
     for s in (1, 16):
         if s in by:
@@ -401,25 +501,68 @@ def main() -> None:
         checks.append((">= 1,000 req/s at 128 streams", by[128]["proxy_rps"] >= 1000))
         checks.append(("<= 0.8 proxy CPU-s per 1,000 requests (128 streams)",
                        by[128]["cpu_per_1k"] <= 0.8))  # fmt: skip
+    return checks
+
+
+def print_profile(profile_path: str) -> None:
+    print("\nWhere the proxy's CPU goes (cProfile, top 25 by own time, whole run):")
+    stats = pstats.Stats(profile_path)
+    total = stats.total_tt  # type: ignore[attr-defined]
+    loop_own = sum(
+        tt
+        for (file, _, fn), (_, _, tt, _, _) in stats.stats.items()  # type: ignore[attr-defined]
+        if fn == "run" and file.endswith("runners.py")
+    )
+    print(
+        f"{total:.2f} s profiled; {loop_own / total:.0%} inside the event loop's C code "
+        "(uvloop: epoll, recv/send, accept), the rest in Python:"
+    )
+    stats.sort_stats("tottime").print_stats(25)
+    os.unlink(profile_path)
+
+
+def main() -> None:
+    stop_on_termination()  # SIGTERM/SIGHUP run the cleanup below, as Ctrl-C does
+    args = parse_args()
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        print("uvloop not installed: the load generator runs on plain asyncio", file=sys.stderr)
+
+    global KEYED
+    KEYED = args.client_key
+    baselines = [(n, Path(d).resolve()) for n, _, d in (b.partition("=") for b in args.baseline)]
+    profile_path = tempfile.mktemp(suffix=".prof") if args.profile else None
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    procs: list[subprocess.Popen] = []
+    rows = []
+    try:
+        ports, targets = start_processes(profile_path, args.chunk_gap_ms, procs, baselines)
+        for streams in args.streams:
+            runs = measure(ports, targets, streams, args)
+            rows += [row_of(t.name, streams, runs["floor"], runs[t.name]) for t in targets]
+    finally:
+        stop_processes(procs)
+    load_after = Path("/proc/loadavg").read_text().split()[:3]
+
+    print(f"\nkvpd proxy overhead: {args.reps} reps x {args.duration:g} s per cell, medians; "
+          f"{os.cpu_count()} CPUs; loadavg before {' '.join(load_before)}, after "
+          f"{' '.join(load_after)}; decode chunk gap {args.chunk_gap_ms:g} ms"
+          f"{'; PROXY UNDER cProfile' if args.profile else ''}")  # fmt: skip
+    print_rows(rows)
+    pairs = [p for name, _ in baselines for p in paired(rows, name)]
+    print_paired(pairs)
+    checks = checks_of(rows)
     for name, ok in checks:
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
-    if args.profile and profile_path and os.path.exists(profile_path):
-        print("\nWhere the proxy's CPU goes (cProfile, top 25 by own time, whole run):")
-        stats = pstats.Stats(profile_path)
-        total = stats.total_tt  # type: ignore[attr-defined]
-        loop_own = sum(
-            tt
-            for (file, _, fn), (_, _, tt, _, _) in stats.stats.items()  # type: ignore[attr-defined]
-            if fn == "run" and file.endswith("runners.py")
-        )
-        print(
-            f"{total:.2f} s profiled; {loop_own / total:.0%} inside the event loop's C code "
-            "(uvloop: epoll, recv/send, accept), the rest in Python:"
-        )
-        stats.sort_stats("tottime").print_stats(25)
-        os.unlink(profile_path)
+    if profile_path and os.path.exists(profile_path):
+        print_profile(profile_path)
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "checks": checks}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"rows": rows, "paired": pairs, "checks": checks}, indent=2)
+        )
 
 
 if __name__ == "__main__":

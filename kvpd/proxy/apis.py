@@ -55,11 +55,11 @@ PASS_THROUGH_TIMEOUT_S = 10.0
 
 
 def json_media_refusal(req: Request) -> bytes | None:
-    """vLLM's 400 for a body whose Content-Type is not application/json (its generation and
-    tokenizer routes check it), or None. A request without a Content-Type is taken as JSON,
-    a tolerance vLLM does not have (curl -d sends form-urlencoded, so it is refused)."""
+    """vLLM's 400 for a request whose Content-Type is not application/json, or None. vLLM's
+    generation and tokenizer routes check the media type before reading the body, so a
+    request without a Content-Type is refused too (as is curl -d: form-urlencoded)."""
     ctype = req.headers.get(b"content-type")
-    if ctype is None or ctype.split(b";", 1)[0].strip().lower() == b"application/json":
+    if ctype is not None and ctype.split(b";", 1)[0].strip().lower() == b"application/json":
         return None
     message = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
     return error_body(message, "Bad Request", 400)

@@ -16,6 +16,7 @@ from kvpd.proxy.apis import GENERATION_PATHS, PASS_THROUGH, PassThrough
 from kvpd.proxy.backends import Backend, BackendPool, HealthChecker
 from kvpd.proxy.cache_aware import install_routing
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
+from kvpd.proxy.engine_metrics import EngineMetrics
 from kvpd.proxy.flows import BackendAuth, Generation, make_flow
 from kvpd.proxy.hostpool import HostPool, fetch
 from kvpd.proxy.layerwise import Layerwise
@@ -77,6 +78,8 @@ class ProxyApp:
         router.add("GET", "/health", self.health_endpoint)
         router.add("GET", "/healthcheck", self.healthcheck)
         router.add("GET", "/metrics", self.metrics_endpoint)
+        engines = EngineMetrics([self.prefillers, self.decoders], self.auth)
+        router.add_async("GET", "/metrics/engines", engines.handle)
         self.server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.stopping = asyncio.Event()

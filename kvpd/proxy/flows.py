@@ -11,6 +11,7 @@ proxy-reserved fields removed (kvpd.proxy.rewrite.client_body): never the client
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
@@ -172,10 +173,8 @@ class Generation:
         self.loop = loop
 
     def handler(self, route: GenerationRoute) -> AsyncHandler:
-        async def generate(client: ClientConnection, req: Request) -> None:
-            await self._generate(client, req, route)
-
-        return generate
+        # a partial, not a wrapping coroutine: one coroutine per request, not two
+        return functools.partial(self._generate, route=route)
 
     async def _generate(
         self, client: ClientConnection, req: Request, route: GenerationRoute

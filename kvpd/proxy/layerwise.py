@@ -26,6 +26,7 @@ from kvpd.proxy.rewrite import (
     parse_body,
     prefill_request_body,
 )
+from kvpd.proxy.usage import CachedTokens, prefill_cached_tokens
 
 if TYPE_CHECKING:
     from kvpd.proxy.metrics import ProxyMetrics
@@ -202,7 +203,7 @@ class Layerwise:
             p_body["batch_kv_transfer_params"] = dict(zip(record.children, params, strict=True))
         relay = record.relay
         try:
-            await self.steps.prefill(
+            answer = await self.steps.prefill(
                 record.path, encode(p_body), record.tokens, record.extra,
                 self.steps.keys(record.body),
             )  # fmt: skip
@@ -212,6 +213,10 @@ class Layerwise:
             if relay is not None and record.done is done and not relay.sent:
                 relay.abandon(f)  # the decoder would wait for this KV forever
             return
+        if relay is not None and record.done is done:
+            # the decoder counts the KV it receives as cached: clients get the prefill's hits.
+            # Set before the metaserver answers: the decoder computes nothing until then.
+            relay.usage = CachedTokens(prefill_cached_tokens(answer))
         self.metrics.disaggregated += 1
         if not done.done():
             done.set_result(None)

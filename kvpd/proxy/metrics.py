@@ -87,7 +87,7 @@ class ProxyMetrics:
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
 
-        out.append("# The proxy's own metrics only: each engine serves its own at its /metrics.")
+        out.append("# The proxy's own metrics; the engines' are at /metrics/engines, by backend.")
         family("kvpd_proxy_requests_total", "counter", "Generation requests received, by route.")
         for route in GENERATION_PATHS.values():
             out.append(f'kvpd_proxy_requests_total{{route="{route}"}} {self.requests[route]}')

@@ -91,7 +91,7 @@ class DecodeRelay:
                 framing += b"connection: keep-alive\r\n"
         elif client.http10:
             # HTTP/1.0 has no chunked framing: the payload alone, ended by closing
-            client.keep_alive = False
+            client.close_after_response()
             framing = b""
             if chunked:
                 self._dechunk = ChunkedReader(collect=True)
@@ -138,7 +138,7 @@ class DecodeRelay:
             self._head = None
             data = head + data
             self.sent = True
-            client.response_started = True
+            client.begin_response()
             self.first_byte_at = self.loop.time()
         client.transport.write(data)  # type: ignore[union-attr]
 

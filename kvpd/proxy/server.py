@@ -19,24 +19,18 @@ from kvpd.proxy.http1 import (
     find_head_end,
     parse_request_head,
 )
-from kvpd.proxy.relay import error_body
+from kvpd.proxy.phase import Phase, error, keeps_alive
 from kvpd.proxy.routing import AsyncHandler, Request
 from kvpd.proxy.serverstate import FIRST_REQUEST_S, ClientGate, Limits, ServerState
 from kvpd.proxy.unrouted import is_preflight, unrouted
 
-__all__ = ["ClientConnection", "ClientGate", "Limits", "ServerState", "FIRST_REQUEST_S"]
+__all__ = ["ClientConnection", "ClientGate", "Limits", "Phase", "ServerState", "FIRST_REQUEST_S"]
 
 if TYPE_CHECKING:
     from kvpd.proxy.upstream import UpstreamConnection
 
 log = logging.getLogger("kvpd.proxy")
-
-
-def _error(message: str, status: int) -> bytes:
-    """vLLM's error shape, e.g. {"error": {"message": ..., "type": "BadRequestError",
-    "code": 400}}, serialised (never formatted: a message may hold any character)."""
-    kind = HTTPStatus(status).phrase.title().replace(" ", "").replace("-", "") + "Error"
-    return error_body(message, kind, status)
+_BUSY = frozenset((Phase.HANDLING, Phase.RESPONDING))  # a request is being answered
 
 
 class ClientConnection(asyncio.Protocol):
@@ -45,10 +39,9 @@ class ClientConnection(asyncio.Protocol):
     def __init__(self, state: ServerState) -> None:
         self.state = state
         self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.busy = False
-        self.response_started = False
-        self.keep_alive = True
+        self.phase = Phase.FRESH
+        self.closed = False  # the transport is gone (set only by connection_lost)
+        self.keep_alive = True  # of the current request; see close_after_response
         self.http10 = False  # the current request is HTTP/1.0: no chunked framing for it
         # While a decoder stream is relayed here: that upstream connection (for backpressure)
         # and a callback for a client that goes away mid-request.
@@ -56,8 +49,7 @@ class ClientConnection(asyncio.Protocol):
         self.on_lost: Callable[[], None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.since = state.loop.time()  # start of the current phase (idle, reading, paused)
-        self.fresh = True  # accepted, no byte received yet
-        self.paused = False
+        self.paused = False  # the transport's write buffer is full (flow control, any phase)
         self._held = False  # reading paused: pipelined requests wait for the current one
         self._buf = b""
         self._req: Request | None = None  # head parsed, body incomplete
@@ -67,6 +59,31 @@ class ClientConnection(asyncio.Protocol):
         self._got = 0
         self._held_bytes = 0  # body bytes this connection counts in state.buffered
         self._peer = ""  # the client's address, counted in state.per_peer
+
+    # --- the phase (read-only outside: moved by the methods below) ---------------------------
+    busy = property(lambda self: self.phase in _BUSY)
+    response_started = property(lambda self: self.phase is Phase.RESPONDING)
+
+    def begin_response(self) -> None:
+        """The current request's answer starts going out (no retry elsewhere from now on)."""
+        if self.phase is Phase.HANDLING:
+            self.phase = Phase.RESPONDING
+
+    def relay_from(self, upstream: UpstreamConnection, on_lost: Callable[[], None]) -> None:
+        """A decoder's stream is relayed here: its connection (paused when the client's is
+        full) and what a client that goes away mid-request ends."""
+        self.relay, self.on_lost = upstream, on_lost
+
+    def close_after_response(self) -> None:
+        """The current answer ends with the connection (an HTTP/1.0 body without length)."""
+        self.keep_alive = False
+
+    def _served(self) -> None:
+        """No request runs any more (answered, broken or dropped)."""
+        self.phase = Phase.IDLE
+        self.relay = None
+        self.on_lost = None
+        self.task = None
 
     # --- asyncio callbacks -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -78,13 +95,14 @@ class ClientConnection(asyncio.Protocol):
         if refusal:
             state.refused += 1
             self.keep_alive = False
-            transport.write(build_response(503, _error(refusal, 503), close=True))  # type: ignore[attr-defined]
+            transport.write(build_response(503, error(refusal, 503), close=True))  # type: ignore[attr-defined]
             transport.close()
             return
         self._peer = peer
         state.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        busy = self.busy
         self.closed = True
         if self in self.state.connections:
             self.state.connections.discard(self)
@@ -94,7 +112,7 @@ class ClientConnection(asyncio.Protocol):
         if cb is not None:
             self.on_lost = None
             cb()
-        elif self.busy and self.task is not None and not self.task.done():
+        elif busy and self.task is not None and not self.task.done():
             # Gone before its response began streaming (e.g. during the prefill): cancel the
             # handler, which drops its backend connection so the engine frees the sequence.
             self.task.cancel()
@@ -111,7 +129,8 @@ class ClientConnection(asyncio.Protocol):
             self.relay.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        self.fresh = False
+        if self.phase is Phase.FRESH:
+            self.phase = Phase.IDLE
         if self._req is not None:
             self._body_data(data)
             return
@@ -119,9 +138,9 @@ class ClientConnection(asyncio.Protocol):
             self._buf += data
         else:
             self._buf = data
-            if not self.busy:
+            if self.phase not in _BUSY:
                 self.since = self.state.loop.time()  # a new request starts arriving
-        if not self.busy:
+        if self.phase not in _BUSY:
             self._parse()
         elif len(self._buf) > MAX_HEAD_BYTES and not self._held:
             # Pipelined bytes beyond one head while a response runs: stop reading (TCP pushes
@@ -135,7 +154,7 @@ class ClientConnection(asyncio.Protocol):
 
     def serving(self, now: float) -> bool:
         """Midway, or connected a moment ago with its request surely on the way (accepted)."""
-        fresh = self.fresh and now - self.since < FIRST_REQUEST_S
+        fresh = self.phase is Phase.FRESH and now - self.since < FIRST_REQUEST_S
         return not self.closed and (self.midway or fresh)
 
     def shut(self) -> None:
@@ -154,7 +173,7 @@ class ClientConnection(asyncio.Protocol):
             if self.paused and now - self.since > lim.client_timeout:
                 return "client stopped reading the response"
             return ""
-        if self.fresh:  # not a byte yet: no keep-alive client, the client timeout applies
+        if self.phase is Phase.FRESH:  # not a byte yet: the client timeout applies
             return "no request in time" if now - self.since > lim.client_timeout else ""
         if self._buf or self._req is not None:
             if now - self.since > lim.client_timeout:
@@ -187,15 +206,8 @@ class ClientConnection(asyncio.Protocol):
             self._reject(e.status, str(e))
             return
         headers = head.headers
-        conn = headers.get(b"connection", b"").lower()
-        # HTTP/1.1 keeps the connection unless the client says close; HTTP/1.0 closes it
-        # unless the client asks for keep-alive (and then the answer says keep-alive too).
         http10 = head.version == b"HTTP/1.0"
-        if not conn:
-            keep_alive = not http10
-        else:
-            tokens = [t.strip() for t in conn.split(b",")]
-            keep_alive = b"keep-alive" in tokens if http10 else b"close" not in tokens
+        keep_alive = keeps_alive(http10, headers.get(b"connection"))
         self.http10 = http10
         path, _, query = head.target.partition(b"?")
         req = Request(head.method, path, query, headers, keep_alive, self.state.loop.time())
@@ -266,8 +278,7 @@ class ClientConnection(asyncio.Protocol):
 
     def _dispatch(self, req: Request, rest: bytes) -> None:
         self._buf = rest
-        self.busy = True
-        self.response_started = False
+        self.phase = Phase.HANDLING
         self.keep_alive = req.keep_alive
         router = self.state.router
         key = (req.method, req.path)
@@ -278,7 +289,7 @@ class ClientConnection(asyncio.Protocol):
             except Exception:  # one bad request must not kill the server
                 log.exception("handler for %s failed", req.path.decode(errors="replace"))
                 if not self.response_started:
-                    self.send_json(500, _error("internal proxy error", 500))
+                    self.send_json(500, error("internal proxy error", 500))
             return
         ahandler = router.async_.get(key)
         if ahandler is not None:
@@ -286,7 +297,7 @@ class ClientConnection(asyncio.Protocol):
             return
         status, body, ctype, extra = unrouted(router, req)
         if body is None:
-            body = _error(HTTPStatus(status).phrase.lower(), status)
+            body = error(HTTPStatus(status).phrase.lower(), status)
         self.send(status, body, ctype, extra)
 
     async def _run(self, handler: AsyncHandler, req: Request) -> None:
@@ -298,7 +309,7 @@ class ClientConnection(asyncio.Protocol):
         except Exception:
             log.exception("handler for %s failed", req.path.decode(errors="replace"))
             if not self.response_started and not self.closed:
-                self.send_json(500, _error("internal proxy error", 500))
+                self.send_json(500, error("internal proxy error", 500))
             else:
                 self.abort()
         if self.state.access_log:
@@ -316,7 +327,7 @@ class ClientConnection(asyncio.Protocol):
         self._chunked = None
         self._buf = b""
         self._release_body()
-        body = body or _error(message, status)
+        body = body or error(message, status)
         if self.transport is not None and not self.closed:
             self.transport.write(build_response(status, body, b"application/json", extra, True))
             self.transport.close()
@@ -328,9 +339,9 @@ class ClientConnection(asyncio.Protocol):
     def send(self, status: int, body: bytes, content_type: bytes, extra: bytes = b"") -> None:
         """A complete response; ends the request."""
         if self.closed:
-            self.busy = False
+            self.phase = Phase.IDLE
             return
-        self.response_started = True
+        self.begin_response()
         if self.http10 and self.keep_alive:
             extra += b"connection: keep-alive\r\n"
         self.transport.write(  # type: ignore[union-attr]
@@ -346,10 +357,7 @@ class ClientConnection(asyncio.Protocol):
     def finish(self) -> None:
         """The current response is complete: close, or serve the next pipelined request."""
         self._release_body()
-        self.busy = False
-        self.relay = None
-        self.on_lost = None
-        self.task = None
+        self._served()
         if self.closed:
             return
         self.since = self.state.loop.time()
@@ -370,10 +378,7 @@ class ClientConnection(asyncio.Protocol):
     def end_stream(self, last: bytes) -> None:
         """A started response cannot be completed: send `last` (an SSE error event, already
         framed) and close without the final chunk, so no client can take it as complete."""
-        self.busy = False
-        self.relay = None
-        self.on_lost = None
-        self.task = None
+        self._served()
         self.keep_alive = False
         if self.transport is not None and not self.closed:
             if self.paused:  # it would never be flushed to a client that does not read
@@ -387,8 +392,8 @@ class ClientConnection(asyncio.Protocol):
         """Drop the connection: the only honest signal once a non-SSE response has broken.
         `on_lost` still runs (from connection_lost), so a relayed stream's backend connection
         is dropped too."""
-        self.busy = False
-        self.relay = None
-        self.task = None
+        on_lost = self.on_lost
+        self._served()
+        self.on_lost = on_lost  # connection_lost still calls it
         if self.transport is not None and not self.closed:
             self.transport.abort()

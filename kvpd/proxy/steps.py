@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvpd.proxy.hostpool import build_request, fetch
 from kvpd.proxy.relay import ClientGone, DecodeRelay, Failure
+from kvpd.proxy.rewrite import as_text
 from kvpd.proxy.upstream import ConnectFailed, ConnectionLost, ReadTimeout, UpstreamError
 
 if TYPE_CHECKING:
@@ -47,6 +48,30 @@ class Steps:
         # app, kvpd/proxy/cache_aware.py); by default none, and every choice is by load.
         self.keys: Callable[[dict[str, Any]], Sequence[int]] = _no_keys
 
+    def _attempts(
+        self, pool: BackendPool, keys: Sequence[int], none_kind: str, problems: list[str]
+    ) -> Iterator[tuple[int, Backend]]:
+        """The backends a step tries, in order, with the retry policy both steps share: up to
+        1 + max_retries attempts, each on a backend not tried yet if there is one (the caller
+        pauses before each retry: `_pause`). No usable backend at all is a 503 (`none_kind`);
+        none left after failures (noted in `problems` by the caller) ends the attempts. A
+        plain generator, not an async one: left early, it is closed at once, not by a task."""
+        tried: tuple[Backend, ...] = ()
+        for attempt in range(self.cfg.max_retries + 1):
+            backend = pool.pick(tried, keys) or pool.pick((), keys)
+            if backend is None:
+                if not problems:
+                    raise Failure(503, none_kind, _none_usable(pool))
+                return
+            if attempt:
+                self.metrics.retries += 1
+            tried += (backend,)
+            yield attempt, backend
+
+    async def _pause(self, attempt: int) -> None:
+        """Before retry `attempt` (1, 2, ...): a pause that doubles with each."""
+        await asyncio.sleep(self.cfg.retry_delay * 2 ** (attempt - 1))
+
     async def prefill(
         self, path: bytes, data: bytes, tokens: int, extra: bytes, keys: Sequence[int] = ()
     ) -> dict[str, Any]:
@@ -56,19 +81,11 @@ class Steps:
         cfg = self.cfg
         pool = self.prefillers
         started = self.loop.time()
-        tried: tuple[Backend, ...] = ()
         problems: list[str] = []
         kind = "prefill_error"
-        for attempt in range(cfg.max_retries + 1):
-            backend = pool.pick(tried, keys) or pool.pick((), keys)
-            if backend is None:
-                if not problems:
-                    raise Failure(503, "no_prefiller", _none_usable(pool))
-                break
+        for attempt, backend in self._attempts(pool, keys, "no_prefiller", problems):
             if attempt:
-                self.metrics.retries += 1
-                await asyncio.sleep(cfg.retry_delay * 2 ** (attempt - 1))
-            tried += (backend,)
+                await self._pause(attempt)
             backend.begin(tokens)
             try:
                 resp = await fetch(backend.pool, b"POST", path, data, cfg.prefill_timeout, extra)
@@ -83,7 +100,7 @@ class Steps:
                 backend.end(tokens)
             if resp.status == 200:
                 try:
-                    answer = json.loads(resp.body)
+                    answer = json.loads(as_text(resp.body))
                 except ValueError:
                     answer = None
                 if not isinstance(answer, dict):  # the decode step reads kv_transfer_params
@@ -123,22 +140,13 @@ class Steps:
     ) -> bool:
         """Relay a decoder's response; retry another decoder while nothing was sent. True when
         a complete answer went out. `on_attempt(relay, n)` runs before each attempt."""
-        cfg = self.cfg
         pool = self.decoders
         rid = request_id.encode()
-        tried: tuple[Backend, ...] = ()
         problems: list[str] = []
         kind = "decode_error"
-        for attempt in range(cfg.max_retries + 1):
-            backend = pool.pick(tried, keys) or pool.pick((), keys)
-            if backend is None:
-                if not problems:
-                    raise Failure(503, "no_decoder", _none_usable(pool))
-                break
+        for attempt, backend in self._attempts(pool, keys, "no_decoder", problems):
             if attempt:
-                self.metrics.retries += 1
-                await asyncio.sleep(cfg.retry_delay * 2 ** (attempt - 1))
-            tried += (backend,)
+                await self._pause(attempt)
             relay = DecodeRelay(client, rid, self.loop)
             relay.usage = cached
             if on_attempt is not None:
@@ -149,31 +157,9 @@ class Steps:
             finally:
                 backend.end(tokens)
             if outcome is None:
-                if relay.status < 400:
-                    pool.succeeded(backend)
-                    if cached is not None:
-                        self.metrics.kv_handoff_tokens += cached.handoff
-                    self.metrics.first_byte_seconds.observe(relay.first_byte_at - req.started)
-                else:
-                    backend.errors += 1
-                    backend.last_error = f"HTTP {relay.status}"
-                    self.metrics.failures["decode_rejected"] += 1
-                self.metrics.responses[relay.status] += 1
-                client.finish()
-                return relay.status < 400
-            if isinstance(outcome, ClientGone):
-                self.metrics.failures["client_disconnect"] += 1
-                return False
-            if isinstance(outcome, Failure):  # the layerwise prefill behind it failed
-                raise outcome
-            if relay.sent:
-                # Part of a 200 answer is out: end it with an error the client can see (an
-                # SSE error event where the framing allows) and close: never a clean end.
-                pool.failed(backend, str(outcome))
-                self.metrics.failures["stream_truncated"] += 1
-                log.warning("decode stream from %s broke: %s", backend.name, outcome)
-                relay.break_stream(f"the decoder's stream broke: {outcome}")
-                return False
+                return self._answered(backend, relay, req, client)
+            if isinstance(outcome, (ClientGone, Failure)) or relay.sent:
+                return self._ended(backend, relay, outcome)
             if isinstance(outcome, UpstreamError):
                 problems.append(str(outcome))
                 pool.failed(backend, str(outcome), _unreachable(outcome))
@@ -187,6 +173,39 @@ class Steps:
             problems.append(f"{backend.name} answered HTTP {relay.status}: {snippet}")
         raise Failure(502 if kind == "decode_error" else 504, kind,
                       "decode failed: " + "; ".join(problems))  # fmt: skip
+
+    def _answered(
+        self, backend: Backend, relay: DecodeRelay, req: Request, client: ClientConnection
+    ) -> bool:
+        """The decoder's whole answer went out: count it; True when it was a success."""
+        if relay.status < 400:
+            self.decoders.succeeded(backend)
+            if relay.usage is not None:  # set by the caller, or by a layerwise prefill
+                self.metrics.kv_handoff_tokens += relay.usage.handoff
+            self.metrics.first_byte_seconds.observe(relay.first_byte_at - req.started)
+        else:
+            backend.errors += 1
+            backend.last_error = f"HTTP {relay.status}"
+            self.metrics.failures["decode_rejected"] += 1
+        self.metrics.responses[relay.status] += 1
+        client.finish()
+        return relay.status < 400
+
+    def _ended(self, backend: Backend, relay: DecodeRelay, outcome: Exception) -> bool:
+        """No retry: the client is gone, the layerwise prefill behind the decode failed
+        (raised), or part of a 200 answer is out. Then the answer ends with an error the
+        client can see (an SSE error event where the framing allows) and the connection
+        closes: never a clean end."""
+        if isinstance(outcome, ClientGone):
+            self.metrics.failures["client_disconnect"] += 1
+            return False
+        if isinstance(outcome, Failure):
+            raise outcome
+        self.decoders.failed(backend, str(outcome))
+        self.metrics.failures["stream_truncated"] += 1
+        log.warning("decode stream from %s broke: %s", backend.name, outcome)
+        relay.break_stream(f"the decoder's stream broke: {outcome}")
+        return False
 
     async def _relay_once(
         self,
@@ -208,8 +227,7 @@ class Steps:
                 pool.release(conn)
                 return ClientGone()
             relay.upstream = conn
-            client.relay = conn
-            client.on_lost = lambda: relay.abandon(ClientGone())
+            client.relay_from(conn, lambda: relay.abandon(ClientGone()))
             conn.send(
                 request, relay, self.cfg.read_timeout, first_timeout=self.cfg.first_byte_timeout
             )

@@ -187,7 +187,7 @@ class StandInBackend:
         streaming = b'"stream":true' in req.body.replace(b" ", b"")
         head_sent = False
         if self.first_chunk_after_s and streaming:
-            client.response_started = True
+            client.begin_response()
             client.transport.write(_SSE_HEAD)  # type: ignore[union-attr]
             head_sent = True
             await asyncio.sleep(self.first_chunk_after_s)
@@ -210,7 +210,7 @@ class StandInBackend:
 
     async def _trickle(self, client: ClientConnection) -> None:
         """A valid answer, one byte at a time (a backend stuck in a crawl)."""
-        client.response_started = True
+        client.begin_response()
         answer = b'{"id":"slow","choices":[{"index":0,"text":"x"}]}'
         raw = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
         for byte in raw % (len(answer), answer):
@@ -264,7 +264,7 @@ class StandInBackend:
         return events
 
     async def _stream(self, client: ClientConnection, path: bytes, head_sent: bool = False) -> None:
-        client.response_started = True
+        client.begin_response()
         write = client.transport.write  # type: ignore[union-attr]
         events = self._event_chunks(path)
         if not head_sent:

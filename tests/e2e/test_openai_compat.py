@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from kvpd.proxy.http1 import ChunkedReader
 from tests.e2e.local_deploy import LocalDeployment, metric
 
 openai = pytest.importorskip("openai")
@@ -282,6 +285,8 @@ EDGES = [
     ("POST", "/v1/completions/", b"{}", JSON),  # a trailing slash
     ("POST", "/v1/completions", b'{"model": "tiny", "prompt": "x"}',
      {"Content-Type": "text/plain"}),
+    ("POST", "/v1/completions", b'{"model": "tiny", "prompt": "x"}', {}),  # no Content-Type
+    ("POST", "/tokenize", b'{"model": "tiny", "prompt": "x"}', {}),
     ("OPTIONS", "/v1/completions", b"", {"Origin": "http://a.example",
      "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}),
 ]  # fmt: skip
@@ -296,3 +301,111 @@ def test_edges_answer_as_vllm(
     assert via_proxy[:2] == direct[:2]
     if via_proxy[0] == 400:  # the same text, or the same JSON object
         assert via_proxy[2] == direct[2] or json.loads(via_proxy[2]) == json.loads(direct[2])
+
+
+def _http10(url: str, request: bytes, again: bytes = b"") -> dict[str, Any]:
+    """One raw HTTP/1.0 exchange: the status, the framing and connection headers, the payload
+    (de-chunked when the server sent chunks anyway), and whether the server closed the
+    connection after the response or served `again` on it."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    with socket.create_connection((host, int(port)), timeout=120) as sock:
+        sock.sendall(request)
+        head, body, closed = _read_response(sock)
+        second = None
+        if not closed and again:
+            sock.sendall(again)
+            second = _read_response(sock)[0].split(b" ", 2)[1]
+    lines = head.split(b"\r\n")
+    headers = dict(
+        (k.strip().lower(), v.strip()) for k, _, v in (h.partition(b":") for h in lines[1:])
+    )
+    chunked = headers.get(b"transfer-encoding", b"").lower() == b"chunked"
+    if chunked:
+        reader = ChunkedReader(collect=True)
+        reader.feed(body)
+        body = reader.body()
+    return {"status": int(lines[0].split()[1]), "chunked": chunked,
+            "length": b"content-length" in headers, "connection": headers.get(b"connection"),
+            "closed": closed, "second": second, "body": body}  # fmt: skip
+
+
+def _read_response(sock: socket.socket) -> tuple[bytes, bytes, bool]:
+    """(head, body bytes, closed by the server): a Content-Length body is read to its length
+    (then a closed connection shows within 2 s), anything else to the close."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        got = sock.recv(65536)
+        if not got:
+            return data, b"", True
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    m = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+    while m is None or len(body) < int(m.group(1)):
+        got = sock.recv(65536)
+        if not got:
+            return head, body, True
+        body += got
+    sock.settimeout(2.0)
+    try:
+        closed = sock.recv(1) == b""
+    except TimeoutError:
+        closed = False
+    sock.settimeout(120)
+    return head, body, closed
+
+
+def _payload(raw: bytes, stream: bool) -> Any:
+    if stream:
+        events = [e for e in raw.decode().split("\n\n") if e.strip()]
+        return stream_summary([_event(e) for e in events])
+    return strip(json.loads(raw))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("keep_alive", [False, True], ids=["close", "keep-alive"])
+def test_http10_as_vllm_and_by_the_rfc(
+    local_deployment: LocalDeployment, keep_alive: bool, stream: bool
+) -> None:
+    """Raw HTTP/1.0 to the engine and through the proxy. Equal: status and payload. vLLM's
+    uvicorn closes every HTTP/1.0 connection (`connection: close`, keep-alive asked or not)
+    and frames a stream with chunks, which HTTP/1.0 does not have (a 1.0 client reads chunk
+    sizes as payload). The proxy follows HTTP/1.0 itself: a body with a Content-Length and
+    `Connection: keep-alive` when asked (then the connection serves the next request), a
+    stream unframed and ended by closing."""
+    body = json.dumps({"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0,
+                       "ignore_eos": True, "stream": stream}).encode()  # fmt: skip
+    conn = b"Connection: keep-alive\r\n" if keep_alive else b""
+    request = (b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n%s"
+               b"Content-Length: %d\r\n\r\n%s" % (conn, len(body), body))  # fmt: skip
+    again = b"GET /v1/models HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+    direct = _http10(local_deployment.decode, request, again)
+    via_proxy = _http10(local_deployment.proxy, request, again)
+    assert via_proxy["status"] == direct["status"] == 200
+    assert _payload(via_proxy["body"], stream) == _payload(direct["body"], stream)
+    # vLLM (uvicorn): closes, and chunks a stream even for HTTP/1.0
+    assert direct["closed"] and direct["connection"] == b"close"
+    assert direct["chunked"] == stream
+    # the proxy: never chunks for HTTP/1.0; keeps a Content-Length answer's connection if asked
+    assert not via_proxy["chunked"] and via_proxy["length"] == (not stream)
+    kept = keep_alive and not stream
+    assert via_proxy["connection"] == (b"keep-alive" if kept else b"close")
+    assert via_proxy["closed"] == (not kept)
+    assert via_proxy["second"] == (b"200" if kept else None)
+
+
+def test_the_engines_metrics_through_the_proxy(local_deployment: LocalDeployment) -> None:
+    """Every sample of the decode engine's /metrics (vLLM's real text) is in the proxy's
+    /metrics/engines, labelled with its role; each family's HELP/TYPE once."""
+    status, own = plain("GET", local_deployment.decode + "/metrics")
+    assert status == 200
+    status, merged = plain("GET", local_deployment.proxy + "/metrics/engines")
+    assert status == 200
+    names = {line.split("{")[0].split(" ")[0] for line in own.decode().splitlines()
+             if line and not line.startswith("#")}  # fmt: skip
+    lines = merged.decode().splitlines()
+    decode = {line.split("{")[0] for line in lines if 'role="decode",backend="' in line}
+    assert names and names <= decode, sorted(names - decode)[:10]
+    types = [line for line in lines if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types))
+    assert any(line.startswith("kvpd_proxy_engine_metrics_up{") and line.endswith(" 1")
+               for line in lines)  # fmt: skip

@@ -188,8 +188,12 @@ def test_layerwise_gives_a_second_request_with_an_id_in_flight_its_own() -> None
 
 
 # --- usage -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("flow", ["prefill-first", "layerwise"])
 @pytest.mark.parametrize("stream", [False, True])
-def test_clients_see_the_prefills_cache_hits_as_cached_tokens(stream: bool) -> None:
+def test_clients_see_the_prefills_cache_hits_as_cached_tokens(stream: bool, flow: str) -> None:
+    """In both P/D flows: prefill first, and decode first (the prefill runs while the decoder
+    waits in its metaserver call, so its hits are known before the decoder answers)."""
+
     async def t(c: Cluster) -> None:
         c.p[0].cached_tokens = 32  # prefix-cache hits at the prefill
         c.d[0].cached_tokens = 288  # the decoder counts the KV it received
@@ -200,7 +204,7 @@ def test_clients_see_the_prefills_cache_hits_as_cached_tokens(stream: bool) -> N
         assert usage["prompt_tokens_details"] == {"cached_tokens": 32}
         assert c.metric("kvpd_proxy_kv_handoff_tokens_total") == 256
 
-    run_cluster(t)
+    run_cluster(t, flow=flow)
 
 
 def test_cached_tokens_without_details_stay_absent() -> None:

@@ -46,13 +46,16 @@ def test_a_trailing_slash_redirects_to_the_served_path() -> None:
     run_cluster(t)
 
 
+@pytest.mark.parametrize("ctype", [b"Content-Type: text/plain\r\n", b""], ids=["text", "none"])
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize"])
-def test_a_body_that_is_not_json_is_refused_as_vllm_does(path: str) -> None:
+def test_a_body_that_is_not_json_is_refused_as_vllm_does(path: str, ctype: bytes) -> None:
+    """Another media type, or none: vLLM checks the Content-Type before the body."""
+
     async def t(c: Cluster) -> None:
         data = b'{"prompt": "x"}'
-        reply = await raw(c.port, b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+        reply = await raw(c.port, b"POST %s HTTP/1.1\r\nHost: x\r\n%s"
                           b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
-                          % (path.encode(), len(data), data))  # fmt: skip
+                          % (path.encode(), ctype, len(data), data))  # fmt: skip
         status, _, body = head_and_body(reply)
         assert status.startswith("HTTP/1.1 400")
         message = (
@@ -87,7 +90,7 @@ def test_a_cors_preflight_gets_vllms_default_answer_before_the_client_gate() -> 
 def test_metrics_say_they_are_the_proxys_own() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("GET", "/metrics")
-        assert r.body.startswith(b"# The proxy's own metrics only")
+        assert r.body.startswith(b"# The proxy's own metrics; the engines' are at /metrics/engines")
 
     run_cluster(t)
 

@@ -241,7 +241,8 @@ def test_client_gone_during_prefill_drops_the_prefill_at_once() -> None:
         c.p[0].hang = True
         body = json.dumps(COMPLETION).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))  # fmt: skip
         while not c.p[0]._state.connections or not c.p[0].served:
             await asyncio.sleep(0.01)
@@ -266,7 +267,8 @@ def test_client_that_stops_reading_is_bounded_and_others_are_unaffected() -> Non
         writer.transport.set_write_buffer_limits(0)
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))  # fmt: skip
         await reader.readuntil(b"data: ")
         writer.transport.pause_reading()  # and never read again

@@ -80,7 +80,8 @@ def test_chat_streaming_and_keep_alive_pipelining() -> None:
     async def t(c: Cluster) -> None:
         body = json.dumps(dict(CHAT, stream=True)).encode()
         req = (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
         ).encode() + body
         reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
         writer.write(req + req)  # two requests on one keep-alive connection, pipelined
@@ -333,8 +334,8 @@ def test_client_going_away_closes_the_decoder_stream() -> None:
         body = json.dumps(COMPLETION).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
         writer.write(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-            % (len(body), body)
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         await reader.readuntil(b"data: ")
         writer.transport.abort()
@@ -355,7 +356,8 @@ def test_client_going_away_closes_the_decoder_stream() -> None:
 def test_bad_json_is_400() -> None:
     async def t(c: Cluster) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 3\r\n"
                      b"Connection: close\r\n\r\n{x}")  # fmt: skip
         raw = await reader.read()
         assert raw.startswith(b"HTTP/1.1 400")
@@ -560,7 +562,8 @@ def test_chunked_request_body_and_expect_continue() -> None:
         body = json.dumps(dict(COMPLETION, stream=False)).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
         writer.write(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
             b"Expect: 100-continue\r\nConnection: close\r\n\r\n"
         )
         assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -633,7 +636,8 @@ def test_shutdown_answers_what_was_accepted_and_refuses_the_rest() -> None:
     async def t(c: Cluster) -> None:
         body = json.dumps(COMPLETION).encode()
         req = (
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
         )
         port = c.port

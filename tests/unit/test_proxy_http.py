@@ -175,7 +175,8 @@ def test_a_flood_of_pipelined_requests_is_not_buffered_without_bound() -> None:
         c.d[0].chunks = 40  # a 2 s stream
         body = json.dumps(COMPLETION).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))  # fmt: skip
         await reader.readuntil(b"data: ")
         n = 30_000
