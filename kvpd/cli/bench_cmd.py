@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvpd.errors import BenchError
+from kvpd.errors import BenchError, KvpdError
 from kvpd.profile.roles import ENGINE_ROLES
 
 if TYPE_CHECKING:
     from kvpd.bench.records import BenchRun
-    from kvpd.plan.value import Plan
+    from kvpd.plan.value import HostSpec, Plan
 
 
 def bench_cmd(
@@ -317,16 +317,33 @@ def _profile_facts(profile: str, sets: list[str]) -> tuple[dict[str, list[str]],
 
 def _route_to_proxy(plan: Plan) -> bool:
     """Whether a client on this machine could reach the serving URL at all: never when kvpd
-    itself reaches the proxy's host through a jump host (no socket is tried then), else
-    whether a TCP connection gets an answer."""
+    itself reaches the proxy's host through a jump host, from the profile or from
+    ~/.ssh/config's ProxyJump (no socket is tried then), else whether a TCP connection gets
+    an answer."""
     from kvpd.exec.http_wire import endpoint, route_here
 
     if not plan.proxy_url:
         return True
-    if plan.proxy_host and plan.host(plan.proxy_host).jump:
+    if plan.proxy_host and _jumped(plan.host(plan.proxy_host)):
         return False
     ep = endpoint(plan.proxy_url)
     return route_here(ep.address, ep.port)
+
+
+def _jumped(host: HostSpec) -> bool:
+    """Whether kvpd's SSH route to `host` goes through a jump host, resolved over
+    ~/.ssh/config as the transport resolves it (an unreadable config counts as a jump: then
+    no socket to the cluster is tried either)."""
+    if host.jump:
+        return True
+    if host.transport != "ssh":
+        return False
+    from kvpd.exec.ssh.config import load_ssh_config, route
+
+    try:
+        return bool(route(host, load_ssh_config()).jumps)
+    except KvpdError:
+        return True
 
 
 def _client(plan: Plan, tokenizer: str | None) -> tuple[str, str | None]:

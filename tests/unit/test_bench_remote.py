@@ -99,7 +99,9 @@ def test_a_route_to_the_proxy_decides_whether_the_client_may_run_here() -> None:
     assert not route_here("255.255.255.255", 8000, timeout_s=0.3)  # no TCP to broadcast
 
 
-def test_a_proxy_behind_a_jump_host_is_never_tried_from_here() -> None:
+def test_a_proxy_behind_a_jump_host_is_never_tried_from_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """kvpd reaches the proxy's host through a bastion: the client belongs on the cluster, and
     no socket goes from here to the cluster port (255.255.255.255 would fail anyway)."""
     from kvpd.cli.bench_cmd import _route_to_proxy
@@ -107,7 +109,29 @@ def test_a_proxy_behind_a_jump_host_is_never_tried_from_here() -> None:
 
     proxy = ProcessSpec(name="proxy", host="p1", role="proxy", stage=1, script="p.sh",
                         command=("kvpd-proxy",), ports=(8000,))  # fmt: skip
+    monkeypatch.setenv("KVPD_SSH_CONFIG", "none")  # this machine's ~/.ssh/config aside
     for jump, reachable in ((None, True), ("root@10.0.1.10", False)):
         host = HostSpec("p1", "127.0.0.1", jump=jump)
         plan = Plan("dep", "d", (host,), (), (proxy,), proxy_url="http://127.0.0.1:1")
         assert _route_to_proxy(plan) is reachable  # refused here counts as a route
+
+
+def test_a_proxy_jumped_to_by_ssh_config_is_never_tried_from_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bastion is named only in ~/.ssh/config (ProxyJump): kvpd's route goes through it,
+    so the client belongs on the cluster and no socket to the cluster port is tried."""
+    from kvpd.cli import bench_cmd
+    from kvpd.plan.value import ProcessSpec
+
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host 127.0.0.1\n  ProxyJump root@10.0.1.10\n")
+    monkeypatch.setenv("KVPD_SSH_CONFIG", str(tmp_path / ".ssh" / "config"))
+    tried: list[tuple[str, int]] = []
+    monkeypatch.setattr("kvpd.exec.http_wire.route_here", lambda a, p: tried.append((a, p)))
+    proxy = ProcessSpec(name="proxy", host="p1", role="proxy", stage=1, script="p.sh",
+                        command=("kvpd-proxy",), ports=(8000,))  # fmt: skip
+    host = HostSpec("p1", "127.0.0.1", transport="ssh")
+    plan = Plan("dep", "d", (host,), (), (proxy,), proxy_url="http://127.0.0.1:1")
+    assert bench_cmd._route_to_proxy(plan) is False
+    assert tried == []
