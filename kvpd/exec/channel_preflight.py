@@ -27,6 +27,9 @@ def check_host(host: str, t: Transport) -> Check:
             return Check(host, NAME, False, e.detail, fix.rstrip("."))
         if e.kind == "unreachable":
             return Check(host, NAME, False, e.detail, "check the host is up and reachable")
+        if e.kind == "timeout":  # sshd took no decision: every probe through it would wait too
+            return Check(host, NAME, False, e.detail,
+                         "check the host's sshd (overloaded, or MaxSessions reached?)")  # fmt: skip
     return Check(host, NAME, True, "a channel to the host's own ports opens")
 
 

@@ -183,3 +183,17 @@ def test_paramikos_own_line_for_a_refused_channel_is_not_printed() -> None:
                             (), None)  # fmt: skip
     other = log.makeRecord(log.name, logging.ERROR, __file__, 1, "Socket exception", (), None)
     assert not log.filter(failed) and log.filter(other)
+
+
+def test_preflight_fails_a_host_whose_sshd_opens_no_channel_in_time() -> None:
+    """A channel sshd never opens would stall every probe too: a failed check with its fix,
+    not a pass."""
+
+    class Stalled(FakeTransport):
+        def http(self, req: HttpRequest) -> HttpResponse:
+            raise ChannelError("timeout", "no channel within 10s", "host p1: ... (timed out)")
+
+    c = check_host("p1", Stalled("p1"))
+    assert not c.ok
+    assert c.detail == "no channel within 10s"
+    assert "sshd" in c.fix
