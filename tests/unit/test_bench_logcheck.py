@@ -69,7 +69,7 @@ def test_plans_name_the_checks_their_connectors_call_for() -> None:
 def test_up_confirms_the_layerwise_layout_from_this_starts_log() -> None:
     from types import SimpleNamespace
 
-    from kvpd.cli.deploy_cmd import _confirm_layout
+    from kvpd.cli.up_view import confirm_layout as _confirm_layout
 
     plan = load_plan("layerwise-sparse-1p1d")
     old = "=== kvpd: lw/prefill-0 started 1 ===\n" + LAYERWISE
