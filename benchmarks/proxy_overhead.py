@@ -173,48 +173,102 @@ async def run_load(
     proxy_pid: int | None,
 ) -> RunResult:
     """`mode` "proxy": POST to the proxy; "floor": prefill then decode, directly."""
+    conns, reqs = await _open(mode, ports, streams)
+    result = RunResult()
+    t0 = time.perf_counter()
+    load = _Load(mode, reqs, result, measure_from=t0 + warmup, end=t0 + warmup + duration)
+    cpu_marks: list[float] = []
+    sys_marks: list[tuple[float, float]] = []
+    await asyncio.gather(
+        _mark_window(warmup, duration, proxy_pid, cpu_marks, sys_marks),
+        *(load.worker(c) for c in conns),
+    )
+    result.rps = len(result.latencies) / duration
+    if len(cpu_marks) == 2:
+        result.proxy_cpu = cpu_marks[1] - cpu_marks[0]
+    if len(sys_marks) == 2:
+        (b0, t0_), (b1, t1_) = sys_marks
+        result.busy = (b1 - b0) / max(1, t1_ - t0_)
+    for c in conns:
+        for one in c if isinstance(c, tuple) else (c,):
+            one.transport.close()  # type: ignore[union-attr]
+    return result
+
+
+@dataclass
+class _Requests:
+    """The request bytes one run sends, prepared before the clock starts."""
+
+    proxy: bytes = b""  # mode "proxy": to the proxy
+    prefill: bytes = b""  # mode "floor": exactly what the proxy would send the prefiller
+    decode: bytes = b""  # ... and then the decoder
+
+
+async def _open(mode: str, ports: dict[str, int], streams: int) -> tuple[list[object], _Requests]:
+    """One connection per stream (a pair to prefiller and decoder for the floor) and the
+    requests they send."""
     body = {"model": "fake", "prompt": PROMPT, "max_tokens": 16, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     if mode == "proxy":
-        conns = [await connect(ports["proxy"]) for _ in range(streams)]
+        conns: list[object] = [await connect(ports["proxy"]) for _ in range(streams)]
         key = CLIENT_KEY if KEYED else ""
-        req = request_bytes(ports["proxy"], "/v1/completions", body, auth=key)
-    else:
-        # Exactly what the proxy would send, prepared once: the floor pays no JSON work.
-        p_body = dict(body, max_tokens=1, stream=False)
-        p_body.pop("stream_options")
-        p_body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
-                                        "remote_engine_id": None, "remote_block_ids": None,
-                                        "remote_host": None, "remote_port": None}  # fmt: skip
-        d_body = dict(body, kv_transfer_params={"do_remote_prefill": True, "remote_block_ids":
-                      [[1, 2, 3]], "remote_engine_id": "fake", "remote_host": "127.0.0.1",
-                      "remote_port": ports["prefill"]})  # fmt: skip
-        rid = "0" * 32
-        p_req = request_bytes(ports["prefill"], "/v1/completions", p_body, rid)
-        d_req = request_bytes(ports["decode"], "/v1/completions", d_body, rid)
-        conns = [(await connect(ports["prefill"]), await connect(ports["decode"]))
-                 for _ in range(streams)]  # fmt: skip
+        return conns, _Requests(
+            proxy=request_bytes(ports["proxy"], "/v1/completions", body, auth=key)
+        )
+    # Exactly what the proxy would send, prepared once: the floor pays no JSON work.
+    p_body = dict(body, max_tokens=1, stream=False)
+    p_body.pop("stream_options")
+    p_body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
+                                    "remote_engine_id": None, "remote_block_ids": None,
+                                    "remote_host": None, "remote_port": None}  # fmt: skip
+    d_body = dict(body, kv_transfer_params={"do_remote_prefill": True, "remote_block_ids":
+                  [[1, 2, 3]], "remote_engine_id": "fake", "remote_host": "127.0.0.1",
+                  "remote_port": ports["prefill"]})  # fmt: skip
+    rid = "0" * 32
+    reqs = _Requests(
+        prefill=request_bytes(ports["prefill"], "/v1/completions", p_body, rid),
+        decode=request_bytes(ports["decode"], "/v1/completions", d_body, rid),
+    )
+    conns = [(await connect(ports["prefill"]), await connect(ports["decode"]))
+             for _ in range(streams)]  # fmt: skip
+    return conns, reqs
 
-    result = RunResult()
-    clock = time.perf_counter
-    t0 = clock()
-    measure_from = t0 + warmup
-    end = measure_from + duration
-    cpu_marks: list[float] = []
-    sys_marks: list[tuple[float, float]] = []
 
-    async def mark_window() -> None:
-        await asyncio.sleep(warmup)
-        if proxy_pid:
-            cpu_marks.append(proc_cpu_seconds(proxy_pid))
-        sys_marks.append(system_busy())
-        await asyncio.sleep(duration)
-        if proxy_pid:
-            cpu_marks.append(proc_cpu_seconds(proxy_pid))
-        sys_marks.append(system_busy())
+async def _mark_window(
+    warmup: float,
+    duration: float,
+    proxy_pid: int | None,
+    cpu_marks: list[float],
+    sys_marks: list[tuple[float, float]],
+) -> None:
+    """The proxy's CPU time and the system's busy time at the measured window's edges."""
+    await asyncio.sleep(warmup)
+    if proxy_pid:
+        cpu_marks.append(proc_cpu_seconds(proxy_pid))
+    sys_marks.append(system_busy())
+    await asyncio.sleep(duration)
+    if proxy_pid:
+        cpu_marks.append(proc_cpu_seconds(proxy_pid))
+    sys_marks.append(system_busy())
 
-    async def worker(c: object) -> None:
+
+@dataclass
+class _Load:
+    """One run's workers: each sends its requests back to back until `end`, recording the
+    latencies of the requests that ran wholly inside the measured window."""
+
+    mode: str
+    reqs: _Requests
+    result: RunResult
+    measure_from: float
+    end: float
+
+    async def worker(self, c: object) -> None:
+        result = self.result
         lat = result.latencies
+        clock = time.perf_counter
+        mode, measure_from, end = self.mode, self.measure_from, self.end
+        req, p_req, d_req = self.reqs.proxy, self.reqs.prefill, self.reqs.decode
         while True:
             start = clock()
             if start >= end:
@@ -235,18 +289,6 @@ async def run_load(
                 result.errors += 1
             elif start >= measure_from and done <= end:
                 lat.append(done - start)
-
-    await asyncio.gather(mark_window(), *(worker(c) for c in conns))
-    result.rps = len(result.latencies) / duration
-    if len(cpu_marks) == 2:
-        result.proxy_cpu = cpu_marks[1] - cpu_marks[0]
-    if len(sys_marks) == 2:
-        (b0, t0_), (b1, t1_) = sys_marks
-        result.busy = (b1 - b0) / max(1, t1_ - t0_)
-    for c in conns:
-        for one in c if isinstance(c, tuple) else (c,):
-            one.transport.close()  # type: ignore[union-attr]
-    return result
 
 
 def wait_http(url: str, deadline_s: float = 15.0) -> None:

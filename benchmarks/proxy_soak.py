@@ -157,60 +157,84 @@ async def stream_phase(
     """`streams` closed-loop workers for `hold` seconds: through the proxy, or (proxy None)
     prefill then decode directly (the floor)."""
     phase = Phase(name)
-    body = {"model": "m", "prompt": PROMPT, "max_tokens": 16, "stream": True}
-    p_body = dict(body, max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
-    d_body = dict(body, kv_transfer_params={"do_remote_prefill": True, "remote_block_ids": [[1]]})
-    if proxy is not None:
-        conns: list = await open_many(proxy, streams)
-        req = request_bytes(proxy, "/v1/completions", body)
-    else:
-        conns = []
-        for i, n in enumerate((streams // 2, streams - streams // 2)):
-            pp, dp = ports["prefill"][i], ports["decode"][i]
-            p_req = request_bytes(pp, "/v1/completions", p_body, "0" * 32)
-            d_req = request_bytes(dp, "/v1/completions", d_body, "0" * 32)
-            pairs = zip(await open_many(pp, n), await open_many(dp, n), strict=True)
-            conns += [(p, d, p_req, d_req) for p, d in pairs]
+    conns, req = await _open_streams(ports, proxy, streams)
     clock = time.perf_counter
     start = clock()
-    measure_from = start + stream_s * 1.5  # after the staggered start
-    end = start + hold
-    timeout = max(60.0, stream_s * 10)
-
-    async def worker(c: object) -> None:
-        await asyncio.sleep(random.random() * stream_s)  # spread the starts over one stream
-        while clock() < end:
-            t0 = clock()
-            try:
-                if proxy is not None:
-                    status, clean = await c.call(req, timeout)  # type: ignore[attr-defined]
-                    first = c.first_at  # type: ignore[attr-defined]
-                else:
-                    p, d, p_req, d_req = c  # type: ignore[misc]
-                    status, clean = await p.call(p_req, timeout)
-                    if status == 200:
-                        status, clean = await d.call(d_req, timeout)
-                    first = d.first_at
-            except (ConnectionError, asyncio.TimeoutError) as e:
-                phase.error(type(e).__name__)
-                return
-            done = clock()
-            if status != 200 or not clean:
-                phase.error(f"HTTP {status}" if status != 200 else "stream without [DONE]")
-                continue
-            phase.ok += 1
-            if t0 >= measure_from and done <= end:
-                phase.total.append(done - t0)
-                phase.first.append(first - t0)
-
+    window = _Window(
+        measure_from=start + stream_s * 1.5,  # after the staggered start
+        end=start + hold,
+        timeout=max(60.0, stream_s * 10),
+        stream_s=stream_s,
+    )
     task = asyncio.ensure_future(sampler.run()) if sampler else None
-    await asyncio.gather(*(worker(c) for c in conns))
+    await asyncio.gather(*(_worker(c, phase, proxy, req, window) for c in conns))
     if task:
         task.cancel()
     for c in conns:
         for one in c[:2] if isinstance(c, tuple) else (c,):
             one.transport.close()
     return phase
+
+
+async def _open_streams(
+    ports: dict[str, list[int]], proxy: int | None, streams: int
+) -> tuple[list, bytes]:
+    """The proxy's connections and its request, or (proxy None) the floor's pairs to both
+    prefill/decode pairs, each with the requests it sends."""
+    body = {"model": "m", "prompt": PROMPT, "max_tokens": 16, "stream": True}
+    p_body = dict(body, max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
+    d_body = dict(body, kv_transfer_params={"do_remote_prefill": True, "remote_block_ids": [[1]]})
+    if proxy is not None:
+        return await open_many(proxy, streams), request_bytes(proxy, "/v1/completions", body)
+    conns: list = []
+    for i, n in enumerate((streams // 2, streams - streams // 2)):
+        pp, dp = ports["prefill"][i], ports["decode"][i]
+        p_req = request_bytes(pp, "/v1/completions", p_body, "0" * 32)
+        d_req = request_bytes(dp, "/v1/completions", d_body, "0" * 32)
+        pairs = zip(await open_many(pp, n), await open_many(dp, n), strict=True)
+        conns += [(p, d, p_req, d_req) for p, d in pairs]
+    return conns, b""
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One phase's clock: measured from `measure_from` to `end`, each call bounded by
+    `timeout`, the starts spread over one stream (`stream_s`)."""
+
+    measure_from: float
+    end: float
+    timeout: float
+    stream_s: float
+
+
+async def _worker(c: object, phase: Phase, proxy: int | None, req: bytes, w: _Window) -> None:
+    """Requests back to back until the window ends; the latencies of those wholly inside it."""
+    clock = time.perf_counter
+    measure_from, end, timeout = w.measure_from, w.end, w.timeout
+    await asyncio.sleep(random.random() * w.stream_s)  # spread the starts over one stream
+    while clock() < end:
+        t0 = clock()
+        try:
+            if proxy is not None:
+                status, clean = await c.call(req, timeout)  # type: ignore[attr-defined]
+                first = c.first_at  # type: ignore[attr-defined]
+            else:
+                p, d, p_req, d_req = c  # type: ignore[misc]
+                status, clean = await p.call(p_req, timeout)
+                if status == 200:
+                    status, clean = await d.call(d_req, timeout)
+                first = d.first_at
+        except (ConnectionError, asyncio.TimeoutError) as e:
+            phase.error(type(e).__name__)
+            return
+        done = clock()
+        if status != 200 or not clean:
+            phase.error(f"HTTP {status}" if status != 200 else "stream without [DONE]")
+            continue
+        phase.ok += 1
+        if t0 >= measure_from and done <= end:
+            phase.total.append(done - t0)
+            phase.first.append(first - t0)
 
 
 async def idle_phase(

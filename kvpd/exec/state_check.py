@@ -25,6 +25,7 @@ from kvpd.profile.types import shared_folder
 
 if TYPE_CHECKING:
     from kvpd.exec.state import DeploymentState, ProcessRecord
+    from kvpd.plan.value import ProcessSpec
 
 STATES = get_args(DeploymentStatus)
 RECORD_STATES = get_args(ProcessStatusWord)
@@ -92,6 +93,14 @@ def _record_problems(state: DeploymentState, r: ProcessRecord) -> list[str]:
         out.append(f"{where}.start_ticks: {r.start_ticks!r} is not a start time")
     if not isinstance(r.ports, list) or not set(r.ports) <= set(spec.ports):
         out.append(f"{where}.ports: {r.ports!r} are not the planned ports {list(spec.ports)}")
+    return out + _record_place_problems(state, r, spec, where)
+
+
+def _record_place_problems(
+    state: DeploymentState, r: ProcessRecord, spec: ProcessSpec, where: str
+) -> list[str]:
+    """The record's log, stage and status against its planned process."""
+    out = []
     run_dir = state.run_dirs.get(r.host, "")
     if not run_dir or r.log != logs.log_path(run_dir, spec):
         out.append(f"{where}.log: {r.log!r} is not its planned log under the run dir")
@@ -130,6 +139,16 @@ def problems(state: DeploymentState, deployment: str) -> list[str]:
         out.append(f"deployment: {state.deployment!r} is not the deployment of its directory")
     if state.status not in STATES:
         out.append(f"status: {state.status!r} is not one of {', '.join(STATES)}")
+    out += _run_dir_problems(state)
+    out += _container_problems(state)
+    for r in state.processes:
+        out += _record_problems(state, r)
+    out += _planned_process_problems(state)
+    return out + _url_problems(state)
+
+
+def _run_dir_problems(state: DeploymentState) -> list[str]:
+    out = []
     hosts = {h.name for h in state.plan.hosts}
     for host, run_dir in state.run_dirs.items():
         if host not in hosts:
@@ -141,6 +160,11 @@ def problems(state: DeploymentState, deployment: str) -> list[str]:
         elif not _planned_run_dir(run_dir, state.plan.host(host).run_dir):
             planned = state.plan.host(host).run_dir
             out.append(f"run_dirs[{host!r}]: {run_dir!r} is not the plan's run dir {planned!r}")
+    return out
+
+
+def _container_problems(state: DeploymentState) -> list[str]:
+    out = []
     for h in state.plan.hosts:
         c = h.container
         if c is not None and (
@@ -150,14 +174,18 @@ def problems(state: DeploymentState, deployment: str) -> list[str]:
                 f"plan.hosts[{h.name!r}].container: {c.runtime!r} {c.name!r} is not a runtime "
                 "and container name a profile can give"
             )
-    for r in state.processes:
-        out += _record_problems(state, r)
+    return out
+
+
+def _planned_process_problems(state: DeploymentState) -> list[str]:
+    out = []
+    hosts = {h.name for h in state.plan.hosts}
     for p in state.plan.processes:
         if p.host not in hosts:
             out.append(f"plan.processes[{p.name!r}].host: {p.host!r} is not a host of the plan")
         if posixpath.isabs(p.script) or ".." in p.script.split("/"):
             out.append(f"plan.processes[{p.name!r}].script: {p.script!r} is not under the run dir")
-    return out + _url_problems(state)
+    return out
 
 
 def check(state: DeploymentState, deployment: str, path: Path) -> DeploymentState:

@@ -164,13 +164,19 @@ class ProxyConfig:
     client_key: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.flow not in FLOWS:
-            problems.append(f"--flow must be one of {', '.join(FLOWS)}, not {self.flow!r}")
         if self.flow == "mixed":
             # a mixed deployment has only decoders (its engines)
             object.__setattr__(self, "prefillers", ())
-        elif not self.prefillers:
+        problems = self._peer_problems() + self._bound_problems() + self._policy_problems()
+        if problems:
+            raise ProxyConfigError("; ".join(problems))
+
+    def _peer_problems(self) -> list[str]:
+        """The flow, and the addresses of the proxy and of its prefillers and decoders."""
+        problems = []
+        if self.flow not in FLOWS:
+            problems.append(f"--flow must be one of {', '.join(FLOWS)}, not {self.flow!r}")
+        if self.flow != "mixed" and not self.prefillers:
             problems.append(
                 "at least one prefiller is needed (--prefiller-hosts/--prefiller-ports)"
             )
@@ -180,6 +186,11 @@ class ProxyConfig:
             problem = _host_problem(host) or _port_problem(port)
             if problem:
                 problems.append(problem)
+        return problems
+
+    def _bound_problems(self) -> list[str]:
+        """Timeouts, retries and sizes within their bounds."""
+        problems = []
         for name in ("connect_timeout", "read_timeout", "client_timeout",
                      "idle_timeout", "health_interval", "health_timeout", "breaker_cooldown",
                      "drain_timeout"):  # fmt: skip
@@ -194,7 +205,11 @@ class ProxyConfig:
                 problems.append(f"--{name.replace('_', '-')} must be >= 1")
         if self.max_body_bytes > MAX_BODY_BYTES:
             problems.append(f"--max-body-bytes must be <= {MAX_BODY_BYTES}")
-        problems += _path_problems(self.open_paths)
+        return problems
+
+    def _policy_problems(self) -> list[str]:
+        """Open paths, keys, routing, logging and the layerwise flow's metaserver address."""
+        problems = _path_problems(self.open_paths)
         if self.api_key and not self.client_key:
             problems.append(
                 f"{BACKEND_KEY_ENV} is set: it is a credential for the backends, and without a "
@@ -221,8 +236,7 @@ class ProxyConfig:
                 f"{self.host!r} (a wildcard): decoders call http://<host>:<port>/v1/metaserver. "
                 "Pass the proxy's real IP as --host, or set --metaserver-url."
             )
-        if problems:
-            raise ProxyConfigError("; ".join(problems))
+        return problems
 
     @property
     def metaserver(self) -> str:

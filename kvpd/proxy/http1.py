@@ -81,7 +81,17 @@ def find_head_end(buf: bytes) -> int:
 def parse_request_head(head: bytes) -> RequestHead:
     """`METHOD /target HTTP/1.1\\r\\nName: value...` (without the blank line), validated."""
     lines = head.split(b"\r\n")
-    line = lines[0]
+    method, target, version = _request_line(lines[0])
+    if len(lines) - 1 > MAX_HEADERS:
+        raise HttpParseError(f"more than {MAX_HEADERS} header lines", 431)
+    headers = _request_headers(lines)
+    if version == b"HTTP/1.1" and b"host" not in headers:
+        raise HttpParseError("HTTP/1.1 request without a Host header")
+    return RequestHead(method, target, version, headers, _body_length(headers, version))
+
+
+def _request_line(line: bytes) -> list[bytes]:
+    """The request line's method, origin-form target and version (1.1 or 1.0), validated."""
     if len(line) > MAX_REQUEST_LINE:
         raise HttpParseError("request line too long", 414)
     parts = line.split(b" ")
@@ -96,8 +106,12 @@ def parse_request_head(head: bytes) -> RequestHead:
         if re.fullmatch(rb"HTTP/[0-9]\.[0-9]", version):
             raise HttpParseError("HTTP version not supported", 505)
         raise HttpParseError("malformed HTTP version")
-    if len(lines) - 1 > MAX_HEADERS:
-        raise HttpParseError(f"more than {MAX_HEADERS} header lines", 431)
+    return parts
+
+
+def _request_headers(lines: list[bytes]) -> dict[bytes, bytes]:
+    """The header lines after the request line, keyed by lower-case name; a repeated name is
+    joined with ", " unless it is one of SINGLE_HEADERS (refused)."""
     headers: dict[bytes, bytes] = {}
     for hline in lines[1:]:
         m = _HEADER_LINE.fullmatch(hline)
@@ -119,9 +133,7 @@ def parse_request_head(head: bytes) -> RequestHead:
             headers[key] += b", " + value
         else:
             headers[key] = value
-    if version == b"HTTP/1.1" and b"host" not in headers:
-        raise HttpParseError("HTTP/1.1 request without a Host header")
-    return RequestHead(method, target, version, headers, _body_length(headers, version))
+    return headers
 
 
 def _body_length(headers: dict[bytes, bytes], version: bytes) -> int:
@@ -210,86 +222,129 @@ class ChunkedReader:
 
     def feed(self, data: bytes) -> int:
         """Consume `data`; return how many of its bytes belong to this body (less than
-        len(data) only when the body ended inside it)."""
+        len(data) only when the body ended inside it).
+
+        The loop takes one whole chunk per step without a call (the usual case); the helpers
+        run only where a read cut a size line, a chunk or its CRLF (at most twice per read)
+        and for the last chunk (once per body)."""
         if self.done:
             return 0
-        carried = len(self._pending)
-        if carried:
-            data = self._pending + data
-            self._pending = b""
-        pos = 0
+        carried = pos = 0
+        if self._pending or self._left or self._crlf or self._trailer:
+            data, carried, pos = self._carry_over(data)
         n = len(data)
         parts = self.parts
-        while pos < n:
-            left = self._left
-            if left:
-                take = n - pos if n - pos < left else left
-                if parts is not None:
-                    parts.append(data[pos : pos + take])
-                self._left = left - take
-                pos += take
-                continue
-            if self._crlf:
-                expect = b"\r\n"[2 - self._crlf :]
-                got = data[pos : pos + self._crlf]
-                if got != expect[: len(got)]:
-                    raise HttpParseError("chunk data not followed by CRLF")
-                self._crlf -= len(got)
-                pos += len(got)
-                continue
-            if self._trailer:
-                if n - pos < 2:
-                    self._pending = data[pos:]
-                    return n - carried
-                if data[pos : pos + 2] == b"\r\n":
-                    end = pos + 2
-                else:
-                    idx = data.find(b"\r\n\r\n", pos)
-                    if idx < 0:
-                        self._pending = data[pos:]
-                        if len(self._pending) > MAX_HEAD_BYTES:
-                            raise HttpParseError("chunked trailer too long", 431)
-                        return n - carried
-                    end = idx + 4
-                self.done = True
-                return max(0, end - carried)
+        while pos < n and not self.done:
             eol = data.find(b"\r\n", pos)
             if eol < 0:
-                self._pending = data[pos:]
-                if len(self._pending) > 1024:
-                    raise HttpParseError("chunk size line too long")
+                self._keep_size_line(data[pos:])
                 return n - carried
             size_text = data[pos:eol]
             # plain hex digits only: int() would also take a sign, "0x", "_" and spaces
             if size_text.translate(None, _HEX_DIGITS) or not 0 < len(size_text) <= 16:
-                size_text = size_text.split(b";", 1)[0]  # a chunk extension is ignored
-                if size_text.translate(None, _HEX_DIGITS) or not 0 < len(size_text) <= 16:
-                    raise HttpParseError(f"bad chunk size {size_text[:40]!r}")
+                size_text = _extended_size(size_text)
             size = int(size_text, 16)
             if self._limit:
-                self._total += size
-                if self._total > self._limit:
-                    raise HttpParseError(f"body larger than {self._limit} bytes", 413)
+                self._count(size)
             pos = eol + 2
-            if size == 0:
-                self._trailer = True
-            elif pos + size + 2 <= n:  # the whole chunk is here (the usual case): one step
+            if size and pos + size + 2 <= n:  # the whole chunk is here (the usual case)
                 end = pos + size
                 if data[end : end + 2] != b"\r\n":
                     raise HttpParseError("chunk data not followed by CRLF")
                 if parts is not None:
                     parts.append(data[pos:end])
                 pos = end + 2
-            else:
-                self._left = size
-                self._crlf = 2
-        return n - carried
+            else:  # the last chunk, or one this read cut
+                pos = self._begin(data, pos, size)
+        return max(0, pos - carried) if self.done else n - carried
+
+    def _carry_over(self, data: bytes) -> tuple[bytes, int, int]:
+        """What the previous read left: its kept bytes joined to `data` (their count), and
+        the rest of a cut chunk or the trailer consumed; the position to go on from."""
+        carried = len(self._pending)
+        if carried:
+            data = self._pending + data
+            self._pending = b""
+        if self._trailer:
+            return data, carried, self._trailer_step(data, 0)
+        return data, carried, self._resume(data, 0)
+
+    def _begin(self, data: bytes, pos: int, size: int) -> int:
+        """A chunk whose size line ends at `pos`: the last one (size 0, then the trailer) or
+        one the read cut (its data and CRLF as far as they came); the new position."""
+        if size == 0:
+            self._trailer = True
+            return self._trailer_step(data, pos)
+        self._left = size
+        self._crlf = 2
+        return self._resume(data, pos)
+
+    def _resume(self, data: bytes, pos: int) -> int:
+        """The rest of a chunk's data and of its CRLF, as far as `data` goes."""
+        n = len(data)
+        left = self._left
+        if left:
+            take = n - pos if n - pos < left else left
+            if self.parts is not None:
+                self.parts.append(data[pos : pos + take])
+            self._left = left - take
+            pos += take
+            if self._left:
+                return pos
+        expect = b"\r\n"[2 - self._crlf :]
+        got = data[pos : pos + self._crlf]
+        if got != expect[: len(got)]:
+            raise HttpParseError("chunk data not followed by CRLF")
+        self._crlf -= len(got)
+        return pos + len(got)
+
+    def _trailer_step(self, data: bytes, pos: int) -> int:
+        """After the last chunk: the final CRLF, or a trailer ending in a blank line (kept
+        until it is complete). Where the body ends (`done`), else len(data)."""
+        n = len(data)
+        if n - pos < 2:
+            self._pending = data[pos:]
+            return n
+        if data[pos : pos + 2] == b"\r\n":
+            end = pos + 2
+        else:
+            idx = data.find(b"\r\n\r\n", pos)
+            if idx < 0:
+                self._pending = data[pos:]
+                if len(self._pending) > MAX_HEAD_BYTES:
+                    raise HttpParseError("chunked trailer too long", 431)
+                return n
+            end = idx + 4
+        self.done = True
+        return end
+
+    def _keep_size_line(self, rest: bytes) -> None:
+        """An incomplete chunk size line, kept for the next read (bounded)."""
+        self._pending = rest
+        if len(rest) > 1024:
+            raise HttpParseError("chunk size line too long")
+
+    def _count(self, size: int) -> None:
+        """The running total of a bounded body (the client's request; relayed bodies have
+        no bound)."""
+        self._total += size
+        if self._total > self._limit:
+            raise HttpParseError(f"body larger than {self._limit} bytes", 413)
 
     def between_chunks(self) -> bool:
         return not (self._left or self._crlf or self._pending or self._trailer or self.done)
 
     def body(self) -> bytes:
         return b"".join(self.parts or ())
+
+
+def _extended_size(size_text: bytes) -> bytes:
+    """A size line that is not plain hex: a chunk extension (`size;name=value`, ignored) or
+    refused."""
+    size_text = size_text.split(b";", 1)[0]
+    if size_text.translate(None, _HEX_DIGITS) or not 0 < len(size_text) <= 16:
+        raise HttpParseError(f"bad chunk size {size_text[:40]!r}")
+    return size_text
 
 
 def encode_chunk(data: bytes) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kvpd.proxy.apis import GENERATION_PATHS
@@ -13,6 +14,9 @@ from kvpd.proxy.cache_aware import render as render_routing
 if TYPE_CHECKING:
     from kvpd.proxy.backends import BackendPool
     from kvpd.proxy.server import ServerState
+
+# Writes the HELP and TYPE lines of one metric family.
+Family = Callable[[str, str, str], None]
 
 _LATENCY_BOUNDS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -87,6 +91,19 @@ class ProxyMetrics:
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
 
+        self._render_counters(family, out)
+        if server is not None:
+            _render_server(server, family, out)
+        pools = (prefillers, decoders)
+        _render_backend_states(pools, family, out)
+        _render_backend_load(pools, family, out)
+        render_routing(pools, family, out)
+        self._render_histograms(family, out)
+        out.append("")
+        return "\n".join(out).encode()
+
+    def _render_counters(self, family: Family, out: list[str]) -> None:
+        """The request, response, handoff and failure counters."""
         out.append("# The proxy's own metrics; the engines' are at /metrics/engines, by backend.")
         family("kvpd_proxy_requests_total", "counter", "Generation requests received, by route.")
         for route in GENERATION_PATHS.values():
@@ -128,68 +145,8 @@ class ProxyMetrics:
         family("kvpd_proxy_inflight_requests", "gauge", "Client requests being served.")
         out.append(f"kvpd_proxy_inflight_requests {self.inflight}")
 
-        if server is not None:
-            family("kvpd_proxy_client_connections", "gauge", "Open client connections.")
-            out.append(f"kvpd_proxy_client_connections {len(server.connections)}")
-            family("kvpd_proxy_connections_refused_total", "counter",
-                   "Client connections answered 503 because of --max-connections or "
-                   "--max-connections-per-peer.")  # fmt: skip
-            out.append(f"kvpd_proxy_connections_refused_total {server.refused}")
-            family("kvpd_proxy_unauthorized_total", "counter",
-                   "Client requests answered 401 (no or a wrong client key).")  # fmt: skip
-            refused = server.gate.refused if server.gate is not None else 0
-            out.append(f"kvpd_proxy_unauthorized_total {refused}")
-            family("kvpd_proxy_connections_timed_out_total", "counter",
-                   "Client connections closed for stalling or idling (--client-timeout, "
-                   "--idle-timeout).")  # fmt: skip
-            out.append(f"kvpd_proxy_connections_timed_out_total {server.timed_out}")
-
-        pools = (prefillers, decoders)
-        family("kvpd_proxy_backend_circuit", "gauge",
-               "Circuit breaker state per backend (1 for the current state).")  # fmt: skip
-        for pool in pools:
-            for b in pool.backends:
-                for state in (CLOSED, OPEN, HALF_OPEN):
-                    out.append(f'kvpd_proxy_backend_circuit{{role="{pool.role}",'
-                               f'backend="{b.name}",state="{state}"}} '
-                               f"{int(b.circuit == state)}")  # fmt: skip
-        family("kvpd_proxy_backend_transitions_total", "counter",
-               "Backend state changes: health, circuit breaker, drain.")  # fmt: skip
-        for pool in pools:
-            for b in pool.backends:
-                for to in TRANSITIONS:
-                    out.append(f'kvpd_proxy_backend_transitions_total{{role="{pool.role}",'
-                               f'backend="{b.name}",to="{to}"}} {b.transitions[to]}')  # fmt: skip
-        family("kvpd_proxy_backend_draining", "gauge", "1 while the admin drains the backend.")
-        for pool in pools:
-            for b in pool.backends:
-                out.append(f'kvpd_proxy_backend_draining{{role="{pool.role}",'
-                           f'backend="{b.name}"}} {int(b.draining)}')  # fmt: skip
-        for name, kind, help_text, attr in (
-            ("kvpd_proxy_backend_inflight", "gauge", "Requests in flight per backend.", "inflight"),
-            (
-                "kvpd_proxy_backend_outstanding_tokens",
-                "gauge",
-                "Estimated tokens of work in flight per backend.",
-                "outstanding",
-            ),
-            (
-                "kvpd_proxy_backend_healthy",
-                "gauge",
-                "1 if the backend is healthy, its circuit not open and not draining.",
-                "healthy_num",
-            ),
-            ("kvpd_proxy_backend_requests_total", "counter", "Requests sent.", "requests"),
-            ("kvpd_proxy_backend_errors_total", "counter", "Failed requests.", "errors"),
-        ):
-            family(name, kind, help_text)
-            for pool in pools:
-                for b in pool.backends:
-                    out.append(
-                        f'{name}{{role="{pool.role}",backend="{b.name}"}} {getattr(b, attr)}'
-                    )
-
-        render_routing(pools, family, out)
+    def _render_histograms(self, family: Family, out: list[str]) -> None:
+        """The prefill, first-byte and request latency histograms."""
         for name, hist, help_text in (
             ("kvpd_proxy_prefill_seconds", self.prefill_seconds, "Prefill round trip."),
             (
@@ -201,5 +158,70 @@ class ProxyMetrics:
         ):
             family(name, "histogram", help_text)
             hist.render(name, out)
-        out.append("")
-        return "\n".join(out).encode()
+
+
+def _render_server(server: ServerState, family: Family, out: list[str]) -> None:
+    """The client connections' gauges and refusal counters."""
+    family("kvpd_proxy_client_connections", "gauge", "Open client connections.")
+    out.append(f"kvpd_proxy_client_connections {len(server.connections)}")
+    family("kvpd_proxy_connections_refused_total", "counter",
+           "Client connections answered 503 because of --max-connections or "
+           "--max-connections-per-peer.")  # fmt: skip
+    out.append(f"kvpd_proxy_connections_refused_total {server.refused}")
+    family("kvpd_proxy_unauthorized_total", "counter",
+           "Client requests answered 401 (no or a wrong client key).")  # fmt: skip
+    refused = server.gate.refused if server.gate is not None else 0
+    out.append(f"kvpd_proxy_unauthorized_total {refused}")
+    family("kvpd_proxy_connections_timed_out_total", "counter",
+           "Client connections closed for stalling or idling (--client-timeout, "
+           "--idle-timeout).")  # fmt: skip
+    out.append(f"kvpd_proxy_connections_timed_out_total {server.timed_out}")
+
+
+def _render_backend_states(pools: tuple[BackendPool, ...], family: Family, out: list[str]) -> None:
+    """Each backend's circuit, transitions and drain."""
+    family("kvpd_proxy_backend_circuit", "gauge",
+           "Circuit breaker state per backend (1 for the current state).")  # fmt: skip
+    for pool in pools:
+        for b in pool.backends:
+            for state in (CLOSED, OPEN, HALF_OPEN):
+                out.append(f'kvpd_proxy_backend_circuit{{role="{pool.role}",'
+                           f'backend="{b.name}",state="{state}"}} '
+                           f"{int(b.circuit == state)}")  # fmt: skip
+    family("kvpd_proxy_backend_transitions_total", "counter",
+           "Backend state changes: health, circuit breaker, drain.")  # fmt: skip
+    for pool in pools:
+        for b in pool.backends:
+            for to in TRANSITIONS:
+                out.append(f'kvpd_proxy_backend_transitions_total{{role="{pool.role}",'
+                           f'backend="{b.name}",to="{to}"}} {b.transitions[to]}')  # fmt: skip
+    family("kvpd_proxy_backend_draining", "gauge", "1 while the admin drains the backend.")
+    for pool in pools:
+        for b in pool.backends:
+            out.append(f'kvpd_proxy_backend_draining{{role="{pool.role}",'
+                       f'backend="{b.name}"}} {int(b.draining)}')  # fmt: skip
+
+
+def _render_backend_load(pools: tuple[BackendPool, ...], family: Family, out: list[str]) -> None:
+    """Each backend's in-flight work, health and request counts."""
+    for name, kind, help_text, attr in (
+        ("kvpd_proxy_backend_inflight", "gauge", "Requests in flight per backend.", "inflight"),
+        (
+            "kvpd_proxy_backend_outstanding_tokens",
+            "gauge",
+            "Estimated tokens of work in flight per backend.",
+            "outstanding",
+        ),
+        (
+            "kvpd_proxy_backend_healthy",
+            "gauge",
+            "1 if the backend is healthy, its circuit not open and not draining.",
+            "healthy_num",
+        ),
+        ("kvpd_proxy_backend_requests_total", "counter", "Requests sent.", "requests"),
+        ("kvpd_proxy_backend_errors_total", "counter", "Failed requests.", "errors"),
+    ):
+        family(name, kind, help_text)
+        for pool in pools:
+            for b in pool.backends:
+                out.append(f'{name}{{role="{pool.role}",backend="{b.name}"}} {getattr(b, attr)}')

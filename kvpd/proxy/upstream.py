@@ -117,6 +117,9 @@ class UpstreamConnection(asyncio.Protocol):
         pass
 
     def data_received(self, data: bytes) -> None:
+        """One read from the backend. In the body, the loop's work stays inline (one read, no
+        call beyond the sink's); the head's reads and each body's end go to helpers (once per
+        response)."""
         sink = self.sink
         if sink is None:
             # Bytes nobody asked for: the connection is out of sync; never reuse it.
@@ -125,41 +128,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._received += len(data)
         self._ticks += 1
         if not self._in_body:
-            head = self._head + data if self._head else data
-            end = head.find(b"\r\n\r\n")
-            if end < 0:
-                if len(head) > MAX_HEAD_BYTES:
-                    self._fail(BadResponse(f"{self.pool.name} sent an oversized response head"))
-                else:
-                    self._head = head
-                    if self._then_timeout is not None and not self._head_partial:
-                        self._head_partial = True  # a head that crawls: the silence limit
-                        self._rearm(self._then_timeout)
-                return
-            self._head = b""
-            try:
-                status, headers = parse_response_head(head[:end])
-            except HttpParseError as e:
-                self._fail(BadResponse(f"{self.pool.name} sent a bad response: {e}"))
-                return
-            if status < 200:  # 100 Continue and friends: skip and wait for the real head
-                rest = head[end + 4 :]
-                if rest:
-                    self.data_received(rest)
-                return
-            self._start_body(status, headers)
-            sink.on_head(status, headers)
-            data = head[end + 4 :]
-            if self.sink is None:  # the sink gave up inside on_head
-                return
-            if self._mode == _NO_BODY:
-                self._finish()
-                return
+            data = self._head_received(sink, data)
             if not data:
-                if self._head_partial:  # the head is complete: back to the first-byte wait
-                    self._head_partial = False
-                    left = self._first_limit - (self.pool.loop.time() - self._sent_at)
-                    self._rearm(max(left, 1e-3) if self._first_limit > 0 else 0.0)
                 return
         if self._then_timeout is not None:
             self._first_body_byte()
@@ -172,22 +142,68 @@ class UpstreamConnection(asyncio.Protocol):
                 return
             sink.on_body(data if used == len(data) else data[:used])
             if self._chunked.done:  # type: ignore[union-attr]
-                if used != len(data):
-                    self._keep_alive = False  # pipelined garbage after the body
-                self._finish()
+                self._body_ended(trailing=used != len(data))
         elif mode == _CL:
             left = self._left
             if len(data) >= left:
                 sink.on_body(data if len(data) == left else data[:left])
-                if len(data) > left:
-                    self._keep_alive = False
                 self._left = 0
-                self._finish()
+                self._body_ended(trailing=len(data) > left)
             else:
                 self._left = left - len(data)
                 sink.on_body(data)
         else:
             sink.on_body(data)
+
+    def _head_received(self, sink: Sink, data: bytes) -> bytes:
+        """A read before the body: the head kept until complete, then parsed and handed to the
+        sink. The body bytes that came with it (b"": nothing more to do with this read)."""
+        head = self._head + data if self._head else data
+        end = head.find(b"\r\n\r\n")
+        if end < 0:
+            self._head_incomplete(head)
+            return b""
+        self._head = b""
+        try:
+            status, headers = parse_response_head(head[:end])
+        except HttpParseError as e:
+            self._fail(BadResponse(f"{self.pool.name} sent a bad response: {e}"))
+            return b""
+        if status < 200:  # 100 Continue and friends: skip and wait for the real head
+            rest = head[end + 4 :]
+            if rest:
+                self.data_received(rest)
+            return b""
+        self._start_body(status, headers)
+        sink.on_head(status, headers)
+        data = head[end + 4 :]
+        if self.sink is None:  # the sink gave up inside on_head
+            return b""
+        if self._mode == _NO_BODY:
+            self._finish()
+            return b""
+        if not data and self._head_partial:  # the head is complete: back to the first-byte wait
+            self._head_partial = False
+            left = self._first_limit - (self.pool.loop.time() - self._sent_at)
+            self._rearm(max(left, 1e-3) if self._first_limit > 0 else 0.0)
+        return data
+
+    def _head_incomplete(self, head: bytes) -> None:
+        """Part of a head: kept (bounded); a head that crawls falls under the silence limit."""
+        if len(head) > MAX_HEAD_BYTES:
+            self._fail(BadResponse(f"{self.pool.name} sent an oversized response head"))
+            return
+        self._head = head
+        if self._then_timeout is not None and not self._head_partial:
+            self._head_partial = True
+            self._rearm(self._then_timeout)
+
+    def _body_ended(self, trailing: bool) -> None:
+        """The response's body is complete; bytes after it (`trailing`: pipelined garbage)
+        mean the connection is not reused."""
+        if trailing:
+            self._keep_alive = False
+        self._finish()
 
     # --- request side ------------------------------------------------------------------------
     def send(
