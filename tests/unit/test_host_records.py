@@ -318,3 +318,15 @@ def test_restart_refuses_drifted_missing_and_refused(started, tmp_path: Path) ->
     cur.refused = {HOST: "local: the host record ... pgid: 1"}
     with pytest.raises(DeployError, match="restart refused: local: the host record"):
         refuse_drifted([edited.process("proxy")], cur)
+
+
+def test_a_cpu_hosts_cores_are_no_conflict_but_npus_are() -> None:
+    """Two CPU deployments may bind the same cores; two deployments never share an NPU."""
+    from kvpd.exec.records.conflicts import _exclusive_devices
+    from kvpd.plan.value import HostSpec, Plan, ProcessSpec
+
+    engine = ProcessSpec(name="decode-0", host="h", role="decode", stage=2, script="d.sh",
+                         command=("vllm",), ports=(8000,), devices=(0, 1))  # fmt: skip
+    for hardware, held in (("cpu", set()), ("a3", {0, 1})):
+        plan = Plan("dep", "d", (HostSpec("h", "10.0.0.1", hardware=hardware),), (), (engine,))
+        assert _exclusive_devices(plan, "h") == held

@@ -98,10 +98,20 @@ def _held(f: Foreign, ports: set[int], devices: set[int], run_dir: str, name: st
     return f"{'; '.join(held)} ({f.process} of kvpd deployment {f.owner})" if held else ""
 
 
+def _exclusive_devices(plan: Plan, host: str) -> set[int]:
+    """The devices of `host` one process holds alone: accelerators (NPUs, GPUs). A CPU
+    host's devices are cores its engines bind their OpenMP threads to
+    (VLLM_CPU_OMP_THREADS_BIND), which two deployments may share (slower, not wrong), so
+    they are nobody's to refuse."""
+    if plan.host(host).hardware == "cpu":
+        return set()
+    return {d for s in plan.processes if s.host == host for d in s.devices}
+
+
 def _host_conflicts(plan: Plan, t: Transport, host: str) -> list[str]:
     ports = {p for s in plan.processes if s.host == host for p in s.ports}
     ports |= {u.port for u in plan.ports if u.host == host}
-    devices = {d for s in plan.processes if s.host == host for d in s.devices}
+    devices = _exclusive_devices(plan, host)
     run_dir = t.resolve(plan.host(host).run_dir)
     out = []
     for f in live_foreign(t):
