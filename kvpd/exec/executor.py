@@ -16,9 +16,10 @@ from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.records.model import controller_id, launch_digest
 from kvpd.exec.records.writer import RecordSync
+from kvpd.exec.report import NullReporter, Reporter
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.status import ProcessStatus, query_status
-from kvpd.exec.stop import DownResult, NullReporter, Reporter, Stopper, StopResult, is_running
+from kvpd.exec.stop import DownResult, Stopper, StopResult, is_running
 from kvpd.exec.transport import Transport
 from kvpd.exec.write_files import write_files
 from kvpd.plan.value import HostSpec, Plan, ProcessSpec

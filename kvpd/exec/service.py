@@ -22,10 +22,11 @@ from kvpd.exec.preflight import run_checks
 from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.purge import purge_run_dirs
 from kvpd.exec.records.current import Current
+from kvpd.exec.report import NullReporter, Reporter
 from kvpd.exec.rolling import CanaryCheck, CanaryOutcome, Roller, Step
 from kvpd.exec.service_inspect import Inspecting
 from kvpd.exec.state import DeploymentState, StateStore
-from kvpd.exec.stop import DownResult, NullReporter, Reporter
+from kvpd.exec.stop import DownResult
 from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import Plan

@@ -14,10 +14,10 @@ from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import Executor
 from kvpd.exec.records.conflicts import conflicts
 from kvpd.exec.records.current import Current, read_current
+from kvpd.exec.report import Reporter
 from kvpd.exec.service_hosts import ClientHosts
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.status import ProcessStatus
-from kvpd.exec.stop import Reporter
 from kvpd.exec.supervised import Supervised
 from kvpd.plan.processes import ADMIN_TOKEN_FILE
 from kvpd.plan.value import Plan
