@@ -26,8 +26,6 @@ from kvpd.plan.value import HostSpec, Plan, ProcessSpec
 from kvpd.profile.roles import Role
 
 DEFAULT_GRACE_S = 20.0
-# Through bash's positional parameters, so no value is parsed as shell code; private (0600).
-LOG_HEADER_SH = 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
 
 
 class _ProcessFailed(Exception):
@@ -189,9 +187,10 @@ class Executor:
         log = logs.log_path(run_dir, p)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.wall()))
         header = f"{diagnose.HEADER_PREFIX}{state.deployment}/{p.name} started {stamp} ==="
-        r = t.run(["bash", "-c", LOG_HEADER_SH, "kvpd-log", log, header], timeout_s=30)
-        if not r.ok:
-            raise _ProcessFailed(p, f"could not create its log {log}: {r.stderr.strip()}")
+        try:
+            t.append(log, header + "\n")
+        except (KvpdError, OSError) as e:
+            raise _ProcessFailed(p, f"could not create its log {log}: {e}") from e
         env = dict(p.env) | {"KVPD_DEPLOYMENT": state.deployment, "KVPD_PROCESS": p.name}
         try:
             s = t.start_detached(
