@@ -18,9 +18,10 @@ from kvpd.cli.terminal import SafeConsole
 from kvpd.exec.checks import Check
 from kvpd.exec.events import Event
 from kvpd.exec.gather import Report
+from kvpd.exec.report import Phase, Progress
 from kvpd.exec.state import DeploymentState
 from kvpd.exec.status import ProcessStatus
-from kvpd.exec.stop import DownResult, Progress
+from kvpd.exec.stop import DownResult
 from kvpd.plan.value import Plan
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
@@ -100,7 +101,7 @@ class LiveProgress:
         if not self._console.is_terminal:  # Live leaves the last line open when not a tty
             self._console.line()
 
-    def process(self, name: str, phase: str, **info: Unpack[Progress]) -> None:
+    def process(self, name: str, phase: Phase, **info: Unpack[Progress]) -> None:
         host, detail = info.get("host", ""), info.get("detail", "")
         with self._lock:
             row = self._rows.setdefault(name, {"host": host, "t": None})

@@ -16,17 +16,16 @@ from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.records.model import controller_id, launch_digest
 from kvpd.exec.records.writer import RecordSync
+from kvpd.exec.report import NullReporter, Reporter
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.status import ProcessStatus, query_status
-from kvpd.exec.stop import DownResult, NullReporter, Reporter, Stopper, StopResult, is_running
+from kvpd.exec.stop import DownResult, Stopper, StopResult, is_running
 from kvpd.exec.transport import Transport
 from kvpd.exec.write_files import write_files
 from kvpd.plan.value import HostSpec, Plan, ProcessSpec
 from kvpd.profile.roles import Role
 
 DEFAULT_GRACE_S = 20.0
-# Through bash's positional parameters, so no value is parsed as shell code; private (0600).
-LOG_HEADER_SH = 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && printf "%s\\n" "$2" >> "$1"'
 
 
 class _ProcessFailed(Exception):
@@ -188,9 +187,10 @@ class Executor:
         log = logs.log_path(run_dir, p)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.wall()))
         header = f"{diagnose.HEADER_PREFIX}{state.deployment}/{p.name} started {stamp} ==="
-        r = t.run(["bash", "-c", LOG_HEADER_SH, "kvpd-log", log, header], timeout_s=30)
-        if not r.ok:
-            raise _ProcessFailed(p, f"could not create its log {log}: {r.stderr.strip()}")
+        try:
+            t.append(log, header + "\n")
+        except (KvpdError, OSError) as e:
+            raise _ProcessFailed(p, f"could not create its log {log}: {e}") from e
         env = dict(p.env) | {"KVPD_DEPLOYMENT": state.deployment, "KVPD_PROCESS": p.name}
         try:
             s = t.start_detached(

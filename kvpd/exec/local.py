@@ -158,6 +158,13 @@ class LocalTransport:
     def read(self, path: str) -> bytes:
         return Path(self.resolve(path)).read_bytes()
 
+    def append(self, path: str, text: str) -> None:
+        target = Path(self.resolve(path))
+        private_dirs(target.parent)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "ab") as f:
+            f.write(text.encode())
+
     # -- processes -----------------------------------------------------------------------
 
     def start_detached(

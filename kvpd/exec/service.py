@@ -22,10 +22,11 @@ from kvpd.exec.preflight import run_checks
 from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.purge import purge_run_dirs
 from kvpd.exec.records.current import Current
+from kvpd.exec.report import NullReporter, Reporter
 from kvpd.exec.rolling import CanaryCheck, CanaryOutcome, Roller, Step
 from kvpd.exec.service_inspect import Inspecting
 from kvpd.exec.state import DeploymentState, StateStore
-from kvpd.exec.stop import DownResult, NullReporter, Reporter
+from kvpd.exec.stop import DownResult
 from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import Plan
@@ -92,17 +93,11 @@ class Deployments(Inspecting, Leasing):
             self._pool, reporter, store=self.store, grace_s=self.grace_s, serial=self.serial
         )
 
-    def transports(self, plan: Plan) -> TransportPool:
-        """The one way to `plan`'s hosts, their files and ports (opened on first use)."""
-        self._pool.add_hosts(plan.hosts)
-        return self._pool
-
     # -- before up ---------------------------------------------------------------------
 
     def check(self, plan: Plan) -> list[Check]:
         """The read-only preflight checks on every host of `plan` (see exec/preflight.py)."""
-        self._pool.add_hosts(plan.hosts)
-        return run_checks(plan, self._pool.__getitem__)
+        return run_checks(plan, self.transports(plan).__getitem__)
 
     def prepare(self, plan: Plan, *, profile: str, preflight: bool = True) -> list[Check]:
         """What `up` verifies before it starts anything: the deployment is not running
@@ -116,11 +111,10 @@ class Deployments(Inspecting, Leasing):
             return self.check(plan)
         # Containers kvpd starts must run before preflight can look inside; when
         # a check fails they are removed again (`up` starts them anew if the user goes on).
-        self._pool.add_hosts(plan.hosts)
-        start_containers(plan, self._pool, NullReporter())
+        start_containers(plan, self.transports(plan), NullReporter())
         checks = self.check(plan)
         if not all(c.ok for c in checks):
-            remove_containers(plan, self._pool, NullReporter())
+            remove_containers(plan, self.transports(plan), NullReporter())
         return checks
 
     # -- up / down ---------------------------------------------------------------------
@@ -186,7 +180,6 @@ class Deployments(Inspecting, Leasing):
                 state = None
         if state is None:
             return None
-        self._pool.add_hosts(state.plan.hosts)
         children = self.supervisors(state)  # read before the supervisors go
         result = self._executor(reporter).down(state)
         result.refused = refused
@@ -205,6 +198,7 @@ class Deployments(Inspecting, Leasing):
         for name, sup in children.items():
             rec = state.record(name)
             if rec is not None and sup.child_pid:
+                # down() read `children` through the pool, which so knows their hosts
                 outcome = supervised.reap_child(self._pool[rec.host], name, rec.host, sup)
                 if outcome is not None:
                     result.stop.outcomes.append(outcome)
@@ -214,12 +208,12 @@ class Deployments(Inspecting, Leasing):
         bundle): host -> why a run dir was kept, for those not removed. Hosts no record names
         (files only, or records already removed by the `down`) get the run dir the plan names,
         as their transport resolves it: the marker still decides what is removed."""
-        self._pool.add_hosts(state.plan.hosts)
         plan = state.plan
+        pool = self.transports(plan)
         for h in sorted({p.host for p in plan.processes} | {f.host for f in plan.files}):
             if h not in state.run_dirs:
-                state.run_dirs[h] = self._pool[h].resolve(plan.host(h).run_dir)
-        return purge_run_dirs(state, self._pool.__getitem__)
+                state.run_dirs[h] = pool[h].resolve(plan.host(h).run_dir)
+        return purge_run_dirs(state, pool.__getitem__)
 
     def stop(self, deployment: str, reporter: Reporter | None = None) -> None:
         """`down`, raising StateError unless everything is gone and its ports are free."""
@@ -252,14 +246,14 @@ class Deployments(Inspecting, Leasing):
         from_hosts = plan is not None
         state = self._state(deployment, plan)
         plan = state.plan
-        self._pool.add_hosts(plan.hosts)
+        pool = self.transports(plan)
         specs = rolling.select(plan, targets)
         if from_hosts and self.seen is not None:
             rolling.refuse_drifted(specs, self.seen)
         admin = None
         if plan.proxy_url and any(p.role == "proxy" for p in plan.processes):
             token = admin_token.read(self.store.root, deployment) or self._host_token(state)
-            admin = ProxyAdmin(self._pool[plan.proxy_host], plan.proxy_url, token)
+            admin = ProxyAdmin(pool[plan.proxy_host], plan.proxy_url, token)
         check = None
         if canary is not None:
 
@@ -267,8 +261,7 @@ class Deployments(Inspecting, Leasing):
                 r = self.canary(plan, canary)
                 return r.ok, r.line
 
-        ex = self._executor(reporter)
-        ex.transports.add_hosts(plan.hosts)
+        ex = self._executor(reporter)  # over the same pool, which knows `plan`'s hosts
         roller = Roller(ex, state, admin, check, drain_timeout_s=drain_timeout_s,
                         save=lambda: self.store.save(state))  # fmt: skip
         steps: list[Step] = []

@@ -12,12 +12,13 @@ from kvpd.errors import KvpdError, StateError
 from kvpd.exec import gather, logs, supervised
 from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import Executor
+from kvpd.exec.pool import TransportPool
 from kvpd.exec.records.conflicts import conflicts
 from kvpd.exec.records.current import Current, read_current
+from kvpd.exec.report import Reporter
 from kvpd.exec.service_hosts import ClientHosts
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.status import ProcessStatus
-from kvpd.exec.stop import Reporter
 from kvpd.exec.supervised import Supervised
 from kvpd.plan.processes import ADMIN_TOKEN_FILE
 from kvpd.plan.value import Plan
@@ -44,12 +45,17 @@ class Inspecting(ClientHosts):
     def _executor(self, reporter: Reporter | None = None) -> Executor:
         raise NotImplementedError
 
+    def transports(self, plan: Plan) -> TransportPool:
+        """The one way to `plan`'s hosts, their files and ports: the service's pool, told
+        `plan`'s hosts (a transport opens on first use and closes with the service)."""
+        self._pool.add_hosts(plan.hosts)
+        return self._pool
+
     def refuse_conflicts(self, plan: Plan) -> None:
         """StateError naming every live kvpd deployment (and its owner, from its host records)
         that holds a port, device or run dir of `plan`, or `plan`'s own deployment running from
         another controller; nothing has started yet."""
-        self._pool.add_hosts(plan.hosts)
-        found = conflicts(plan, self._pool)
+        found = conflicts(plan, self.transports(plan))
         if found:
             raise StateError(
                 f"up of {plan.deployment!r} refused before anything started: kvpd deployments "
@@ -63,9 +69,8 @@ class Inspecting(ClientHosts):
         """The deployment as `plan`'s hosts record it (exec/records/current.py). A cache this
         folder holds is brought in step (once every host answered), so a `down` from another
         controller shows here as stopped."""
-        self._pool.add_hosts(plan.hosts)
         cache = self.store.load(plan.deployment)
-        cur = read_current(plan, self._pool, cache)
+        cur = read_current(plan, self.transports(plan), cache)
         if cache is not None and not cur.unreachable and not cur.refused:
             self.store.save(cur.state)
         self.seen = cur
@@ -107,7 +112,7 @@ class Inspecting(ClientHosts):
         ev = self.events(deployment)
         extra = {"events.jsonl": ev.path.read_bytes()} if ev.path.exists() else {}
         out = self.store.root / deployment / "diagnose"
-        report = gather.gather(self._pool, state, out, lines=lines, extra=extra,
+        report = gather.gather(self.transports(state.plan), state, out, lines=lines, extra=extra,
                                shareable=shareable)  # fmt: skip
         bad = [f.name for f in report.processes if f.state not in ("healthy", "running")]
         ev.record("diagnose", str(report.archive), not_ok=bad)
@@ -124,7 +129,8 @@ class Inspecting(ClientHosts):
         for row in rows:
             run_dir = state.run_dirs.get(row.host)
             if run_dir and row.alive is not None:
-                row.supervisor = supervised.read(self._pool[row.host], run_dir, row.name, row.pid)
+                t = self.transports(state.plan)[row.host]
+                row.supervisor = supervised.read(t, run_dir, row.name, row.pid)
             if row.supervisor is not None:
                 note_restarts(self.events(deployment), row.name, row.supervisor.restarts,
                               row.supervisor.last_exit)  # fmt: skip
@@ -136,7 +142,8 @@ class Inspecting(ClientHosts):
         for rec in state.processes:
             run_dir = state.run_dirs.get(rec.host)
             if run_dir:
-                sup = supervised.read(self._pool[rec.host], run_dir, rec.name, rec.pid)
+                t = self.transports(state.plan)[rec.host]
+                sup = supervised.read(t, run_dir, rec.name, rec.pid)
                 if sup is not None:
                     out[rec.name] = sup
         return out
@@ -164,7 +171,8 @@ class Inspecting(ClientHosts):
         if not run_dir:
             return ""
         try:
-            raw = self._pool[state.plan.proxy_host].read(posixpath.join(run_dir, ADMIN_TOKEN_FILE))
+            t = self.transports(state.plan)[state.plan.proxy_host]
+            raw = t.read(posixpath.join(run_dir, ADMIN_TOKEN_FILE))
         except (OSError, KvpdError):
             return ""
         return raw.decode("utf-8", "replace").strip()[:200]
@@ -180,7 +188,6 @@ class Inspecting(ClientHosts):
         if rec is None:
             known = ", ".join(r.name for r in state.processes) or "none started"
             raise StateError(f"deployment {dep!r} has no process {name!r} (known: {known}).")
-        self._pool.add_hosts(state.plan.hosts)
         return state, rec
 
     def deployment_with_process(self, name: str) -> str:
@@ -200,7 +207,7 @@ class Inspecting(ClientHosts):
         """The last `lines` lines of process `name`'s log (deployment found by the name when
         only one has such a process; with `plan`, from the hosts' records)."""
         state, rec = self._process(name, deployment, plan)
-        text = logs.tail(self._pool[rec.host], rec.log, lines)
+        text = logs.tail(self.transports(state.plan)[rec.host], rec.log, lines)
         return LogTail(state.deployment, rec.name, rec.host, rec.log, text)
 
     def follow(self, log: LogTail) -> Iterator[str]:

@@ -5,41 +5,16 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypedDict
+from typing import Literal
 
 from kvpd.exec.fanout import Fanout
+from kvpd.exec.report import Reporter
 from kvpd.exec.state import ProcessRecord
 from kvpd.exec.transport import Transport, Transports
-
-if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)
-    from typing_extensions import Unpack
 
 KILL_WAIT_S = 5.0  # after SIGKILL: how long to wait for the kernel to take the group down
 POLL_S = 0.1
 PORT_WAIT_S = 2.0  # listening sockets close with the process; allow a moment to settle
-
-
-class Progress(TypedDict, total=False):
-    """What a progress report may say besides the process and its phase (stated once)."""
-
-    host: str
-    detail: str
-    elapsed_s: float | None
-
-
-class Reporter(Protocol):
-    """Receives progress; the CLI renders it. Called from worker threads. The bodies do
-    nothing, so a reporter that drops progress is a plain subclass (`NullReporter`)."""
-
-    def process(self, name: str, phase: str, **info: Unpack[Progress]) -> None:
-        return None
-
-    def message(self, text: str) -> None:
-        return None
-
-
-class NullReporter(Reporter):
-    """Drops all progress (library callers and tests that render nothing)."""
 
 
 def is_running(t: Transport, rec: ProcessRecord) -> bool:
@@ -51,11 +26,16 @@ def is_running(t: Transport, rec: ProcessRecord) -> bool:
     return bool(t.group_alive(rec.pgid))
 
 
+# How stopping one process ended: "stopped" by SIGTERM, "killed" by SIGKILL, or "error" (the
+# host could not be asked). The first three mean the process is gone.
+StopHow = Literal["not running", "stopped", "killed", "still running", "error"]
+
+
 @dataclass
 class StopOutcome:
     name: str
     host: str
-    how: str  # "not running" | "stopped" (SIGTERM) | "killed" (SIGKILL) | "still running" | "error"
+    how: StopHow
     detail: str = ""
 
     @property

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvpd.exec.stop import KILL_WAIT_S, POLL_S, StopOutcome
+from kvpd.exec.stop import KILL_WAIT_S, POLL_S, StopHow, StopOutcome
 from kvpd.exec.transport import Transport
 from kvpd.plan.supervision import status_path
 
@@ -94,5 +94,5 @@ def reap_child(t: Transport, name: str, host: str, sup: Supervised) -> StopOutco
             "differs or was not recorded). Fix: check the group on the host and stop it by "
             "hand if it is kvpd's"
         )
-    how = "still running" if t.group_alive(pgid) else "killed"
+    how: StopHow = "still running" if t.group_alive(pgid) else "killed"
     return StopOutcome(f"{name} (child)", host, how, detail)

@@ -121,6 +121,12 @@ class Transport(Protocol):
         """Read a whole file; raises FileNotFoundError if it does not exist."""
         ...
 
+    def append(self, path: str, text: str) -> None:
+        """Append `text` (no NUL) to a file, creating it 0600 and its missing parent
+        directories 0700 (a log kvpd starts may echo secrets); an existing file keeps its
+        mode. Raises TransportError (or OSError locally) when the file cannot be written."""
+        ...
+
     def start_detached(
         self, argv: list[str], *, log: str, cwd: str, env: dict[str, str] | None = None
     ) -> Started:

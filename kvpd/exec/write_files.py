@@ -6,8 +6,8 @@ import posixpath
 
 from kvpd.errors import DeployError, KvpdError
 from kvpd.exec.fanout import Fanout
+from kvpd.exec.report import Reporter
 from kvpd.exec.state import DeploymentState
-from kvpd.exec.stop import Reporter
 from kvpd.exec.transport import Transport, Transports
 from kvpd.plan.value import FileSpec
 

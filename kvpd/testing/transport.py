@@ -24,7 +24,6 @@ from kvpd.errors import TransportError
 from kvpd.exec import procfs, run_dirs
 from kvpd.exec.channel_errors import CONNECT_FAILED, PROHIBITED, refusal, unreachable
 from kvpd.exec.command_words import check_env
-from kvpd.exec.executor import LOG_HEADER_SH
 from kvpd.exec.lease_host import LEASE_SH
 from kvpd.exec.transport import (
     CommandResult,
@@ -159,8 +158,10 @@ class FakeTransport:
             return self.files[target]
 
     def append(self, path: str, text: str) -> None:
+        self._check_reachable()
         with self._lock:
             target = self.resolve(path)
+            self.modes.setdefault(target, 0o600)
             self.files[target] = self.files.get(target, b"") + text.encode()
 
     def start_detached(
@@ -291,15 +292,6 @@ def _stat(t: FakeTransport, argv: list[str]) -> CommandResult:
     return _ok(argv, f"{len(t.files[path])}\n")
 
 
-def _bash(t: FakeTransport, argv: list[str]) -> CommandResult:
-    # Only the form kvpd uses to write a log header: bash -c SCRIPT NAME FILE LINE, where the
-    # script appends "$2" to "$1" (see kvpd.exec.executor.LOG_HEADER_SH).
-    if argv[1:3] == ["-c", LOG_HEADER_SH] and len(argv) == 6:
-        t.append(argv[4], argv[5] + "\n")
-        return _ok(argv)
-    return _fail(argv, "bash: this script is not scripted in the fake", NOT_FOUND)
-
-
 def _under(t: FakeTransport, d: str) -> list[str]:
     return [f for f in t.files if f.startswith(d.rstrip("/") + "/")]
 
@@ -335,5 +327,4 @@ _BUILTINS: dict[str, Builtin] = {
     "rm": _rm,
     "tail": _tail,
     "stat": _stat,
-    "bash": _bash,
 }

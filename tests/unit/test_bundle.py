@@ -20,7 +20,7 @@ from kvpd.exec.bundle.installer import Build, BundleInstaller, choose_builds
 from kvpd.exec.bundle.result import SlotResult
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.purge import unsafe_run_dir
-from kvpd.exec.stop import NullReporter
+from kvpd.exec.report import NullReporter
 from kvpd.plan.build import load_plan
 from kvpd.plan.bundle import BundleUse, native_need, sparse_planner
 from kvpd.plan.value import HostSpec, Plan

@@ -27,7 +27,7 @@ from kvpd.exec.bundle.wheel_cache import UnsafeCache
 from kvpd.exec.bundle.wheel_trust import Refused, native_member, native_members, verify_host_wheel
 from kvpd.exec.checks import Check
 from kvpd.exec.local import LocalTransport
-from kvpd.exec.stop import NullReporter
+from kvpd.exec.report import NullReporter
 from kvpd.exec.transport import CommandResult
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.value import HostSpec, Plan

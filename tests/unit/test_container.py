@@ -176,7 +176,7 @@ def test_up_starts_only_its_containers_and_down_removes_only_those(tmp_path: Pat
     from kvpd.exec.containers.life import inspect, remove_containers, start_containers
     from kvpd.exec.containers.preflight import preflight_checks
     from kvpd.exec.pool import TransportPool
-    from kvpd.exec.stop import NullReporter
+    from kvpd.exec.report import NullReporter
     from tests.unit.standin import can_unshare
 
     if not can_unshare():

@@ -22,9 +22,10 @@ from kvpd.exec.records.conflicts import conflicts, port_holders
 from kvpd.exec.records.current import read_current
 from kvpd.exec.records.model import RECORD_FILE
 from kvpd.exec.records.validate import MAX_RECORD_BYTES, RecordRefused, parse
+from kvpd.exec.report import NullReporter
 from kvpd.exec.service import Deployments
 from kvpd.exec.state import StateStore
-from kvpd.exec.stop import NullReporter, Stopper
+from kvpd.exec.stop import Stopper
 from tests.unit.test_executor import HOST, make_plan, up
 
 

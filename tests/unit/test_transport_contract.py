@@ -115,6 +115,17 @@ def test_files_round_trip_and_resolve(host: Host) -> None:
     assert t.resolve("rel/x").startswith("/") and t.resolve("rel/x").endswith("/rel/x")
 
 
+def test_append_creates_then_extends_a_file(host: Host) -> None:
+    t = host.t
+    path = f"{host.workdir}/logs/new/p.log"  # the parents do not exist yet
+    t.append(path, "=== header $(id) '\"\n")
+    t.append(path, "more")
+    assert t.read(path) == b"=== header $(id) '\"\nmore"
+    t.put(f"{host.workdir}/kept", b"a\n")
+    t.append(f"{host.workdir}/kept", "b\n")
+    assert t.read(f"{host.workdir}/kept") == b"a\nb\n"
+
+
 def test_commands_report_exit_codes(host: Host) -> None:
     t = host.t
     assert t.run(["true"]).ok
@@ -179,6 +190,11 @@ def test_what_kvpd_creates_is_private_from_the_start(host: Host) -> None:
     t.put(f"{host.workdir}/new/sub/token", b"secret", mode=0o600)
     assert [mode(f"{host.workdir}/{p}") for p in ("new", "new/sub", "new/sub/token")] == [
         "700",
+        "700",
+        "600",
+    ]
+    t.append(f"{host.workdir}/appended/sub/p.log", "header\n")
+    assert [mode(f"{host.workdir}/{p}") for p in ("appended", "appended/sub/p.log")] == [
         "700",
         "600",
     ]

@@ -33,7 +33,7 @@ from kvpd.exec.bundle.run import InstallRun
 from kvpd.exec.bundle.run import fallback as fallback
 from kvpd.exec.bundle.wheel_trust import platform_ok
 from kvpd.exec.pool import TransportPool
-from kvpd.exec.stop import NullReporter, Reporter
+from kvpd.exec.report import NullReporter, Phase, Reporter
 from kvpd.exec.transport import Transport
 from kvpd.plan.bundle import BUNDLE_DIR, BundleUse
 from kvpd.plan.value import Plan
@@ -60,7 +60,7 @@ class BundleInstaller:
         self.builders: set[str] = set()  # hosts whose builds may serve their whole platform
         self.executables: dict[str, str] = {}  # host -> a Python it reported (to build with)
 
-    def _say(self, host: str, phase: str, detail: str = "", t0: float | None = None) -> None:
+    def _say(self, host: str, phase: Phase, detail: str = "", t0: float | None = None) -> None:
         elapsed = None if t0 is None else time.monotonic() - t0
         self.reporter.process(f"bundle@{host}", phase, host=host, detail=detail, elapsed_s=elapsed)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from kvpd.errors import DeployError, TransportError
 from kvpd.exec.containers.transport import ContainerTransport, runtime_failure
-from kvpd.exec.stop import Reporter
+from kvpd.exec.report import Reporter
 from kvpd.exec.transport import Transport, Transports
 from kvpd.plan.container import ContainerSpec
 from kvpd.plan.value import HostSpec, Plan

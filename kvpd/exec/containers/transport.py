@@ -114,6 +114,17 @@ class ContainerTransport(ShellProcesses):
     def read(self, path: str) -> bytes:
         return self.inner.read(path)
 
+    def append(self, path: str, text: str) -> None:
+        # Inside, unlike put: a file created by the host's user with mode 0600 could not be
+        # appended to by the container's user (the process started inside writes its log).
+        target = self.resolve(path)
+        r = self.run(commands.append_argv(target, text), timeout_s=30)
+        if not r.ok:
+            raise TransportError(
+                f"host {self.host}, container {self.spec.name}: cannot append to {target}: "
+                f"{r.stderr.strip()}"
+            )
+
     def http(self, request: HttpRequest) -> HttpResponse:
         return self.inner.http(request)  # the container shares the host's network
 

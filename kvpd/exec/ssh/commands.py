@@ -14,6 +14,16 @@ from kvpd.plan.quoting import SECRET_NAME
 # missing command and what LocalTransport returns for both.
 NOT_FOUND = 127
 
+# Appends "$2" to the file "$1": values travel as positional parameters, so none is parsed as
+# shell code; umask 077 makes what it creates private (directories 0700, the file 0600).
+APPEND_SH = 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && printf "%s" "$2" >> "$1"'
+
+
+def append_argv(path: str, text: str) -> list[str]:
+    """The command that appends `text` to `path` through a POSIX shell (APPEND_SH)."""
+    return ["sh", "-c", APPEND_SH, "kvpd-append", path, text]
+
+
 # LISTEN lines of the TCP tables (header lines never match); procfs parses them.
 LISTENING_SNIPPET = "awk '$4 == \"0A\"' /proc/net/tcp /proc/net/tcp6 2>/dev/null; exit 0"
 

@@ -272,6 +272,13 @@ class SSHTransport(ShellProcesses):
 
         return self._with_retry(f"reading {target}", op)
 
+    def append(self, path: str, text: str) -> None:
+        # Through the shell, not SFTP: an SFTP open cannot create the file 0600 atomically.
+        target = self.resolve(path)
+        r = self.run(commands.append_argv(target, text), timeout_s=30)
+        if not r.ok:
+            raise TransportError(f"host {self.host}: cannot append to {target}: {r.stderr.strip()}")
+
     # -- processes ---------------------------------------------------------------------
 
     def start_detached(
