@@ -86,7 +86,15 @@ def up_cmd(
     plan = _load_plan(profile, rehearse=how, inventory=inventory, sets=sets)
     with (
         Deployments(accept_new_host_keys=accept_new_host_keys, grace_s=grace, serial=serial) as svc,
-        lease_opts.hold(svc, plan, "up", break_lease=break_lease, yes=yes),
+        up_view.leased(
+            svc,
+            plan,
+            profile,
+            preflight=not skip_preflight,
+            as_json=json_out,
+            break_lease=break_lease,
+            yes=yes,
+        ),  # fmt: skip
     ):
         up_view.gate(svc, plan, profile, preflight=not skip_preflight, as_json=json_out)
         if not json_out:

@@ -3,9 +3,12 @@ start (with live progress or quiet for --json), the layout check, the canary and
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -14,24 +17,54 @@ from kvpd.errors import DeployError, KvpdError
 from kvpd.profile.roles import ENGINE_ROLES
 
 if TYPE_CHECKING:
+    from kvpd.exec.checks import Check
     from kvpd.exec.rolling import CanaryOutcome
     from kvpd.exec.service import Deployments
     from kvpd.exec.state import DeploymentState
     from kvpd.plan.value import Plan
 
 
+@contextmanager
+def leased(
+    svc: Deployments, plan: Plan, profile: str, *, preflight: bool, as_json: bool,
+    break_lease: bool, yes: bool,
+) -> Iterator[None]:  # fmt: skip
+    """The lease around `up`. When its host cannot be asked, the preflight (read-only) still
+    runs so the user sees every host's checks (an unknown host key, an unreachable host), as
+    without a lease; then the lease's own error."""
+    from kvpd.cli import lease_opts
+    from kvpd.exec.lease_host import LeaseHostError
+
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(lease_opts.hold(svc, plan, "up", break_lease=break_lease, yes=yes))
+        except LeaseHostError:
+            if preflight:
+                checks = svc.check(plan)
+                if not all(c.ok for c in checks):
+                    gate_failed(plan, checks, as_json=as_json)
+            raise
+        yield
+
+
+def gate_failed(plan: Plan, checks: list[Check], *, as_json: bool) -> NoReturn:
+    """Show the failed preflight and stop: nothing was started."""
+    from kvpd.cli import output
+
+    output.show_preflight(plan.deployment, checks, as_json=as_json)
+    raise KvpdError(
+        "preflight failed (table above): nothing was started. Fix the hosts or "
+        "the profile, or pass --skip-preflight to start anyway."
+    )
+
+
 def gate(svc: Deployments, plan: Plan, profile: str, *, preflight: bool, as_json: bool) -> None:
     """Prepare `plan` and refuse to go on when a preflight check failed. Runs before the
     prompt: a running deployment is refused whatever the answer."""
-    from kvpd.cli import output
 
     checks = svc.prepare(plan, profile=profile, preflight=preflight)
     if not all(c.ok for c in checks):
-        output.show_preflight(plan.deployment, checks, as_json=as_json)
-        raise KvpdError(
-            "preflight failed (table above): nothing was started. Fix the hosts or "
-            "the profile, or pass --skip-preflight to start anyway."
-        )
+        gate_failed(plan, checks, as_json=as_json)
 
 
 def show_summary(plan: Plan) -> None:

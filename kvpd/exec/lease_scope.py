@@ -54,7 +54,10 @@ class Leasing:
 
     def _host_lease(self, plan: Plan) -> HostLease:
         self._pool.add_hosts(plan.hosts)
-        return HostLease(self._pool[lease_host.lease_host(plan)], plan.deployment)
+        t = self._pool[lease_host.lease_host(plan)]
+        # On the host itself, never inside its container: kvpd starts and removes containers
+        # during the very changes the lease covers, and the lease lives in the login's home.
+        return HostLease(getattr(t, "inner", t), plan.deployment)
 
     def peek_lease(self, plan: Plan) -> tuple[Seen, Decision]:
         """The lease of `plan`'s deployment as it is, and whether this controller may take it
