@@ -49,9 +49,22 @@ def stream_summary(events: list[Any]) -> dict[str, Any]:
     for event in events:
         event = strip(event)
         _pull_text(event, text)
-        if not shapes or shapes[-1] != event:
+        if shapes and _unfinished(shapes[-1]) == _unfinished(event):
+            shapes[-1] = event  # the same event, or the last token's and the finish in one
+        else:
             shapes.append(event)
     return {"text": "".join(text), "events": shapes}
+
+
+def _unfinished(event: Any) -> Any:
+    """`event` with its choices' finish and stop reasons unset: whether the last tokens come
+    in the event that says `length` or just before it depends on timing, not on the server."""
+    if isinstance(event, dict):
+        return {k: None if k in ("finish_reason", "stop_reason") else _unfinished(v)
+                for k, v in event.items()}  # fmt: skip
+    if isinstance(event, list):
+        return [_unfinished(v) for v in event]
+    return event
 
 
 def _pull_text(event: Any, text: list[str]) -> None:
@@ -67,6 +80,8 @@ def _pull_text(event: Any, text: list[str]) -> None:
     if isinstance(event.get("delta"), str):  # response.output_text.delta
         text.append(event.pop("delta"))
     data = event.get("data")
+    if isinstance(data, dict) and "choices" in data:  # a raw SSE event: {"event", "data"}
+        _pull_text(data, text)
     delta = data.get("delta") if isinstance(data, dict) else None
     if isinstance(delta, dict) and isinstance(delta.get("text"), str):  # content_block_delta
         text.append(delta.pop("text"))
