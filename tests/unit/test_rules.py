@@ -596,3 +596,19 @@ def test_log_name_must_give_each_process_its_own_file() -> None:
     msg = error("large-ep", "decode.log_name=decoder.log")
     assert "decode-dp0 and decode-dp1 on d1 would both write logs/decoder.log" in msg
     assert "put {dp_rank} or {name} into log_name" in msg
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("2", "lease_s must be at least 3, not 2. Set it to at least 3."),
+        ("7200", "lease_s must be at most 3600, not 7200. Set it to at most 3600."),
+        ("abc", "lease_s must be a whole number, not 'abc'. Set it to a whole number."),
+    ],
+)
+def test_lease_time_to_live_is_bounded(value: str, why: str) -> None:
+    # Under 3 s a renewal every third of it could not reach a host behind a bastion in time;
+    # over an hour a killed kvpd would hold the deployment for longer than anyone waits.
+    msg = error("local", f"runtime.lease_s={value}")
+    assert "runtime.lease_s:" in msg, msg
+    assert why in msg, msg
