@@ -26,8 +26,8 @@ from kvpd.bench.records import BenchRun, Record
 from kvpd.bench.settings import Point, Scenario, Settings
 from kvpd.errors import BenchError, KvpdError, StateError
 from kvpd.exec import client_key
-from kvpd.exec.diagnose import current_run
-from kvpd.exec.health import probe
+from kvpd.exec.diagnose.causes import current_run
+from kvpd.exec.processes.health import probe
 from kvpd.exec.service import Deployments
 from kvpd.plan.value import HealthCheck, Plan
 from kvpd.profile.roles import Role

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 from kvpd.errors import StateError
 
 if TYPE_CHECKING:
+    from kvpd.exec.processes.stop import DownResult
     from kvpd.exec.service import Deployments
     from kvpd.exec.state import DeploymentState
-    from kvpd.exec.stop import DownResult
     from kvpd.plan.value import Plan
 
 
@@ -31,7 +31,7 @@ def purge(
     """--purge: remove the run dirs, only once nothing runs from them. Nothing running (an
     earlier `down`) still purges. Returns the down's result and host -> why a run dir was
     kept (None when nothing was purged)."""
-    from kvpd.exec.stop import DownResult
+    from kvpd.exec.processes.stop import DownResult
 
     if state is None:
         return result, None

@@ -1,5 +1,5 @@
 """`--break-lease` of `up`, `down` and `restart`: take over the lease of a deployment another
-change holds (kvpd.exec.lease_scope), after the user confirms whose lease it is."""
+change holds (kvpd.exec.lease.scope), after the user confirms whose lease it is."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from kvpd.errors import TransportError
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from kvpd.exec.lease import Operation
-    from kvpd.exec.lease_host import Held
+    from kvpd.exec.lease.host import Held
+    from kvpd.exec.lease.model import Operation
     from kvpd.exec.service import Deployments
     from kvpd.plan.value import Plan
 
@@ -39,8 +39,8 @@ def break_target(svc: Deployments, plan: Plan, *, break_lease: bool, yes: bool) 
     """What the user confirmed taking over ('' without --break-lease, or when the lease is
     free or expired): the holder's lease as shown, or going on without one when its host cannot
     be asked."""
-    from kvpd.exec import lease
-    from kvpd.exec.lease_host import UNLEASED
+    from kvpd.exec.lease import model as lease
+    from kvpd.exec.lease.host import UNLEASED
 
     if not break_lease:
         return ""

@@ -15,13 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from kvpd.cli.terminal import SafeConsole
-from kvpd.exec.checks import Check
+from kvpd.exec.diagnose.gather import Report
 from kvpd.exec.events import Event
-from kvpd.exec.gather import Report
+from kvpd.exec.preflight.checks import Check
+from kvpd.exec.processes.status import ProcessStatus
+from kvpd.exec.processes.stop import DownResult
 from kvpd.exec.report import Phase, Progress
 from kvpd.exec.state import DeploymentState
-from kvpd.exec.status import ProcessStatus
-from kvpd.exec.stop import DownResult
 from kvpd.plan.value import Plan
 
 if TYPE_CHECKING:  # annotations only (typing.Unpack is 3.11+)

@@ -17,7 +17,7 @@ from kvpd.errors import DeployError, KvpdError
 from kvpd.profile.roles import ENGINE_ROLES
 
 if TYPE_CHECKING:
-    from kvpd.exec.checks import Check
+    from kvpd.exec.preflight.checks import Check
     from kvpd.exec.rolling import CanaryOutcome
     from kvpd.exec.service import Deployments
     from kvpd.exec.state import DeploymentState
@@ -33,7 +33,7 @@ def leased(
     runs so the user sees every host's checks (an unknown host key, an unreachable host), as
     without a lease; then the lease's own error."""
     from kvpd.cli import lease_opts
-    from kvpd.exec.lease_host import LeaseHostError
+    from kvpd.exec.lease.host import LeaseHostError
 
     with contextlib.ExitStack() as stack:
         try:
@@ -134,7 +134,7 @@ def confirm_layout(svc: Deployments, plan: Plan) -> list[tuple[bool, str]]:
     """The guide's `Layerwise KV cache reuse merged ...` check, once the engines are healthy
     (vLLM-Ascend logs it when it lays out the KV cache); `kvpd bench` checks it again."""
     from kvpd.bench.logcheck import confirm
-    from kvpd.exec.diagnose import current_run
+    from kvpd.exec.diagnose.causes import current_run
 
     checks = tuple(c for c in plan.log_checks if c.kind == "layerwise_reuse")
     if not checks:

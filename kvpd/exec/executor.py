@@ -8,18 +8,20 @@ import time
 from collections.abc import Callable, Mapping
 
 from kvpd.errors import DeployError, HealthTimeout, KvpdError, StateError
-from kvpd.exec import diagnose, logs, readiness, run_dirs
+from kvpd.exec import logs, run_dirs
 from kvpd.exec.bundle.installer import install_bundle
 from kvpd.exec.containers.life import remove_containers, start_containers
+from kvpd.exec.diagnose import causes as diagnose
 from kvpd.exec.fanout import Fanout
-from kvpd.exec.health import ProbeResult, probe
 from kvpd.exec.pool import TransportPool
+from kvpd.exec.processes import readiness
+from kvpd.exec.processes.health import ProbeResult, probe
+from kvpd.exec.processes.status import ProcessStatus, query_status
+from kvpd.exec.processes.stop import DownResult, Stopper, StopResult, is_running
 from kvpd.exec.records.model import controller_id, launch_digest
 from kvpd.exec.records.writer import RecordSync
 from kvpd.exec.report import NullReporter, Reporter
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
-from kvpd.exec.status import ProcessStatus, query_status
-from kvpd.exec.stop import DownResult, Stopper, StopResult, is_running
 from kvpd.exec.transport import Transport
 from kvpd.exec.write_files import write_files
 from kvpd.plan.value import HostSpec, Plan, ProcessSpec

@@ -11,14 +11,17 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from kvpd.errors import DeployError, StateError
-from kvpd.exec import admin_token, client_key, rolling, supervised
-from kvpd.exec.checks import Check
+from kvpd.exec import admin_token, client_key, rolling
 from kvpd.exec.containers.life import remove_containers, start_containers
 from kvpd.exec.executor import DEFAULT_GRACE_S, Executor
 from kvpd.exec.interrupts import sigterm_as_interrupt
-from kvpd.exec.lease_scope import Leasing, leased
+from kvpd.exec.lease.scope import Leasing, leased
 from kvpd.exec.pool import TransportPool
-from kvpd.exec.preflight import run_checks
+from kvpd.exec.preflight.checks import Check
+from kvpd.exec.preflight.run import run_checks
+from kvpd.exec.processes import supervised
+from kvpd.exec.processes.stop import DownResult
+from kvpd.exec.processes.supervised import Supervised
 from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.purge import purge_run_dirs
 from kvpd.exec.records.current import Current
@@ -26,8 +29,6 @@ from kvpd.exec.report import NullReporter, Reporter
 from kvpd.exec.rolling import CanaryCheck, CanaryOutcome, Roller, Step
 from kvpd.exec.service_inspect import Inspecting
 from kvpd.exec.state import DeploymentState, StateStore
-from kvpd.exec.stop import DownResult
-from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import Plan
 
@@ -96,7 +97,7 @@ class Deployments(Inspecting, Leasing):
     # -- before up ---------------------------------------------------------------------
 
     def check(self, plan: Plan) -> list[Check]:
-        """The read-only preflight checks on every host of `plan` (see exec/preflight.py)."""
+        """The read-only preflight checks on every host of `plan` (see exec/preflight/run.py)."""
         return run_checks(plan, self.transports(plan).__getitem__)
 
     def prepare(self, plan: Plan, *, profile: str, preflight: bool = True) -> list[Check]:

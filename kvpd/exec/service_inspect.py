@@ -9,17 +9,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kvpd.errors import KvpdError, StateError
-from kvpd.exec import gather, logs, supervised
+from kvpd.exec import logs
+from kvpd.exec.diagnose import gather
 from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import Executor
 from kvpd.exec.pool import TransportPool
+from kvpd.exec.processes import supervised
+from kvpd.exec.processes.status import ProcessStatus
+from kvpd.exec.processes.supervised import Supervised
 from kvpd.exec.records.conflicts import conflicts
 from kvpd.exec.records.current import Current, read_current
 from kvpd.exec.report import Reporter
 from kvpd.exec.service_hosts import ClientHosts
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
-from kvpd.exec.status import ProcessStatus
-from kvpd.exec.supervised import Supervised
 from kvpd.plan.processes import ADMIN_TOKEN_FILE
 from kvpd.plan.value import Plan
 
@@ -106,7 +108,7 @@ class Inspecting(ClientHosts):
         plan: Plan | None = None,
     ) -> gather.Report:
         """Everything that explains `deployment`'s state, from every host in parallel, into
-        `<state root>/<deployment>/diagnose/<time>.tar.gz` (exec/gather.py); `shareable`: the
+        `<state root>/<deployment>/diagnose/<time>.tar.gz` (diagnose/gather.py); `shareable`: the
         masked, topology-free form meant for others."""
         state = self._state(deployment, plan)
         ev = self.events(deployment)

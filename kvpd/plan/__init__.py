@@ -7,7 +7,7 @@ A process goes through one named value per stage of the pipeline:
   rehearsal transform and the node bundle may rewrite;
 - `value.ProcessSpec`: the process in the plan (its launch script rendered) — what `up` runs;
 - `exec.state.ProcessRecord`: a started process (PID, start time), in the deployment state;
-- `exec.status.ProcessStatus`: what `kvpd status` observed of it.
+- `exec.processes.status.ProcessStatus`: what `kvpd status` observed of it.
 
 Roles are `kvpd.profile.roles.Role`.
 """

@@ -244,7 +244,7 @@ class Plan:
     log_checks: tuple[LogCheck, ...] = ()
     # Every size the plan derived, with its formula's inputs (kvpd.plan.derived)
     derived: tuple[str, ...] = ()
-    # runtime.lease_s: the time to live of the deployment's lease (kvpd.exec.lease)
+    # runtime.lease_s: the time to live of the deployment's lease (kvpd.exec.lease.model)
     lease_s: int = 60
 
     @property

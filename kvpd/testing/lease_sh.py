@@ -1,4 +1,4 @@
-"""The lease snippet (kvpd.exec.lease_host.LEASE_SH) on a FakeTransport: the same modes, exit
+"""The lease snippet (kvpd.exec.lease.host.LEASE_SH) on a FakeTransport: the same modes, exit
 codes and output on the fake's file table, with the fake host's clock (`t.clock`) stamping the
 mtime of every write, so tests can move a host's clock instead of sleeping through a lease."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import zlib
 from typing import TYPE_CHECKING
 
-from kvpd.exec.lease_host import CHANGED, MAX_READ
+from kvpd.exec.lease.host import CHANGED, MAX_READ
 from kvpd.exec.transport import CommandResult
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from kvpd.errors import TransportError
 from kvpd.exec import procfs, run_dirs
 from kvpd.exec.channel_errors import CONNECT_FAILED, PROHIBITED, refusal, unreachable
 from kvpd.exec.command_words import check_env
-from kvpd.exec.lease_host import LEASE_SH
+from kvpd.exec.lease.host import LEASE_SH
 from kvpd.exec.transport import (
     CommandResult,
     HttpRequest,

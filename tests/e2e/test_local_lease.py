@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpd.exec.lease import Holder, LeaseRecord
+from kvpd.exec.lease.model import Holder, LeaseRecord
 from tests.e2e.local_deploy import engine_missing, kvpd, local_sets, set_args
 
 pytestmark = pytest.mark.e2e

@@ -1,5 +1,5 @@
 """One change at a time, on the SSH test bed: the lease `up`, `down` and `restart` take on the
-deployment's first host (kvpd.exec.lease_host).
+deployment's first host (kvpd.exec.lease.host).
 
 Controller A runs in its own UTS namespace named `laptop-a`, so to controller B (this machine's
 host name) it is another machine: B cannot tell from its own process table whether A still runs

@@ -25,8 +25,8 @@ from kvpd.exec.bundle.installer import BundleInstaller
 from kvpd.exec.bundle.preflight import preflight_checks
 from kvpd.exec.bundle.wheel_cache import UnsafeCache
 from kvpd.exec.bundle.wheel_trust import Refused, native_member, native_members, verify_host_wheel
-from kvpd.exec.checks import Check
 from kvpd.exec.local import LocalTransport
+from kvpd.exec.preflight.checks import Check
 from kvpd.exec.report import NullReporter
 from kvpd.exec.transport import CommandResult
 from kvpd.plan.bundle import BundleUse

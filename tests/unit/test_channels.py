@@ -14,10 +14,10 @@ import pytest
 
 from kvpd.errors import HealthTimeout
 from kvpd.exec.channel_errors import refusal, unreachable
-from kvpd.exec.channel_preflight import check_host
 from kvpd.exec.executor import Executor
-from kvpd.exec.health import probe
 from kvpd.exec.http_wire import direct, encode, endpoint
+from kvpd.exec.preflight.channels import check_host
+from kvpd.exec.processes.health import probe
 from kvpd.exec.proxy_admin import ProxyAdmin
 from kvpd.exec.state import StateStore
 from kvpd.exec.transport import ChannelError, HttpRequest, HttpResponse

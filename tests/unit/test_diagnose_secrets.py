@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from kvpd.errors import ProfileError
-from kvpd.exec import gather, logs
+from kvpd.exec import logs
+from kvpd.exec.diagnose import gather
+from kvpd.exec.diagnose.redact import env_text, scrub
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.pool import TransportPool
-from kvpd.exec.redact import env_text, scrub
 from kvpd.exec.state import DeploymentState, ProcessRecord
 from kvpd.plan.build import load_plan
 

@@ -17,9 +17,9 @@ import pytest
 from kvpd.errors import DeployError, HealthTimeout, StateError
 from kvpd.exec.executor import Executor
 from kvpd.exec.local import LocalTransport, read_stat
+from kvpd.exec.processes.status import ProcessStatus
+from kvpd.exec.processes.stop import DownResult, is_running
 from kvpd.exec.state import DeploymentState, StateStore
-from kvpd.exec.status import ProcessStatus
-from kvpd.exec.stop import DownResult, is_running
 from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 from kvpd.testing.clock import FakeClock, free_port
 

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from kvpd.exec.diagnose import current_run, likely_cause, tail
-from kvpd.exec.health import probe
+from kvpd.exec.diagnose.causes import current_run, likely_cause, tail
 from kvpd.exec.local import LocalTransport
+from kvpd.exec.processes.health import probe
 from kvpd.plan.value import HealthCheck
 
 

@@ -166,7 +166,7 @@ def test_metaservice_at_log_level_error_is_ready_by_its_port(hosts, tmp_path) ->
 
 
 def _versions(sets: list[str], installed: str) -> list[Any]:
-    from kvpd.exec.versions import service_versions
+    from kvpd.exec.preflight.versions import service_versions
     from kvpd.plan.build import load_plan
 
     p = load_plan("layerwise-sparse-1p1d", sets=sets)  # a MetaService on p1

@@ -17,6 +17,7 @@ import pytest
 from kvpd.errors import StateError
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.local import LocalTransport
+from kvpd.exec.processes.stop import Stopper
 from kvpd.exec.records import hostio
 from kvpd.exec.records.conflicts import conflicts, port_holders
 from kvpd.exec.records.current import read_current
@@ -25,7 +26,6 @@ from kvpd.exec.records.validate import MAX_RECORD_BYTES, RecordRefused, parse
 from kvpd.exec.report import NullReporter
 from kvpd.exec.service import Deployments
 from kvpd.exec.state import StateStore
-from kvpd.exec.stop import Stopper
 from tests.unit.test_executor import HOST, make_plan, up
 
 
@@ -262,7 +262,7 @@ def test_hostio_reads_nothing_when_absent(tmp_path: Path) -> None:
 
 
 def test_preflight_busy_port_names_the_kvpd_process(started) -> None:
-    from kvpd.exec.preflight import busy_detail
+    from kvpd.exec.preflight.run import busy_detail
 
     _, state, t = started
     port = state.record("kv").ports[0]

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 import pytest
 
 from kvpd.exec.local import LocalTransport, read_stat
+from kvpd.exec.processes.stop import StopResult
+from kvpd.exec.processes.supervised import Supervised
 from kvpd.exec.procfs import ProcStat, may_signal_group, signalable
 from kvpd.exec.service import Deployments
 from kvpd.exec.ssh import commands
-from kvpd.exec.stop import StopResult
-from kvpd.exec.supervised import Supervised
 
 TICKS = 5000
 

@@ -1,4 +1,4 @@
-"""The lease as data (kvpd.exec.lease): what a lease host reports is parsed strictly, and the
+"""The lease as data (kvpd.exec.lease.model): what a lease host reports is parsed strictly, and the
 decision to take, take over or refuse a lease is made from the record and the lease host's
 clock alone."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from kvpd.exec import lease
-from kvpd.exec.lease import Decision, Holder, LeaseRecord, Seen, Verdict, decide
+from kvpd.exec.lease import model as lease
+from kvpd.exec.lease.model import Decision, Holder, LeaseRecord, Seen, Verdict, decide
 
 ALICE = Holder("alice", "laptop", 123, 9_000, "boot-a:4026531836")
 BOB = Holder("bob", "desk", 456, 7_000, "boot-b:4026531836")

@@ -9,8 +9,8 @@ import typer
 
 from kvpd.cli import lease_opts
 from kvpd.errors import TransportError
-from kvpd.exec.lease import Holder, LeaseRecord, Seen, decide
-from kvpd.exec.lease_host import UNLEASED, LeaseHostError
+from kvpd.exec.lease.host import UNLEASED, LeaseHostError
+from kvpd.exec.lease.model import Holder, LeaseRecord, Seen, decide
 from kvpd.plan.value import HostSpec, Plan
 
 ALICE = Holder("alice", "laptop", 123, 9_000, "boot-a:1")

@@ -1,4 +1,4 @@
-"""The lease on its host (kvpd.exec.lease_host, lease_scope): the real snippet through the local
+"""The lease on its host (kvpd.exec.lease.host, lease_scope): the real snippet through the local
 transport (sh, flock and a real file system under a private HOME), races of real threads, and
 the fake host (kvpd.testing) for a host clock moved on demand and for an unreachable host."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvpd.errors import StateError, TransportError
-from kvpd.exec import lease_host
-from kvpd.exec.lease import Holder, LeaseHeld, LeaseLost, Verdict
-from kvpd.exec.lease_host import LEASE_SH, MAX_READ, UNLEASED, HostLease, LeaseHostError
+from kvpd.exec.lease import host as lease_host
+from kvpd.exec.lease.host import LEASE_SH, MAX_READ, UNLEASED, HostLease, LeaseHostError
+from kvpd.exec.lease.model import Holder, LeaseHeld, LeaseLost, Verdict
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.service import Deployments
 from kvpd.plan.value import HostSpec, Plan

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvpd.exec.fanout import Fanout
-from kvpd.exec.owner_preflight import owner_checks
+from kvpd.exec.preflight.owners import owner_checks
 from kvpd.exec.transport import CommandResult
 from kvpd.plan.value import HostRequirements, HostSpec, Plan
 

@@ -3,8 +3,8 @@ memcache built for that MemFabric, and the NPU driver MemFabric 1.2 needs (scrip
 
 from __future__ import annotations
 
-from kvpd.exec.checks import Check
-from kvpd.exec.pinned_versions import pinned_checks
+from kvpd.exec.preflight.checks import Check
+from kvpd.exec.preflight.pinned_versions import pinned_checks
 from kvpd.exec.transport import CommandResult
 from kvpd.plan.build import load_plan
 from kvpd.testing.transport import FakeTransport

@@ -12,8 +12,8 @@ import pytest
 
 from kvpd import ascend_planner_plugin as plugin
 from kvpd.exec.local import LocalTransport
-from kvpd.exec.planner_gate import planner_checks
-from kvpd.exec.preflight import run_checks
+from kvpd.exec.preflight.planner_gate import planner_checks
+from kvpd.exec.preflight.run import run_checks
 from kvpd.plan.value import HostRequirements, HostSpec, Plan, ProcessSpec
 
 MANAGER = "class SparseKVOffloadManager:\n    def _build_cpp(self): ...\n"

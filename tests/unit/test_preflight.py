@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvpd.exec.local import LocalTransport
-from kvpd.exec.preflight import run_checks
+from kvpd.exec.preflight.run import run_checks
 from kvpd.exec.service import Deployments, PreflightFailed
 from kvpd.exec.state import StateStore
 from kvpd.plan.value import HostRequirements, HostSpec, Interpreter, PackageNeed, Plan, PortUse

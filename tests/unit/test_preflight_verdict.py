@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvpd.exec.checks import Check
-from kvpd.exec.preflight_verdict import judge_hosts, version_mismatches
+from kvpd.exec.preflight.checks import Check
+from kvpd.exec.preflight.verdict import judge_hosts, version_mismatches
 from kvpd.plan.value import HostRequirements, Interpreter, PackageNeed
 
 # `python3 -c PROBE` on two hosts sharing /shared; host b also holds port 8100.

@@ -15,15 +15,15 @@ from kvpd.exec import cross_build
 from kvpd.exec.bundle import wheel as wheels
 from kvpd.exec.bundle.host import CHECK_SH, NODE_SCRIPT, json_lines, vet
 from kvpd.exec.bundle.result import fix_hint
-from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout
+from kvpd.exec.preflight.checks import Check
 from kvpd.exec.transport import Transport
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.value import Plan
 
 
 def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list[Check]:
-    """Read-only checks of what the bundle needs on each host (kvpd.exec.preflight's table):
+    """Read-only checks of what the bundle needs on each host (kvpd.exec.preflight.run's table):
     each slot's Python (found, >= 3.10, pip), free disk in the run dir, and per platform
     whether the native core can be had (else the NumPy fallback: a warning, or a failure when
     a process requires the native core)."""

@@ -10,10 +10,10 @@ import posixpath
 import secrets
 from collections.abc import Callable
 
-from kvpd.exec.checks import Check
 from kvpd.exec.containers.life import host_side, inspect
 from kvpd.exec.containers.transport import ContainerTransport
 from kvpd.exec.fanout import Fanout
+from kvpd.exec.preflight.checks import Check
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import HostSpec, Plan
 

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 
 from kvpd import ascend_planner_plugin as plugin
-from kvpd.exec.checks import Check
+from kvpd.exec.preflight.checks import Check
 from kvpd.exec.transport import Transport
 from kvpd.plan.requirements import python_of
 from kvpd.plan.sparse_planner import ENV

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from kvpd.exec.checks import Check
+from kvpd.exec.preflight.checks import Check
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import Plan
 

@@ -1,5 +1,5 @@
 """The lease around the deployment service's changing verbs (`up`, `down`, `restart`, rolling
-restarts), so two controllers never change one deployment at once (kvpd.exec.lease_host).
+restarts), so two controllers never change one deployment at once (kvpd.exec.lease.host).
 
 `Leasing` gives the service `lease(plan, operation)` (a context that holds the lease, renewed in
 the background, and releases it on the way out) and `peek_lease(plan)` (what `--break-lease`
@@ -18,9 +18,9 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from kvpd.errors import TransportError
-from kvpd.exec import lease_host
-from kvpd.exec.lease import LEASE_MAX_S, LEASE_MIN_S, Decision, Operation, Seen, decide
-from kvpd.exec.lease_host import UNLEASED, Held, HostLease, LeaseHostError, Renewer
+from kvpd.exec.lease import host as lease_host
+from kvpd.exec.lease.host import UNLEASED, Held, HostLease, LeaseHostError, Renewer
+from kvpd.exec.lease.model import LEASE_MAX_S, LEASE_MIN_S, Decision, Operation, Seen, decide
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.state import StateStore
 from kvpd.plan.value import Plan

@@ -13,7 +13,7 @@ goes on without a lease, which the user confirms.
 How: every step is one `sh` snippet (LEASE_SH) run under `flock` on a lock file next to the
 lease, so reading the clock, the file's mtime and content, and a compare-and-swap of the
 content are each atomic on the host: a write happens only if the content is still what the
-controller read and judged (kvpd.exec.lease.decide). Two controllers taking over the same
+controller read and judged (kvpd.exec.lease.model.decide). Two controllers taking over the same
 expired or broken lease thus cannot both win; the loser re-reads and is refused naming the
 winner. While the change runs, a thread renews the lease every third of its time to live (a
 new `seq`, so the content changes and the host stamps a new mtime); a SIGKILLed kvpd stops
@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Literal
 
 from kvpd.errors import TransportError
-from kvpd.exec import lease, procfs
-from kvpd.exec.lease import (
+from kvpd.exec import procfs
+from kvpd.exec.lease import model as lease
+from kvpd.exec.lease.model import (
     Decision,
     Holder,
     LeaseHeld,

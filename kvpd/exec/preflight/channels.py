@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout
+from kvpd.exec.preflight.checks import Check
 from kvpd.exec.transport import ChannelError, HttpRequest, Transport
 
 # Loopback port 1 (tcpmux) has no listener on any host kvpd serves from: a refused connect

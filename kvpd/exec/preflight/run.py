@@ -18,15 +18,15 @@ from typing import Any
 
 from kvpd.errors import KvpdError
 from kvpd.exec.bundle import preflight as bundle_preflight
-from kvpd.exec.channel_preflight import channel_checks
-from kvpd.exec.checks import Check
 from kvpd.exec.containers import preflight as container_preflight
 from kvpd.exec.fanout import Fanout, HostOutcome
-from kvpd.exec.owner_preflight import owner_checks
-from kvpd.exec.pinned_versions import pinned_checks
-from kvpd.exec.planner_gate import planner_checks
-from kvpd.exec.preflight_verdict import Versions, judge_hosts, version_mismatches
-from kvpd.exec.probe import PROBE
+from kvpd.exec.preflight.channels import channel_checks
+from kvpd.exec.preflight.checks import Check
+from kvpd.exec.preflight.owners import owner_checks
+from kvpd.exec.preflight.pinned_versions import pinned_checks
+from kvpd.exec.preflight.planner_gate import planner_checks
+from kvpd.exec.preflight.probe import PROBE
+from kvpd.exec.preflight.verdict import Versions, judge_hosts, version_mismatches
 from kvpd.exec.records.conflicts import port_holders
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import Plan
@@ -130,7 +130,7 @@ def _reached_checks(
 ) -> list[Check]:
     """The checks that ask the hosts the first probe reached: services, the sparse planner,
     pinned versions, the channel and the owner of the run directories."""
-    from kvpd.exec.versions import service_versions  # imports Check from here
+    from kvpd.exec.preflight.versions import service_versions  # imports Check from here
 
     reached_hosts = {c.host for c in checks if c.name == "reachable" and c.ok}
     more = service_versions(plan, transports, reached_hosts)

@@ -2,7 +2,7 @@
 
 This module is pure: it parses what a lease host reports (untrusted), renders the record kvpd
 writes, and decides from a record and the lease host's clock whether a controller may take the
-lease. Talking to the host is kvpd.exec.lease_host.
+lease. Talking to the host is kvpd.exec.lease.host.
 
 A record names who holds the lease (user@host, the controller's PID, the operation, since when)
 and its time to live. The lease expires `ttl_s` seconds after the file was last written (its

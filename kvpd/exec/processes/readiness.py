@@ -4,8 +4,9 @@ line of its log while `up` waits ("still initialising")."""
 
 from __future__ import annotations
 
-from kvpd.exec import diagnose, logs
-from kvpd.exec.health import ProbeResult
+from kvpd.exec import logs
+from kvpd.exec.diagnose import causes as diagnose
+from kvpd.exec.processes.health import ProbeResult
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import HealthCheck
 

@@ -2,7 +2,7 @@
 
 Read-only on the hosts. Works from whatever the state file holds, so a half-started
 deployment, a crashed one and one whose `up` was killed half way are all covered (processes
-never started simply have no log). Secrets are masked (kvpd.exec.redact): environment values
+never started simply have no log). Secrets are masked (diagnose.redact): environment values
 unless their name is known safe, and secret shapes in every text. `shareable=True` builds an
 archive meant for others: masked log tails and the summary, host facts without sockets, disks
 or kernel log, and no state, environments, rendered files or events; host addresses, run dirs
@@ -20,13 +20,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpd.exec import diagnose, redact, supervised
+from kvpd.exec.diagnose import causes as diagnose
+from kvpd.exec.diagnose import redact
 from kvpd.exec.fanout import Fanout
-from kvpd.exec.health import probe
 from kvpd.exec.local import private_dirs
 from kvpd.exec.pool import TransportPool
+from kvpd.exec.processes import supervised
+from kvpd.exec.processes.health import probe
+from kvpd.exec.processes.stop import is_running
 from kvpd.exec.state import DeploymentState, ProcessRecord
-from kvpd.exec.stop import is_running
 
 # One script per host; every value reaches it as a positional parameter, never as code.
 _HOST_FACTS_SH = r"""

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from kvpd.exec.stop import KILL_WAIT_S, POLL_S, StopHow, StopOutcome
+from kvpd.exec.processes.stop import KILL_WAIT_S, POLL_S, StopHow, StopOutcome
 from kvpd.exec.transport import Transport
 from kvpd.plan.supervision import status_path
 

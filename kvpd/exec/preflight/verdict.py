@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpd.exec.checks import Check
+from kvpd.exec.preflight.checks import Check
 from kvpd.plan.value import HostRequirements
 
 GiB = 1 << 30

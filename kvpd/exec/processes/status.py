@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpd.exec.fanout import Fanout
-from kvpd.exec.health import probe
+from kvpd.exec.processes.health import probe
+from kvpd.exec.processes.stop import is_running
+from kvpd.exec.processes.supervised import Supervised
 from kvpd.exec.state import DeploymentState, ProcessRecord
-from kvpd.exec.stop import is_running
-from kvpd.exec.supervised import Supervised
 from kvpd.exec.transport import Transports
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvpd.exec.checks import Check
 from kvpd.exec.fanout import Fanout
+from kvpd.exec.preflight.checks import Check
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import Plan
 
