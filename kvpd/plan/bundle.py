@@ -62,11 +62,6 @@ class BundleUse:
         )
 
 
-def interpreter_of(command: str) -> str:
-    """The Python running a console script: "@vllm" (resolved on the host from its #! line)."""
-    return "@" + command
-
-
 def sparse_planner(group: Group | None) -> str | None:
     """The sparse-offload planner a decode group asks for: "kvpd", "auto", "upstream", or None
     without sparse offload.
@@ -120,7 +115,6 @@ def bundle_uses(
     profile: Profile, procs: list[ProcessDraft], rehearsal: Rehearsal
 ) -> tuple[BundleUse, ...]:
     """Every (host, slot) that needs the bundle, in host order of the profile."""
-    vllm = rehearsal.vllm(profile)
     found: dict[tuple[str, str], dict[str, Any]] = {}
     rank = {"optional": 0, "preferred": 1, "required": 2}
     for p in procs:
@@ -128,7 +122,11 @@ def bundle_uses(
         if r is None:
             continue
         slot, why = r
-        python = proxy_python(profile, rehearsal) if slot == PROXY_SLOT else interpreter_of(vllm)
+        python = (
+            proxy_python(profile, rehearsal)
+            if slot == PROXY_SLOT
+            else rehearsal.engine_python(profile, p.host)
+        )
         need = native_need(profile.engine_group(p.role)) if slot == ENGINE_SLOT else "optional"
         u = found.setdefault(
             (p.host, slot),

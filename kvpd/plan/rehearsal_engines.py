@@ -6,9 +6,11 @@
   centralized-P/D data path). Real inference and real KV hand-over: the engine for KV proofs.
 - `StandIn` (`--rehearse-with standin`): `kvpd/testing/standin_engine.py`, a stdlib-only
   process that speaks the OpenAI API, the P/D handshake (`kv_transfer_params`) and vLLM's
-  `/metrics` counters, and does no inference. Each one carries the real process's command line,
-  environment, config files and listening ports, so a topology rehearsal runs at the real size
-  (every DP rank, every host) on a few CPU cores.
+  `/metrics` counters, and does no inference; a decode with sparse KV offload also runs the
+  sparse planner the plan chose (kvpd's native core from the node bundle, with NumPy) on every
+  request, as vLLM-Ascend's decode does at every step. Each one carries the real process's
+  command line, environment, config files and listening ports, so a topology rehearsal runs at
+  the real size (every DP rank, every host) on a few CPU cores.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from pathlib import Path
 
 from kvpd.plan.engine_argv import addr
 from kvpd.plan.processes import ProcessDraft, StatedNeeds
+from kvpd.plan.rehearsal_mode import STANDIN
 from kvpd.plan.requirements import python_of
-from kvpd.plan.sparse_planner import planner_env
+from kvpd.plan.sparse_planner import planner_env, sparse_planner
 from kvpd.profile.roles import Role
 from kvpd.profile.schema import Group, Profile
 
@@ -130,27 +133,46 @@ def _whole_dp(argv: tuple[str, ...]) -> int:
     return int(argv[argv.index("--data-parallel-size") + 1])
 
 
+def sparse_model_args(profile: Profile) -> list[str]:
+    """What a decode's sparse KV offload planner takes from the model's config.json, which the
+    stand-in does not have: the indexer's top-k and the bytes of one token's K (latent) and V
+    (rope) in the host pool (BF16, the only dtype sparse offload takes). The rest (hot-buffer
+    size, rows, longest context) the stand-in reads from the real command line, as vLLM-Ascend
+    does."""
+    m = profile.model
+    args = ["--sparse-topk", str(m.index_topk)] if m.index_topk else []
+    if m.kv_lora_rank and m.qk_rope_head_dim:
+        args += ["--sparse-token-bytes", f"{2 * m.kv_lora_rank},{2 * m.qk_rope_head_dim}"]
+    return args
+
+
 # The stand-in runs as a script (stdlib only), from the kvpd source every host sees: the test
 # bed shares this checkout; on other hosts the node bundle installs kvpd at the same path.
 STANDIN_SCRIPT = str(Path(__file__).resolve().parents[1] / "testing" / "standin_engine.py")
+# Beside it: a sparse-offload decode's planner calls (NumPy and kvpd's native core, the bundle's).
+STANDIN_SPARSE = str(Path(STANDIN_SCRIPT).with_name("standin_sparse.py"))
 
 
 class StandIn:
     """kvpd's stand-in engine carrying the real process's command line, environment and ports."""
 
-    name = "standin"
+    name = STANDIN
 
     def substitute(
         self, profile: Profile, group: Group, real: ProcessDraft, index: int
     ) -> ProcessDraft:
         rh = profile.rehearsal
         a, port = endpoint(profile, real)
-        argv = [rh.python, STANDIN_SCRIPT, "--host", a, "--port", str(port)]
+        argv = [rh.standin_python_on(real.host), STANDIN_SCRIPT, "--host", a, "--port", str(port)]
         argv += ["--role", real.role]
         argv += ["--served-model-name", profile.model.served_name or profile.model.path]
         argv += ["--block-size", str(profile.model.block_size)]
         for extra, _why in real.ports[1:]:  # side channels and DP RPC: held, as the real binds
             argv += ["--hold-port", str(extra)]
+        paths: tuple[str, ...] = (STANDIN_SCRIPT,)
+        if real.role == Role.DECODE and sparse_planner(group) is not None:
+            argv += sparse_model_args(profile)
+            paths += (STANDIN_SPARSE,)
         argv += ["--", *real.argv]  # the guide's command line, verbatim (shown by ps and logs)
         return dataclasses.replace(
             real,
@@ -158,7 +180,7 @@ class StandIn:
             source=(),  # the Ascend set_env scripts do not exist on CPU hosts
             health_url=f"http://{a}:{port}/health",
             health_timeout_s=min(120.0, rh.health_timeout_s),
-            needs=StatedNeeds(paths=(STANDIN_SCRIPT,)),
+            needs=StatedNeeds(paths=paths),
         )
 
     def note(self, profile: Profile, group: Group) -> str:

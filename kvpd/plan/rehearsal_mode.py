@@ -36,6 +36,17 @@ class Rehearsal:
     def vllm(self, profile: Profile) -> str:
         return profile.rehearsal.vllm if self.on else profile.runtime.vllm
 
+    def engine_python(self, profile: Profile, host: str) -> str:
+        """The interpreter of the engine processes on `host` (the node bundle's engine slot):
+        vLLM's own (`@vllm`: the interpreter of that console script), or the Python kvpd's
+        stand-in engine runs with there."""
+        if self.engine == STANDIN:
+            return profile.rehearsal.standin_python_on(host)
+        return "@" + self.vllm(profile)
+
+
+STANDIN = "standin"  # the name of kvpd's stand-in rehearsal engine (`--rehearse-with standin`)
+
 
 REAL = Rehearsal()
 REHEARSING = Rehearsal("any")  # for a caller that only asks `on` and the interpreters

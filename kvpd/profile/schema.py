@@ -27,6 +27,7 @@ from kvpd.profile.kv_schema import Memcache as Memcache
 from kvpd.profile.kv_schema import Memfabric as Memfabric
 from kvpd.profile.kv_schema import Mooncake as Mooncake
 from kvpd.profile.proxy_schema import ProxyRouting
+from kvpd.profile.rehearsal_schema import Rehearsal as Rehearsal
 from kvpd.profile.roles import Role
 from kvpd.profile.types import (
     Address,
@@ -307,26 +308,6 @@ class Proxy(ProxyRouting):
     restart: RestartPolicy | None = Field(
         None, description="supervise and restart the proxy (default: never)"
     )
-
-
-class Rehearsal(_Model):
-    """How `--rehearse` runs this topology on CPU hosts (usually given in an inventory file).
-
-    Engines become CPU `vllm serve`s of a tiny model, Ascend-only KV connectors become
-    ExampleConnector over a shared folder; the memcache MetaService and the Mooncake master run
-    for real from a Python environment that has memcache-hybrid / mooncake installed.
-    """
-
-    model: Command = Field(
-        ".kvpd/models/tiny", description="tiny model dir, same path on all hosts"
-    )
-    vllm: Command = Field("vllm", description="CPU vLLM command on the hosts")
-    kvpd: Command = Field("kvpd", description="kvpd command on the proxy host")
-    python: Command = Field("python3", description="python with memcache-hybrid installed")
-    mooncake_master: Command = Field("mooncake_master", description="mooncake_master command")
-    storage: Command = Field(".kvpd/rehearsal/kv", description="shared folder for KV hand-over")
-    cores: int = Field(2, ge=1, description="CPU cores to spread the engines over")
-    health_timeout_s: float = Field(600, gt=0)
 
 
 class Runtime(_Model):

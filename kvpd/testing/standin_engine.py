@@ -13,13 +13,18 @@ other ports (KV side channels, DP RPC) so port checks see the real layout.
 
 Stdlib only and run as a script (`python standin_engine.py --host A --port P --role R -- ARGV`):
 it runs on any host with a Python 3, without kvpd installed. Everything after `--` is the real
-engine's command line, kept for `ps` and the log; the stand-in reads only its model name.
+engine's command line, kept for `ps` and the log; the stand-in reads its model name from it and,
+on a decode, its sparse KV offload settings. A decode with sparse offload and kvpd's planner
+(`KVPD_SPARSE_PLANNER=kvpd`) runs that planner, kvpd's native core from the node bundle (with
+NumPy), for every request (standin_sparse.py beside this script), exports what it loaded and
+planned on /metrics (`kvpd:sparse_planner_*`), and does not start when it cannot load it.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import signal
@@ -30,6 +35,7 @@ import time
 import uuid
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
@@ -51,6 +57,7 @@ class Engine:
         self.cache: OrderedDict[str, None] = OrderedDict()  # block hashes, oldest use first
         self.capacity = capacity  # blocks; 0: no limit
         self.counters: dict[str, float] = {}
+        self.sparse: Any = None  # standin_sparse.Planner of a decode running kvpd's planner
 
     def count(self, name: str, value: float, **labels: str) -> None:
         key = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}")
@@ -170,6 +177,12 @@ class Handler(BaseHTTPRequestHandler):
         out = max(1, int(body.get("max_tokens") or body.get("max_completion_tokens") or 16))
         if EMPTY:  # FAULT INJECTION: answer as if generation failed silently
             out = 0
+        if e.sparse is not None and out:  # one planner call per generated token, as on decode
+            loaded, descriptors = e.sparse.plan(len(tokens), out)
+            e.count("kvpd:sparse_planner_requests_total", 1)
+            e.count("kvpd:sparse_planner_steps_total", out)
+            e.count("kvpd:sparse_planner_loaded_tokens_total", loaded)
+            e.count("kvpd:sparse_planner_copy_descriptors_total", descriptors)
         rid = self.headers.get("x-request-id") or uuid.uuid4().hex
         usage = {"prompt_tokens": len(tokens), "completion_tokens": out}
         usage["total_tokens"] = len(tokens) + out
@@ -268,6 +281,38 @@ def model_of(real: list[str], given: str) -> str:
     return given
 
 
+def _sibling(name: str) -> Any:
+    """A module beside this script, loaded from its file: the stand-in runs as a script, and its
+    parts come from where it does (not from a kvpd on PYTHONPATH, which is the bundle's)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(name + ".py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def start_sparse(engine: Engine, role: str, real: list[str], a: argparse.Namespace) -> None:
+    """A decode with sparse KV offload on its real command line: load the planner the plan
+    chose and say which, or exit at once saying why it cannot load (never plan without it)."""
+    if role != "decode" or "sparse_kv_offload_config" not in " ".join(real):
+        return
+    sparse = _sibling("standin_sparse")
+    if sparse.configured(real) is None:
+        return
+    try:
+        planner, labels, line = sparse.start(
+            real, a.sparse_topk, a.sparse_token_bytes, a.block_size
+        )
+    except sparse.StartError as e:
+        print(f"kvpd stand-in engine {role} on {a.host}:{a.port}: cannot start: {e}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        raise SystemExit(2) from None
+    engine.sparse = planner
+    engine.count("kvpd:sparse_planner_info", 1, **labels)
+    print(f"kvpd stand-in engine {role} on {a.host}:{a.port}: {line}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     real: list[str] = []
@@ -282,9 +327,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--hold-port", type=int, action="append", default=[])
     p.add_argument("--cache-blocks", type=int, default=0, help="prefix cache capacity (0: none)")
+    p.add_argument("--sparse-topk", type=int, help="sparse offload: the model's index_topk")
+    p.add_argument(
+        "--sparse-token-bytes", default="1024,128", help="sparse offload: K,V bytes of a token"
+    )
     a = p.parse_args(args)
     model = model_of(real, a.served_model_name)
     engine = Engine(a.role, model, a.block_size, a.host, a.port, a.cache_blocks)
+    start_sparse(engine, a.role, real, a)
     handler = type("BoundHandler", (Handler,), {"engine": engine})
     ThreadingHTTPServer.address_family = socket.AF_INET6 if ":" in a.host else socket.AF_INET
     ThreadingHTTPServer.daemon_threads = True

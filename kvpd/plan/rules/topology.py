@@ -33,6 +33,8 @@ def rule_host_refs(c: Checker) -> None:
         _host_ref(c, ("kv", "mooncake", "host"), kv.mooncake.host)
     if c.p.proxy:
         _host_ref(c, ("proxy", "host"), c.p.proxy.host)
+    for h in c.p.rehearsal.standin_python:
+        _host_ref(c, ("rehearsal", "standin_python", h), h)
     addrs: dict[str, str] = {}
     for name, host in c.p.hosts.items():
         if host.address in addrs:
