@@ -96,13 +96,13 @@ def up_cmd(
             yes=yes,
         ),  # fmt: skip
     ):
-        up_view.gate(svc, plan, profile, preflight=not skip_preflight, as_json=json_out)
+        prepared = up_view.gate(svc, plan, profile, preflight=not skip_preflight, as_json=json_out)
         if not json_out:
             up_view.show_summary(plan)
         if not yes:
             up_view.ask(plan)
         recipe = target.recipe(profile, inventory, sets, how)
-        state = up_view.start(svc, plan, profile, recipe, as_json=json_out)
+        state = up_view.start(svc, prepared, profile, recipe, as_json=json_out)
         if not json_out:
             up_view.show_layout(svc, plan)
         result = None

@@ -12,7 +12,6 @@ from kvpd.errors import KvpdError, StateError
 from kvpd.exec import gather, logs, supervised
 from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import Executor
-from kvpd.exec.pool import TransportPool
 from kvpd.exec.records.conflicts import conflicts
 from kvpd.exec.records.current import Current, read_current
 from kvpd.exec.report import Reporter
@@ -44,12 +43,6 @@ class Inspecting(ClientHosts):
 
     def _executor(self, reporter: Reporter | None = None) -> Executor:
         raise NotImplementedError
-
-    def transports(self, plan: Plan) -> TransportPool:
-        """The one way to `plan`'s hosts, their files and ports: the service's pool, told
-        `plan`'s hosts (a transport opens on first use and closes with the service)."""
-        self._pool.add_hosts(plan.hosts)
-        return self._pool
 
     def refuse_conflicts(self, plan: Plan) -> None:
         """StateError naming every live kvpd deployment (and its owner, from its host records)
