@@ -55,7 +55,7 @@ class Prepared:
     preflight, failed ones included; empty when it was skipped). The CLI prepares before its
     prompt (so a running deployment is refused whatever the answer, and the checks are shown
     first), then passes this to `up`, which so neither refuses nor checks again; without it
-    `up` prepares itself. Only `prepare` makes one: holding it means the checks ran."""
+    `up` prepares itself. Made by `prepare` only, so holding one means the checks ran."""
 
     plan: Plan
     checks: tuple[Check, ...]

@@ -1,5 +1,6 @@
-"""What the deployment service does for a client on a cluster host (`kvpd bench` with
-bench.host): a folder in a run dir, a command run to completion, a file read back."""
+"""The deployment service's way to a plan's hosts (`transports(plan)`, shared by its mixins),
+and what it does there for a client on a cluster host (`kvpd bench` with bench.host): a folder
+in a run dir, a command run to completion, a file read back."""
 
 from __future__ import annotations
 
