@@ -42,6 +42,7 @@ from proxy_overhead import (  # the benchmarks' lean client, shared
     stop_processes,
     wait_http,
 )
+from result_table import print_table
 
 from kvpd.bench.metrics import parse, total
 
@@ -360,20 +361,21 @@ def main() -> None:
     report(rows, args)
 
 
+def _row(r: dict) -> str:
+    return (f"{r['prefill']:>2} {r['scenario']:<8} {r['policy']:<13} {r['cache_blocks']:>6} "
+            f"{r['hit_ratio']:>6.3f} {r['rps']:>7.1f} {r['p99_ms']:>8.1f} "
+            f"{r['max_over_mean']:>8.2f} {r['proxy_cpu_ms_per_request']:>10.3f}  "
+            f"{' '.join(str(int(x)) for x in r['per_backend'])}"
+            + ("  match/override/none " + "/".join(map(str, r["decisions"].values()))
+               if r["policy"] == "cache-aware" else ""))  # fmt: skip
+
+
 def report(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"\nprefix routing: {args.prompts} prompts a phase of {args.chars} chars "
           f"(~{args.chars // 4} tokens), {args.streams} streams, block {BLOCK}")  # fmt: skip
     head = (f"{'P':>2} {'scenario':<8} {'policy':<13} {'cache':>6} {'hit':>6} {'rps':>7} "
             f"{'p99 ms':>8} {'max/mean':>8} {'CPU ms/req':>10}  per prefiller")  # fmt: skip
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(f"{r['prefill']:>2} {r['scenario']:<8} {r['policy']:<13} {r['cache_blocks']:>6} "
-              f"{r['hit_ratio']:>6.3f} {r['rps']:>7.1f} {r['p99_ms']:>8.1f} "
-              f"{r['max_over_mean']:>8.2f} {r['proxy_cpu_ms_per_request']:>10.3f}  "
-              f"{' '.join(str(int(x)) for x in r['per_backend'])}"
-              + ("  match/override/none " + "/".join(map(str, r["decisions"].values()))
-                 if r["policy"] == "cache-aware" else ""))  # fmt: skip
+    print_table(head, map(_row, rows))
     by = {(r["prefill"], r["scenario"], r["policy"]): r for r in rows}
     checks = []
     for n in args.prefill if len({r["scenario"] for r in rows}) == 3 else ():

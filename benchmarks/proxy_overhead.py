@@ -25,6 +25,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from result_table import print_table  # this folder: sys.path[0] when run as a script
+
 from kvpd.testing.clock import free_port
 from kvpd.testing.termination import stop_on_termination
 
@@ -503,19 +505,20 @@ def paired(rows: list[dict], base: str) -> list[dict]:
     return out
 
 
+def _row(r: dict) -> str:
+    return (f"{r['proxy'][:8]:>8} {r['streams']:>7} {fmt(r['floor_p50_ms']):>9} "
+            f"{fmt(r['proxy_p50_ms']):>9} {fmt(r['added_p50_ms'], '+.2f'):>9} "
+            f"{fmt(r['floor_p99_ms']):>9} {fmt(r['proxy_p99_ms']):>9} "
+            f"{fmt(r['floor_rps'], '.0f'):>9} {fmt(r['proxy_rps'], '.0f'):>9} "
+            f"{fmt(r['ratio'] * 100, '.0f') + '%':>6} {fmt(r['cpu_per_1k'], '.3f'):>8} "
+            f"{fmt(r['machine_busy'] * 100, '.0f') + '%':>5} {r['errors']:>4}")  # fmt: skip
+
+
 def print_rows(rows: list[dict]) -> None:
     head = (f"{'proxy':>8} {'streams':>7} {'floor p50':>9} {'proxy p50':>9} {'added p50':>9} "
             f"{'floor p99':>9} {'proxy p99':>9} {'floor rps':>9} {'proxy rps':>9} {'ratio':>6} "
             f"{'CPU-s/1k':>8} {'busy':>5} {'err':>4}")  # fmt: skip
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(f"{r['proxy'][:8]:>8} {r['streams']:>7} {fmt(r['floor_p50_ms']):>9} "
-              f"{fmt(r['proxy_p50_ms']):>9} {fmt(r['added_p50_ms'], '+.2f'):>9} "
-              f"{fmt(r['floor_p99_ms']):>9} {fmt(r['proxy_p99_ms']):>9} "
-              f"{fmt(r['floor_rps'], '.0f'):>9} {fmt(r['proxy_rps'], '.0f'):>9} "
-              f"{fmt(r['ratio'] * 100, '.0f') + '%':>6} {fmt(r['cpu_per_1k'], '.3f'):>8} "
-              f"{fmt(r['machine_busy'] * 100, '.0f') + '%':>5} {r['errors']:>4}")  # fmt: skip
+    print_table(head, map(_row, rows))
     print(
         "(ms; rps = completed requests/s; ratio = proxy rps / floor rps; CPU-s/1k = proxy "
         "process CPU seconds per 1,000 requests; busy = whole-machine CPU use during runs)"

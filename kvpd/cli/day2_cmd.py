@@ -58,8 +58,8 @@ def restart_cmd(
     sets: list[str] = target.SETS,
     rehearse: bool = target.REHEARSE,
     rehearse_with: str | None = target.REHEARSE_WITH,
-    break_lease: bool = typer.Option(False, "--break-lease", help=lease_opts.BREAK_HELP),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Break the lease without asking."),
+    break_lease: bool = lease_opts.BREAK_LEASE,
+    yes: bool = lease_opts.YES,
 ) -> None:
     """Rolling restart: drain, stop, start, health gate, re-admit, canary; one at a time.
     `kvpd restart PROFILE NAME` (with --inventory as `up` had it) works from any

@@ -77,7 +77,7 @@ def up_cmd(
         help="After the canary, compare greedy completions through the proxy with a "
         "prefill (or mixed) engine's own: KV that moved with the wrong content fails `up`.",
     ),
-    break_lease: bool = typer.Option(False, "--break-lease", help=lease_opts.BREAK_HELP),
+    break_lease: bool = lease_opts.BREAK_LEASE,
 ) -> None:
     """Start a deployment: write its files, start its stages in order, gate on health."""
     from kvpd.exec.service import Deployments
@@ -96,13 +96,13 @@ def up_cmd(
             yes=yes,
         ),  # fmt: skip
     ):
-        up_view.gate(svc, plan, profile, preflight=not skip_preflight, as_json=json_out)
+        prepared = up_view.gate(svc, plan, profile, preflight=not skip_preflight, as_json=json_out)
         if not json_out:
             up_view.show_summary(plan)
         if not yes:
             up_view.ask(plan)
         recipe = target.recipe(profile, inventory, sets, how)
-        state = up_view.start(svc, plan, profile, recipe, as_json=json_out)
+        state = up_view.start(svc, prepared, profile, recipe, as_json=json_out)
         if not json_out:
             up_view.show_layout(svc, plan)
         result = None
@@ -136,8 +136,8 @@ def down_cmd(
     sets: list[str] = target.SETS,
     rehearse: bool = target.REHEARSE,
     rehearse_with: str | None = target.REHEARSE_WITH,
-    break_lease: bool = typer.Option(False, "--break-lease", help=lease_opts.BREAK_HELP),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Break the lease without asking."),
+    break_lease: bool = lease_opts.BREAK_LEASE,
+    yes: bool = lease_opts.YES,
 ) -> None:
     """Stop a deployment (reverse order, SIGTERM then SIGKILL); verify nothing is left.
     The run dirs stay (the next `up` reuses the installed node bundle) unless --purge."""

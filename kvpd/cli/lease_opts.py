@@ -22,6 +22,10 @@ BREAK_HELP = (
     "Take over the deployment's lease from the change holding it (asks first; --yes does "
     "not): for a kvpd that hangs or whose machine is gone. The holder's change may still run."
 )
+# The options of `down` and `restart` (`up` has its own --yes, which also skips its prompt);
+# typer reads an option's definition without changing it, so one serves every command.
+BREAK_LEASE = typer.Option(False, "--break-lease", help=BREAK_HELP)
+YES = typer.Option(False, "--yes", "-y", help="Break the lease without asking.")
 
 
 def _ask(question: str, yes: bool) -> None:

@@ -19,7 +19,7 @@ from kvpd.profile.roles import ENGINE_ROLES
 if TYPE_CHECKING:
     from kvpd.exec.preflight.checks import Check
     from kvpd.exec.rolling import CanaryOutcome
-    from kvpd.exec.service import Deployments
+    from kvpd.exec.service import Deployments, Prepared
     from kvpd.exec.state import DeploymentState
     from kvpd.plan.value import Plan
 
@@ -58,13 +58,15 @@ def gate_failed(plan: Plan, checks: list[Check], *, as_json: bool) -> NoReturn:
     )
 
 
-def gate(svc: Deployments, plan: Plan, profile: str, *, preflight: bool, as_json: bool) -> None:
+def gate(svc: Deployments, plan: Plan, profile: str, *, preflight: bool, as_json: bool) -> Prepared:
     """Prepare `plan` and refuse to go on when a preflight check failed. Runs before the
-    prompt: a running deployment is refused whatever the answer."""
+    prompt: a running deployment is refused whatever the answer. What it returns is what
+    `start` hands back to the service, which so knows the checks ran and passed."""
 
-    checks = svc.prepare(plan, profile=profile, preflight=preflight)
-    if not all(c.ok for c in checks):
-        gate_failed(plan, checks, as_json=as_json)
+    prepared = svc.prepare(plan, profile=profile, preflight=preflight)
+    if not prepared.ok:
+        gate_failed(plan, list(prepared.checks), as_json=as_json)
+    return prepared
 
 
 def show_summary(plan: Plan) -> None:
@@ -94,17 +96,20 @@ def progress_rows(plan: Plan) -> list[tuple[str, str]]:
 
 
 def start(
-    svc: Deployments, plan: Plan, profile: str, recipe: dict[str, Any], *, as_json: bool
+    svc: Deployments, prepared: Prepared, profile: str, recipe: dict[str, Any], *, as_json: bool
 ) -> DeploymentState:
-    """Start the prepared `plan`: live progress on a terminal, quiet for --json (where a
+    """Start the plan `gate` prepared: live progress on a terminal, quiet for --json (where a
     failure still prints the JSON of what the store recorded before it is raised)."""
     from kvpd.cli import output
 
+    plan = prepared.plan
     try:
         if as_json:
-            return svc.up(plan, profile=profile, prepared=True, recipe=recipe)
+            return svc.up(plan, profile=profile, prepared=prepared, recipe=recipe)
         with output.LiveProgress(progress_rows(plan), f"up {plan.deployment}") as progress:
-            return svc.up(plan, profile=profile, reporter=progress, prepared=True, recipe=recipe)
+            return svc.up(
+                plan, profile=profile, reporter=progress, prepared=prepared, recipe=recipe
+            )
     except KvpdError as e:
         if as_json:
             failed_json(svc, plan, e)

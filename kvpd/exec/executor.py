@@ -24,7 +24,7 @@ from kvpd.exec.report import NullReporter, Reporter
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore
 from kvpd.exec.transport import Transport
 from kvpd.exec.write_files import write_files
-from kvpd.plan.value import HostSpec, Plan, ProcessSpec
+from kvpd.plan.value import Plan, ProcessSpec
 from kvpd.profile.roles import Role
 
 DEFAULT_GRACE_S = 20.0
@@ -81,20 +81,22 @@ class Executor:
     # -- up ------------------------------------------------------------------------------
 
     def up(
-        self,
-        plan: Plan,
-        *,
-        profile: str = "",
-        refuse_running: bool = True,
-        recipe: dict[str, object] | None = None,
+        self, plan: Plan, *, profile: str = "", recipe: dict[str, object] | None = None
+    ) -> DeploymentState:
+        """Refuse a running deployment of `plan`'s name (StateError), then `start` it."""
+        self.transports.for_plan(plan)  # before the old record's hosts: `plan`'s specs win
+        self.refuse_if_running(plan.deployment, profile or plan.deployment)
+        return self.start(plan, profile=profile, recipe=recipe)
+
+    def start(
+        self, plan: Plan, *, profile: str = "", recipe: dict[str, object] | None = None
     ) -> DeploymentState:
         """Start every process stage by stage, each stage gated on health. On any failure,
         stop what this run started and raise DeployError (HealthTimeout for deadlines).
-        `refuse_running=False`: the caller has just refused a running deployment itself.
-        `recipe`: how the plan was built (kept in the cache, see DeploymentState.recipe)."""
-        self._know_hosts(plan.hosts)
-        if refuse_running:
-            self.refuse_if_running(plan.deployment, profile or plan.deployment)
+        Nothing is refused here: `up` refuses a running deployment first, and the deployment
+        service starts only what its `prepare` verified. `recipe`: how the plan was built
+        (kept in the cache, see DeploymentState.recipe)."""
+        self.transports.for_plan(plan)
         state = DeploymentState(
             deployment=plan.deployment,
             profile_digest=plan.profile_digest,
@@ -135,14 +137,11 @@ class Executor:
         """Close the transports the executor opened itself (never the ones it was given)."""
         self.transports.close()
 
-    def _know_hosts(self, hosts: tuple[HostSpec, ...]) -> None:
-        self.transports.add_hosts(hosts)
-
     def refuse_if_running(self, deployment: str, profile: str) -> None:
         old = self.store.load(deployment)
         if old is None:
             return
-        self._know_hosts(old.plan.hosts)
+        self.transports.for_plan(old.plan)
         running = [r.name for r in old.processes if self._safe_running(r)]
         if running:
             raise StateError(
@@ -368,7 +367,7 @@ class Executor:
     def down(self, state: DeploymentState) -> DownResult:
         """Stop every recorded process (reverse stage order), verify they and their ports are
         gone, and record the outcome. Idempotent; works on the state of a killed `up`."""
-        self._know_hosts(state.plan.hosts)
+        self.transports.for_plan(state.plan)
         state.status = "stopping"
         self._save(state)
         with Fanout(self.max_workers) as pool:
@@ -382,6 +381,6 @@ class Executor:
 
     def status(self, state: DeploymentState) -> list[ProcessStatus]:
         """Each recorded process: alive, healthy (one quick probe), uptime, listening ports."""
-        self._know_hosts(state.plan.hosts)
+        self.transports.for_plan(state.plan)
         with Fanout(self.max_workers) as pool:
             return query_status(state, self.transports, pool, self.wall(), self.probe_timeout_s)

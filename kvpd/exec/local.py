@@ -59,6 +59,22 @@ def private_dirs(path: Path) -> None:
         d.mkdir(mode=0o700, exist_ok=True)
 
 
+def replace_with(fd: int, tmp: Path, final: Path, data: bytes) -> None:
+    """Write `data` into the new file `fd` (just created at `tmp`, in `final`'s folder, by the
+    caller with its own flags and mode), fsync it and rename it over `final`: a reader or a
+    crash sees the old content or the new, never a torn one. On any failure (Ctrl-C too) the
+    temporary file is removed and the error raised."""
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def open_log(path: Path) -> BinaryIO:
     """Open a log for appending, created 0600; a regular file kept from an earlier run loses
     its group/other bits (engine output may echo requests and secrets)."""

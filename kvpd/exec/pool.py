@@ -6,7 +6,7 @@ import threading
 
 from kvpd.errors import ProfileError
 from kvpd.exec.transport import Transport
-from kvpd.plan.value import HostSpec
+from kvpd.plan.value import HostSpec, Plan
 
 KNOWN_TRANSPORTS = ("local", "ssh")
 
@@ -55,9 +55,19 @@ class TransportPool:
         self._lock = threading.Lock()
         self._host_locks: dict[str, threading.Lock] = {}
 
-    def add_hosts(self, hosts: tuple[HostSpec, ...] | list[HostSpec]) -> None:
-        for h in hosts:
+    def for_plan(self, plan: Plan) -> TransportPool:
+        """The one way to `plan`'s hosts: this pool, told `plan`'s hosts (a host already known
+        keeps its spec; a transport opens on first use and closes with the pool)."""
+        for h in plan.hosts:
             self._hosts.setdefault(h.name, h)
+        return self
+
+    def host_transport(self, name: str) -> Transport:
+        """`name`'s own transport: the host itself even when its processes run in a container
+        (what lives in the login's home, such as the lease, and the runtime's commands)."""
+        from kvpd.exec.containers.life import host_side
+
+        return host_side(self[name])
 
     def __getitem__(self, name: str) -> Transport:
         if name in self._given:

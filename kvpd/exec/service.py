@@ -8,6 +8,7 @@ renders. Nothing here prints.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 
 from kvpd.errors import DeployError, StateError
@@ -46,6 +47,24 @@ class PreflightFailed(DeployError):
             "(--skip-preflight).\n" + "\n".join(lines)
         )
         self.checks = checks
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """What `Deployments.prepare` verified for one plan, handed back to `up`: no deployment of
+    its name is running, nothing of another deployment is in the way, and `checks` (the
+    preflight, failed ones included; empty when it was skipped). The CLI prepares before its
+    prompt (so a running deployment is refused whatever the answer, and the checks are shown
+    first), then passes this to `up`, which so neither refuses nor checks again; without it
+    `up` prepares itself. Made by `prepare` only, so holding one means the checks ran."""
+
+    plan: Plan
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Every preflight check passed (or none ran)."""
+        return all(c.ok for c in self.checks)
 
 
 @leased(up="up", down="down", restart="restart", roll="restart")
@@ -100,14 +119,16 @@ class Deployments(Inspecting, Leasing):
         """The read-only preflight checks on every host of `plan` (see exec/preflight/run.py)."""
         return run_checks(plan, self.transports(plan).__getitem__)
 
-    def prepare(self, plan: Plan, *, profile: str, preflight: bool = True) -> list[Check]:
+    def prepare(self, plan: Plan, *, profile: str, preflight: bool = True) -> Prepared:
         """What `up` verifies before it starts anything: the deployment is not running
-        (StateError) and, with `preflight`, the checks, returned (failed ones included) so the
-        caller can show them before asking to go on."""
+        (StateError), nothing else is in the way (StateError) and, with `preflight`, the
+        checks, kept in the result (failed ones included) so the caller can show them before
+        asking to go on."""
         self._executor().refuse_if_running(plan.deployment, profile or plan.deployment)
         self.refuse_conflicts(plan)
-        if not preflight:
-            return []
+        return Prepared(plan, tuple(self._preflight(plan) if preflight else ()))
+
+    def _preflight(self, plan: Plan) -> list[Check]:
         if not any(h.container and h.container.started_by_kvpd for h in plan.hosts):
             return self.check(plan)
         # Containers kvpd starts must run before preflight can look inside; when
@@ -127,24 +148,24 @@ class Deployments(Inspecting, Leasing):
         profile: str = "",
         reporter: Reporter | None = None,
         preflight: bool = True,
-        prepared: bool = False,
+        prepared: Prepared | None = None,
         recipe: dict[str, object] | None = None,
     ) -> DeploymentState:
-        """Start `plan` stage by stage (see Executor.up); on failure everything started is
-        stopped and DeployError raised. Unless the caller already called `prepare` for this
-        plan (`prepared`), it runs here: a running deployment is refused and failed checks
-        raise PreflightFailed."""
-        if not prepared:
-            checks = self.prepare(plan, profile=profile, preflight=preflight)
-            if not all(c.ok for c in checks):
-                raise PreflightFailed(plan, checks)
+        """Start `plan` stage by stage (see Executor.start); on failure everything started is
+        stopped and DeployError raised. `prepared`: what `prepare(plan)` returned, when the
+        caller ran it first; else `prepare` runs here (with `preflight`). Either way a running
+        deployment has been refused, and failed checks raise PreflightFailed."""
+        if prepared is None:
+            prepared = self.prepare(plan, profile=profile, preflight=preflight)
+        elif prepared.plan is not plan:
+            raise ValueError(f"up of {plan.deployment!r} was given what another plan prepared")
+        if not prepared.ok:
+            raise PreflightFailed(plan, list(prepared.checks))
         events = self.events(plan.deployment)
         plan = client_key.attach(admin_token.issue(plan, self.store.root))
         try:
             with sigterm_as_interrupt():
-                state = self._executor(reporter).up(
-                    plan, profile=profile, refuse_running=False, recipe=recipe
-                )
+                state = self._executor(reporter).start(plan, profile=profile, recipe=recipe)
         except BaseException as e:
             events.record("up-failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
             raise

@@ -1,5 +1,6 @@
-"""What the deployment service does for a client on a cluster host (`kvpd bench` with
-bench.host): a folder in a run dir, a command run to completion, a file read back."""
+"""The deployment service's way to a plan's hosts (`transports(plan)`, shared by its mixins),
+and what it does there for a client on a cluster host (`kvpd bench` with bench.host): a folder
+in a run dir, a command run to completion, a file read back."""
 
 from __future__ import annotations
 
@@ -11,15 +12,24 @@ from kvpd.exec.transport import CommandResult
 from kvpd.plan.value import Plan
 
 
-class ClientHosts:
-    """Mixed into Deployments, which provides the transport pool."""
+class PlanTransports:
+    """The service's one way to a plan's hosts. Mixed into Deployments (through Inspecting and
+    Leasing), which provides the transport pool."""
 
     _pool: TransportPool
 
+    def transports(self, plan: Plan) -> TransportPool:
+        """The one way to `plan`'s hosts, their files and ports: the service's pool, told
+        `plan`'s hosts (a transport opens on first use and closes with the service)."""
+        return self._pool.for_plan(plan)
+
+
+class ClientHosts(PlanTransports):
+    """Mixed into Deployments, which provides the transport pool."""
+
     def host_dir(self, plan: Plan, host: str, *parts: str) -> str:
         """An absolute folder inside `host`'s run dir (created), for what a client writes."""
-        self._pool.add_hosts(plan.hosts)
-        t = self._pool[host]
+        t = self.transports(plan)[host]
         path = t.resolve(posixpath.join(plan.host(host).run_dir, *parts))
         r = t.run(["mkdir", "-p", "--", path], timeout_s=60)
         if not r.ok:
@@ -30,10 +40,8 @@ class ClientHosts:
         self, plan: Plan, host: str, argv: list[str], *, env: dict[str, str], timeout_s: float
     ) -> CommandResult:
         """Run a command to completion on `host` (a benchmark client), its output returned."""
-        self._pool.add_hosts(plan.hosts)
-        return self._pool[host].run(argv, env=env, timeout_s=timeout_s)
+        return self.transports(plan)[host].run(argv, env=env, timeout_s=timeout_s)
 
     def read_on(self, plan: Plan, host: str, path: str) -> bytes:
         """A file from `host` (a client's results); FileNotFoundError if it is not there."""
-        self._pool.add_hosts(plan.hosts)
-        return self._pool[host].read(path)
+        return self.transports(plan)[host].read(path)

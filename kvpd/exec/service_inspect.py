@@ -13,7 +13,6 @@ from kvpd.exec import logs
 from kvpd.exec.diagnose import gather
 from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import Executor
-from kvpd.exec.pool import TransportPool
 from kvpd.exec.processes import supervised
 from kvpd.exec.processes.status import ProcessStatus
 from kvpd.exec.processes.supervised import Supervised
@@ -46,12 +45,6 @@ class Inspecting(ClientHosts):
 
     def _executor(self, reporter: Reporter | None = None) -> Executor:
         raise NotImplementedError
-
-    def transports(self, plan: Plan) -> TransportPool:
-        """The one way to `plan`'s hosts, their files and ports: the service's pool, told
-        `plan`'s hosts (a transport opens on first use and closes with the service)."""
-        self._pool.add_hosts(plan.hosts)
-        return self._pool
 
     def refuse_conflicts(self, plan: Plan) -> None:
         """StateError naming every live kvpd deployment (and its owner, from its host records)

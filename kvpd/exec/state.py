@@ -13,7 +13,7 @@ from typing import Any, Literal
 from kvpd import __version__
 from kvpd.errors import StateError
 from kvpd.exec import state_check
-from kvpd.exec.local import private_dirs
+from kvpd.exec.local import private_dirs, replace_with
 from kvpd.exec.records.model import DeploymentStatus, ProcessStatusWord
 from kvpd.plan.value import Plan
 from kvpd.profile.roles import Role
@@ -172,16 +172,8 @@ class StateStore:
         p = self.path(state.deployment)
         private_dirs(p.parent)  # the state says what kvpd may signal and purge: only ours
         data = json.dumps(state.to_dict(), indent=2).encode()
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".state.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".state.", suffix=".tmp")  # 0600, new
+        replace_with(fd, Path(tmp), p, data)
         dfd = os.open(p.parent, os.O_RDONLY)
         try:
             os.fsync(dfd)

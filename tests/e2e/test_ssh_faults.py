@@ -45,16 +45,20 @@ while True:
 """
 
 
-@pytest.fixture(scope="module")
-def fake_engine() -> Iterator[Path]:
-    """The fake engine script, in the shared repo tree so every bed host runs the same file."""
-    d = SHARED / "faults"
+def fake_engine_in(d: Path) -> Iterator[Path]:
+    """The fake engine script in folder `d` of the shared repo tree (so every bed host runs the
+    same file), for a module fixture to yield from; `d` is removed afterwards."""
     d.mkdir(parents=True, exist_ok=True)
     path = d / "fake-vllm-never-healthy"
     path.write_text(FAKE_ENGINE.format(python=sys.executable))
     path.chmod(0o755)
     yield path
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fake_engine() -> Iterator[Path]:
+    yield from fake_engine_in(SHARED / "faults")
 
 
 def inventory(

@@ -12,10 +12,8 @@ set small (runtime.lease_s) to keep the waits short.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ import pytest
 
 from kvpd.exec.ssh import SSHTransport
 from tests.e2e.conftest import Testbed
-from tests.e2e.test_ssh_faults import FAKE_ENGINE, PROFILE, busy, inventory, up_args
+from tests.e2e.test_ssh_faults import PROFILE, busy, fake_engine_in, inventory, up_args
 from tests.e2e.test_ssh_faults import wait_for_records as recorded
 from tests.e2e.test_ssh_rehearsal import SHARED, UCM4_HOSTS, kvpd, kvpd_cmd, kvpd_env
 
@@ -36,13 +34,7 @@ HOSTS = list(UCM4_HOSTS.values())
 
 @pytest.fixture(scope="module")
 def never_healthy() -> Iterator[Path]:
-    d = SHARED / "lease"
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / "fake-vllm-never-healthy"
-    path.write_text(FAKE_ENGINE.format(python=sys.executable))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(d, ignore_errors=True)
+    yield from fake_engine_in(SHARED / "lease")
 
 
 def start_as(machine: str, state_dir: Path, *args: str) -> subprocess.Popen[str]:

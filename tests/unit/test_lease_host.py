@@ -231,3 +231,19 @@ def test_a_local_host_keeps_the_lease_in_the_users_home_whatever_the_folder(
             with Deployments() as other, pytest.raises(LeaseHeld):
                 other.up(p)
     assert not (home / ".kvpd" / "leases" / "demo.json").exists()
+
+
+def test_a_container_hosts_lease_is_taken_on_the_host_itself(home: Path) -> None:
+    """The pool's host_transport: the lease lives in the login's home, outside the container
+    (which `up` starts and `down` removes). Through the container the stand-in runtime would
+    have to exec into a container that does not exist."""
+    from kvpd.exec.containers.transport import ContainerTransport
+    from kvpd.exec.state import StateStore
+    from tests.unit.standin import spec
+
+    local = LocalTransport()
+    inside = ContainerTransport(local, spec("kvpd-t-no-such-container"))
+    svc = Deployments(StateStore(home / "state"), transports={"d1": inside})
+    assert svc.transports(plan("d1")).host_transport("d1") is local
+    with svc.lease(plan("d1"), "up"):
+        assert "up" in (home / ".kvpd" / "leases" / "demo.json").read_text()

@@ -17,6 +17,7 @@ import stat
 from pathlib import Path
 
 from kvpd.errors import KvpdError
+from kvpd.exec.local import replace_with
 
 # One path component the cache makes: never "", ".", "..", never a separator.
 _COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}$")
@@ -112,14 +113,5 @@ def write(folder: Path, name: str, data: bytes) -> Path:
     final = folder / component(name)
     tmp = folder / f".{name}.{secrets.token_hex(8)}.tmp"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(tmp, flags, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    replace_with(os.open(tmp, flags, 0o600), tmp, final, data)
     return final

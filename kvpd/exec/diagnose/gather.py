@@ -219,7 +219,7 @@ def gather(pool: TransportPool, state: DeploymentState, out_dir: Path, *, lines:
            extra: dict[str, bytes] | None = None, shareable: bool = False) -> Report:  # fmt: skip
     """Collect everything into `out_dir/<time>.tar.gz`; the report names a cause per process."""
     plan = state.plan
-    pool.add_hosts(plan.hosts)
+    pool = pool.for_plan(plan)  # the hosts of an older state too
     members: dict[str, bytes] = dict(extra or {})
     members["state.json"] = redact.scrub(json.dumps(state.to_dict(), indent=1)).encode()
     for f in plan.files:  # masked by name in `state` already; by shape here

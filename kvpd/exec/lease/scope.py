@@ -21,7 +21,7 @@ from kvpd.errors import TransportError
 from kvpd.exec.lease import host as lease_host
 from kvpd.exec.lease.host import UNLEASED, Held, HostLease, LeaseHostError, Renewer
 from kvpd.exec.lease.model import LEASE_MAX_S, LEASE_MIN_S, Decision, Operation, Seen, decide
-from kvpd.exec.pool import TransportPool
+from kvpd.exec.service_hosts import PlanTransports
 from kvpd.exec.state import StateStore
 from kvpd.plan.value import Plan
 
@@ -42,22 +42,20 @@ def _unreachable(plan: Plan, host: str, e: Exception) -> LeaseHostError:
     )
 
 
-class Leasing:
+class Leasing(PlanTransports):
     """Mixin of the deployment service: the leases it holds, by deployment."""
 
     store: StateStore
-    _pool: TransportPool
 
     def _held(self) -> dict[str, Renewer | None]:
         # Made on first use: the mixin needs no __init__, so the service's stays its own.
         return self.__dict__.setdefault("_leases_held", {})  # type: ignore[no-any-return]
 
     def _host_lease(self, plan: Plan) -> HostLease:
-        self._pool.add_hosts(plan.hosts)
-        t = self._pool[lease_host.lease_host(plan)]
         # On the host itself, never inside its container: kvpd starts and removes containers
         # during the very changes the lease covers, and the lease lives in the login's home.
-        return HostLease(getattr(t, "inner", t), plan.deployment)
+        t = self.transports(plan).host_transport(lease_host.lease_host(plan))
+        return HostLease(t, plan.deployment)
 
     def peek_lease(self, plan: Plan) -> tuple[Seen, Decision]:
         """The lease of `plan`'s deployment as it is, and whether this controller may take it

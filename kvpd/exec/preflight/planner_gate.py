@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from kvpd import ascend_planner_plugin as plugin
 from kvpd.exec.preflight.checks import Check
+from kvpd.exec.preflight.probe import clang_omp
 from kvpd.exec.transport import Transport
 from kvpd.plan.requirements import python_of
 from kvpd.plan.sparse_planner import ENV
@@ -37,6 +38,7 @@ def gate_script() -> str:
         f"KNOWN_PLANNER_CPP_BLOBS = {plugin.KNOWN_PLANNER_CPP_BLOBS!r}\n"
         + inspect.getsource(plugin.git_blob_id)
         + inspect.getsource(plugin.version_gate)
+        + inspect.getsource(clang_omp)
         + r"""
 out = {}
 try:
@@ -53,14 +55,7 @@ if spec is not None and spec.submodule_search_locations:
         out["why"] = "%s does not exist (a vLLM-Ascend without sparse KV offload?)" % origin
 elif "why" not in out:
     out["why"] = "vllm_ascend is not importable by this Python"
-try:
-    r = subprocess.run(["clang", "--print-resource-dir"], capture_output=True, text=True,
-                       timeout=30)
-    out["clang"] = r.returncode == 0
-    out["omp_h"] = r.returncode == 0 and os.path.exists(
-        os.path.join(r.stdout.strip(), "include", "omp.h"))
-except (OSError, subprocess.SubprocessError):
-    out["clang"] = out["omp_h"] = False
+out.update(clang_omp())
 print(json.dumps(out))
 """
     )

@@ -5,9 +5,28 @@ import inspect
 
 from kvpd.exec.procfs import listening_in
 
+
+def clang_omp() -> "dict[str, bool]":
+    """Whether clang runs and its resource dir holds `omp.h` (what vLLM-Ascend's JIT build of
+    its sparse planner needs). Standard library only, annotations quoted: the probe and the
+    planner gate (kvpd.exec.preflight.planner_gate) run this very source on hosts with any python3."""
+    import os
+    import subprocess
+
+    try:
+        r = subprocess.run(["clang", "--print-resource-dir"], capture_output=True, text=True,
+                           timeout=30)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {"clang": False, "omp_h": False}
+    ok = r.returncode == 0
+    omp_h = os.path.join(r.stdout.strip(), "include", "omp.h")
+    return {"clang": ok, "omp_h": ok and os.path.exists(omp_h)}
+
+
 # The /proc/net/tcp parser is the transports' own, sent as source (the probe is one script).
 PROBE = (
     inspect.getsource(listening_in)
+    + inspect.getsource(clang_omp)
     + r'''
 import json, os, platform, shutil, subprocess, sys
 req = json.loads(sys.argv[1])
@@ -63,14 +82,7 @@ if req.get("npu"):
     except (OSError, subprocess.SubprocessError):
         out["npu"] = False
 if req.get("clang_omp"):
-    try:
-        r = subprocess.run(["clang", "--print-resource-dir"], capture_output=True, text=True,
-                           timeout=30)
-        out["clang"] = r.returncode == 0
-        out["omp_h"] = r.returncode == 0 and os.path.exists(
-            os.path.join(r.stdout.strip(), "include", "omp.h"))
-    except (OSError, subprocess.SubprocessError):
-        out["clang"] = out["omp_h"] = False
+    out.update(clang_omp())
 tables = []
 for name in ("/proc/net/tcp", "/proc/net/tcp6"):
     try:
