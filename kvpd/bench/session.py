@@ -59,7 +59,7 @@ class NullProgress:
 
 def is_disaggregated(plan: Plan) -> bool:
     roles = {p.role for p in plan.processes}
-    return "prefill" in roles and "decode" in roles
+    return Role.PREFILL in roles and Role.DECODE in roles
 
 
 @dataclass

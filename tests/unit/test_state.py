@@ -157,6 +157,7 @@ def _rec(field: str, value: object):
         (_rec("name", "stranger"), "processes['stranger']: no process of that name"),
         (_rec("log", "/etc/passwd"), "processes['p0'].log: '/etc/passwd' is not its planned log"),
         (_rec("ports", [22]), "processes['p0'].ports: [22] are not the planned ports"),
+        (_rec("status", "zombie"), "processes['p0'].status: 'zombie' is not one of running"),
         (
             lambda d: d["run_dirs"].update(h1="/usr/lib"),
             "run_dirs['h1']: '/usr/lib' is not the plan's run dir '.kvpd/run'",
@@ -307,3 +308,15 @@ def test_a_host_reported_value_that_would_not_load_is_not_recorded() -> None:
         "reason": None,
     }
     assert BundleSlot.from_json(slot.to_json()) == slot
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _rec("role", "wizard"),
+        lambda d: d["plan"]["processes"][0].update(role="wizard"),
+    ],
+)
+def test_a_role_that_is_not_one_is_refused(tmp_path: Path, edit) -> None:
+    msg = _tampered(tmp_path, edit)
+    assert "state file is corrupt" in msg and "'wizard' is not a valid Role" in msg, msg
