@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpd.bench.metrics import Delta
+from kvpd.profile.bench_schema import CacheCheck
 from kvpd.profile.roles import ENGINE_ROLES, PREFILLING_ROLES, Role
 
 
@@ -15,7 +16,7 @@ def check_phase(
     measured: bool,
     protocol: str,
     disaggregated: bool,
-    cache: str | None,
+    cache: CacheCheck | None,
     result: dict[str, Any],
     delta: Delta,
     prefix_ratio: float = 0.8,
