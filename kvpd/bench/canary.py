@@ -130,7 +130,7 @@ def run(
     through the transport of the host it goes to."""
     tgts = metrics.targets(plan)
     roles = {t.role for t in tgts}
-    disaggregated = "prefill" in roles and "decode" in roles
+    disaggregated = Role.PREFILL in roles and Role.DECODE in roles
     n = 1 if disaggregated else max(1, sum(1 for t in tgts if t.role == Role.MIXED))
     if not plan.proxy_url:
         return CanaryResult(False, "canary: the plan has no proxy/serving URL to send to.",
@@ -204,7 +204,7 @@ def judge(
     if disaggregated:
         problems += proof.prefill_problems(where, d)
         problems += proof.handoff_problems(where, d)
-        if layerwise and d.has_role("proxy") and d.role_sum("proxy", "disaggregated") <= 0:
+        if layerwise and d.has_role(Role.PROXY) and d.role_sum(Role.PROXY, "disaggregated") <= 0:
             problems.append(
                 f"{where}: kvpd_proxy_disaggregated_requests_total of the proxy did not move: "
                 "no decoder called the proxy's /v1/metaserver, so the layerwise (decode-first) "
@@ -212,9 +212,9 @@ def judge(
                 "and `kvpd logs proxy`."
             )
     else:
-        served = d.role_sum("mixed", "requests")
+        served = d.role_sum(Role.MIXED, "requests")
         if served < requests:
-            names = ", ".join(n for n, r in d.roles.items() if r == "mixed")
+            names = ", ".join(n for n, r in d.roles.items() if r == Role.MIXED)
             problems.append(
                 f"{where}: vllm:request_success_total grew by {served:.0f} on {names} for "
                 f"{requests} requests sent through the proxy."
@@ -225,14 +225,14 @@ def judge(
     if not disaggregated:
         return CanaryResult(True, f"Canary: {requests} request(s) served, {generated} tokens back",
                             [], summary, requests)  # fmt: skip
-    src = _top(d, "prefill", "requests")
-    dst = _top(d, "decode", "kv_received_tokens") or _top(d, "decode", "requests")
-    received = d.role_sum("decode", "kv_received_tokens")
+    src = _top(d, Role.PREFILL, "requests")
+    dst = _top(d, Role.DECODE, "kv_received_tokens") or _top(d, Role.DECODE, "requests")
+    received = d.role_sum(Role.DECODE, "kv_received_tokens")
     line = f"P→D KV handover verified: {received:.0f} tokens from {src} to {dst}"
     return CanaryResult(True, line, [], summary, requests)
 
 
-def _top(d: metrics.Delta, role: str, key: str) -> str:
+def _top(d: metrics.Delta, role: Role, key: str) -> str:
     best = [(v.get(key, 0.0), n) for n, v in d.per_target.items() if d.roles[n] == role]
     best = [b for b in best if b[0] > 0]
     return max(best)[1] if best else ""

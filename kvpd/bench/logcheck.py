@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvpd.plan.value import LogCheck
+from kvpd.profile.bench_schema import CacheCheck
 
 LAYERWISE = re.compile(r"Layerwise KV cache reuse merged \d+ descriptors into \d+ descriptors")
 HITS = re.compile(r"hit hbm:? (\d+), hit external:? (\d+)")
@@ -41,7 +42,7 @@ def confirm(
     scenario: str,
     checks: tuple[LogCheck, ...],
     read_log: Callable[[str], str | None],
-    cache: str | None,
+    cache: CacheCheck | None,
 ) -> Confirmation:
     """Check `checks` against the processes' logs (`read_log(process)`: its tail, or None when
     it cannot be read)."""

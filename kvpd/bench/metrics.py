@@ -10,7 +10,7 @@ from typing import Any
 from kvpd.exec.http_wire import endpoint
 from kvpd.exec.transport import ChannelError, Transport, Transports
 from kvpd.plan.value import Plan
-from kvpd.profile.roles import ENGINE_ROLES, Role
+from kvpd.profile.roles import ENGINE_ROLES, PREFILLING_ROLES, Role
 
 # A sample line: name{label="value",...} value [timestamp]. Label values may hold escaped quotes.
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
@@ -67,7 +67,7 @@ class Target:
     """One /metrics endpoint of the deployment."""
 
     name: str  # process name, e.g. decode-0, proxy
-    role: str  # prefill | decode | mixed | proxy
+    role: Role  # an engine role or the proxy
     url: str  # as seen from `host`, whose transport carries the scrape
     host: str = ""
 
@@ -76,7 +76,7 @@ def targets(plan: Plan) -> list[Target]:
     """Engines and the proxy, their /metrics next to their health URL (same host and port)."""
     out = []
     for p in plan.processes:
-        if p.role not in (*ENGINE_ROLES, "proxy") or p.health is None:
+        if p.role not in (*ENGINE_ROLES, Role.PROXY) or p.health is None:
             continue
         base = p.health.url.split("://", 1)
         scheme, rest = (base[0], base[1]) if len(base) == 2 else ("http", base[0])
@@ -157,16 +157,16 @@ class Delta:
     """Counter increases during one phase, per target and summed per role."""
 
     per_target: dict[str, dict[str, float]] = field(default_factory=dict)
-    roles: dict[str, str] = field(default_factory=dict)  # target name -> role
+    roles: dict[str, Role] = field(default_factory=dict)  # target name -> role
     missing: dict[str, str] = field(default_factory=dict)  # target -> why it has no delta
 
-    def role_sum(self, role: str, key: str) -> float:
+    def role_sum(self, role: Role, key: str) -> float:
         return sum(v.get(key, 0.0) for n, v in self.per_target.items() if self.roles[n] == role)
 
     def engines_sum(self, key: str) -> float:
         return sum(self.role_sum(r, key) for r in ENGINE_ROLES)
 
-    def has_role(self, role: str) -> bool:
+    def has_role(self, role: Role) -> bool:
         return any(r == role for r in self.roles.values())
 
     def summary(self) -> dict[str, Any]:
@@ -175,14 +175,14 @@ class Delta:
         for role in ENGINE_ROLES:
             if self.has_role(role):
                 s[f"{role}_requests"] = self.role_sum(role, "requests")
-        if self.has_role("decode"):
-            s["decode_kv_received_tokens"] = self.role_sum("decode", "kv_received_tokens")
-            s["decode_cached_tokens"] = self.role_sum("decode", "local_cache_hit_tokens")
-            s["decode_computed_tokens"] = self.role_sum("decode", "local_compute_tokens")
+        if self.has_role(Role.DECODE):
+            s["decode_kv_received_tokens"] = self.role_sum(Role.DECODE, "kv_received_tokens")
+            s["decode_cached_tokens"] = self.role_sum(Role.DECODE, "local_cache_hit_tokens")
+            s["decode_computed_tokens"] = self.role_sum(Role.DECODE, "local_compute_tokens")
         s["prefix_cache_hits"] = self.engines_sum("prefix_cache_hits")
         # The guide's HBM figure: of the prompt tokens the prefilling engines (prefill, else
         # mixed) looked up in their own prefix cache, the share they found there.
-        where = next((r for r in ("prefill", "mixed") if self.has_role(r)), None)
+        where = next((r for r in PREFILLING_ROLES if self.has_role(r)), None)
         if where is not None:
             looked_up = self.role_sum(where, "prefix_cache_queries")
             hits = self.role_sum(where, "prefix_cache_hits")
@@ -192,15 +192,15 @@ class Delta:
         s["external_prefix_cache_queries"] = self.engines_sum("external_prefix_cache_queries")
         s["local_cache_hit_tokens"] = self.engines_sum("local_cache_hit_tokens")
         s["prompt_tokens"] = self.engines_sum("prompt_tokens")
-        if self.has_role("proxy"):
-            s["proxy_requests"] = self.role_sum("proxy", "requests")
-            s["proxy_disaggregated"] = self.role_sum("proxy", "disaggregated")
+        if self.has_role(Role.PROXY):
+            s["proxy_requests"] = self.role_sum(Role.PROXY, "requests")
+            s["proxy_disaggregated"] = self.role_sum(Role.PROXY, "disaggregated")
             # prefill-first handoffs: with kv_transfer_params (NIXL, Mooncake) or without
             # (ExampleConnector, shared storage)
             s["proxy_handoffs"] = s["proxy_disaggregated"] + self.role_sum(
-                "proxy", "prefill_without_kv_params"
+                Role.PROXY, "prefill_without_kv_params"
             )
-            s["proxy_failures"] = self.role_sum("proxy", "failures")
+            s["proxy_failures"] = self.role_sum(Role.PROXY, "failures")
         return s
 
     def to_dict(self) -> dict[str, Any]:

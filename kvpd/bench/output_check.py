@@ -20,7 +20,7 @@ from kvpd.bench import metrics, outputs
 from kvpd.errors import TransportError
 from kvpd.exec.transport import Transports
 from kvpd.plan.value import Plan, ProcessSpec
-from kvpd.profile.roles import Role
+from kvpd.profile.roles import ENGINE_ROLES, Role
 
 PROMPTS = 4
 TOKENS = 16
@@ -33,7 +33,7 @@ Prompt = Callable[[], str]
 
 def reference_process(plan: Plan) -> ProcessSpec | None:
     """The engine that answers alone: the first prefill instance, else the first mixed one."""
-    for role in ("prefill", "mixed"):
+    for role in (Role.PREFILL, Role.MIXED):
         for p in plan.processes:
             if p.role == role and p.health is not None:
                 return p
@@ -63,7 +63,7 @@ def expectation_for(plan: Plan, ref: ProcessSpec, *, live: bool = False) -> outp
     the check's batches; vLLM's kernels are not batch-invariant, so only a tolerance holds."""
     if live:
         return outputs.Expectation("tolerance", outputs.TOLERANCE, "live traffic shares batches")
-    dst_role = "decode" if any(p.role == Role.DECODE for p in plan.processes) else "mixed"
+    dst_role = Role.DECODE if any(p.role == Role.DECODE for p in plan.processes) else Role.MIXED
     dsts = [p for p in plan.processes if p.role == dst_role]
     hw = {h.name: h.hardware for h in plan.hosts}
     hardware = {hw.get(p.host, "cpu") for p in [ref, *dsts]}
@@ -79,7 +79,7 @@ def bench_default(plan: Plan, *, restarted: bool) -> bool:
     if plan.rehearsal or restarted:
         return True
     hw = {h.name: h.hardware for h in plan.hosts}
-    engines = [p for p in plan.processes if p.role in ("prefill", "decode", "mixed")]
+    engines = [p for p in plan.processes if p.role in ENGINE_ROLES]
     return bool(engines) and all(hw.get(p.host, "cpu") == "cpu" for p in engines)
 
 
@@ -102,11 +102,11 @@ def _served_by(d: metrics.Delta) -> str:
     """`prefill-0 -> decode-1` (or `mixed-1`): the engines whose request count grew."""
     grew = {role: [n for n, v in d.per_target.items()
                    if d.roles[n] == role and v.get("requests", 0) > 0]
-            for role in ("prefill", "decode", "mixed")}  # fmt: skip
-    if grew["decode"]:
-        src = "/".join(grew["prefill"]) or "?"
-        return f"{src} -> {'/'.join(grew['decode'])}"
-    return "/".join(grew["mixed"])
+            for role in ENGINE_ROLES}  # fmt: skip
+    if grew[Role.DECODE]:
+        src = "/".join(grew[Role.PREFILL]) or "?"
+        return f"{src} -> {'/'.join(grew[Role.DECODE])}"
+    return "/".join(grew[Role.MIXED])
 
 
 def run(

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvpd.bench.metrics import Delta
-from kvpd.profile.roles import ENGINE_ROLES, PREFILLING_ROLES
+from kvpd.profile.bench_schema import CacheCheck
+from kvpd.profile.roles import ENGINE_ROLES, PREFILLING_ROLES, Role
 
 
 def check_phase(
@@ -15,7 +16,7 @@ def check_phase(
     measured: bool,
     protocol: str,
     disaggregated: bool,
-    cache: str | None,
+    cache: CacheCheck | None,
     result: dict[str, Any],
     delta: Delta,
     prefix_ratio: float = 0.8,
@@ -92,22 +93,22 @@ def handoff_problems(where: str, delta: Delta) -> list[str]:
     """THE definition of "disaggregation happened" (bench and `up`'s canary alike): the decode
     engines served requests and either received KV or computed no more prompt tokens than
     they found in their own prefix cache. Empty list: it happened."""
-    decode_missing = {n: w for n, w in delta.missing.items() if delta.roles[n] == "decode"}
+    decode_missing = {n: w for n, w in delta.missing.items() if delta.roles[n] == Role.DECODE}
     if decode_missing:
         return [
             f"{where}: cannot prove disaggregation, decode /metrics unreachable: "
             + "; ".join(f"{n} ({w})" for n, w in decode_missing.items())
         ]
-    served = int(delta.role_sum("decode", "requests"))
+    served = int(delta.role_sum(Role.DECODE, "requests"))
     if served == 0:
         return [
             f"{where}: the decode engines served no request during this phase (their "
             "vllm:request_success_total did not grow): the proxy is not sending requests "
             "through decode, so this is not a P/D result."
         ]
-    received = delta.role_sum("decode", "kv_received_tokens")
-    computed = delta.role_sum("decode", "local_compute_tokens")
-    cached = delta.role_sum("decode", "local_cache_hit_tokens")
+    received = delta.role_sum(Role.DECODE, "kv_received_tokens")
+    computed = delta.role_sum(Role.DECODE, "local_compute_tokens")
+    cached = delta.role_sum(Role.DECODE, "local_cache_hit_tokens")
     if received > 0 or computed <= cached:
         return []
     return [
@@ -122,13 +123,13 @@ def handoff_problems(where: str, delta: Delta) -> list[str]:
 
 def prefill_problems(where: str, delta: Delta) -> list[str]:
     """The prefill engines counted the requests the proxy sent them (empty list: they did)."""
-    names = [n for n, r in delta.roles.items() if r == "prefill"]
+    names = [n for n, r in delta.roles.items() if r == Role.PREFILL]
     if not names:
         return []
     missing = [n for n in names if n in delta.missing]
     if len(missing) == len(names):
         return [f"{where}: cannot check prefill, /metrics unreachable: " + ", ".join(missing)]
-    if delta.role_sum("prefill", "requests") > 0:
+    if delta.role_sum(Role.PREFILL, "requests") > 0:
         return []
     return [
         f"{where}: vllm:request_success_total did not move on {', '.join(names)}: the proxy "
@@ -147,7 +148,7 @@ WARMUP_PROMPTS = 2
 COLD_PHASES = {("plain", "run"), ("prefix", "seed"), ("twice", "cold")}
 
 
-def hit_counts(delta: Delta, roles: tuple[str, ...]) -> tuple[float, float] | None:
+def hit_counts(delta: Delta, roles: tuple[Role, ...]) -> tuple[float, float] | None:
     """(prefix-cache hits + external hits, prompt tokens queried) on the engines of `roles`
     that compute prompts (None when they queried nothing or cannot be read)."""
     names = [n for n, r in delta.roles.items() if r in roles]
@@ -167,7 +168,7 @@ def hit_counts(delta: Delta, roles: tuple[str, ...]) -> tuple[float, float] | No
 
 def hit_ratio_problems(
     where: str, protocol: str, phase: str, prefix_ratio: float, delta: Delta,
-    roles: tuple[str, ...], input_len: int = 0,
+    roles: tuple[Role, ...], input_len: int = 0,
 ) -> list[str]:  # fmt: skip
     """A phase that found more of its prompts cached than its protocol allows: the caches held
     this run's prompts before it started (an earlier run or scenario), so its numbers are not

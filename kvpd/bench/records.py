@@ -6,13 +6,16 @@ import csv
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from kvpd import __version__
 from kvpd.bench.serve_output import METRICS
 from kvpd.errors import BenchError
 
 FORMAT = "kvpd-bench/1"
+# The phases of the protocols (kvpd.bench.runner.protocol_phases): plain runs `run`, prefix
+# `seed` then `measured`, twice `cold` then `warm`.
+PhaseName = Literal["run", "seed", "measured", "cold", "warm"]
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
 
@@ -22,7 +25,7 @@ class Record:
     """One phase of one sweep point of one scenario."""
 
     scenario: str
-    phase: str  # run | seed | measured | cold | warm
+    phase: PhaseName
     measured: bool
     input_len: int
     output_len: int
@@ -58,6 +61,9 @@ class Record:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Record:
         known = {f for f in cls.__dataclass_fields__}
+        if d.get("phase") not in get_args(PhaseName):
+            raise ValueError(f"record phase {d.get('phase')!r} is not one of "
+                             f"{', '.join(get_args(PhaseName))}")  # fmt: skip
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
@@ -204,4 +210,7 @@ def load(path: str | Path) -> BenchRun:
         raise BenchError(f"{p}: not a JSON file ({e}).") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BenchError(f"{p}: not a kvpd bench result (format {FORMAT!r} expected).")
-    return BenchRun.from_dict(data)
+    try:
+        return BenchRun.from_dict(data)
+    except (ValueError, KeyError, TypeError) as e:
+        raise BenchError(f"{p}: not a kvpd bench result as kvpd writes it ({e}).") from None

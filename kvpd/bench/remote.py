@@ -15,6 +15,7 @@ from typing import Protocol
 from kvpd.bench.runner import RunOutput
 from kvpd.exec.transport import CommandResult
 from kvpd.plan.value import Plan
+from kvpd.profile.roles import Role
 
 # What the client needs in its environment on the host (the rest of this machine's is not sent).
 # OPENAI_API_KEY: the proxy's client key, when the profile sets proxy.client_key_file.
@@ -84,7 +85,7 @@ def default_host(plan: Plan, local_ok: bool) -> str | None:
     machine."""
     if local_ok:
         return None
-    for role in ("proxy", "mixed", "decode"):
+    for role in (Role.PROXY, Role.MIXED, Role.DECODE):
         p = next((x for x in plan.processes if x.role == role), None)
         if p is not None:
             return p.host

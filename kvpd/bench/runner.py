@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvpd.bench.records import PhaseName
 from kvpd.errors import BenchError
 
 ENV_VLLM = "KVPD_VLLM"
@@ -54,7 +55,7 @@ def find_vllm() -> str:
 class Phase:
     """One `vllm bench serve` invocation of a protocol."""
 
-    name: str  # run | seed | measured | cold | warm
+    name: PhaseName
     input_len: int
     output_len: int
     num_prompts: int
@@ -93,7 +94,7 @@ def protocol_phases(
     - twice (the PD-mixed section): the same run twice, cold then warm; both are reported.
     """
 
-    def phase(name: str, inp: int, out: int, measured: bool = True) -> Phase:
+    def phase(name: PhaseName, inp: int, out: int, measured: bool = True) -> Phase:
         return Phase(name, inp, out, num_prompts, seed, request_rate, max_concurrency,
                      ignore_eos, measured)  # fmt: skip
 

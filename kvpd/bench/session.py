@@ -30,6 +30,7 @@ from kvpd.exec.diagnose.causes import current_run
 from kvpd.exec.processes.health import probe
 from kvpd.exec.service import Deployments
 from kvpd.plan.value import HealthCheck, Plan
+from kvpd.profile.bench_schema import CacheCheck
 from kvpd.profile.roles import Role
 
 # How much of each engine's log the confirmations read (a line per request at most).
@@ -59,7 +60,7 @@ class NullProgress:
 
 def is_disaggregated(plan: Plan) -> bool:
     roles = {p.role for p in plan.processes}
-    return "prefill" in roles and "decode" in roles
+    return Role.PREFILL in roles and Role.DECODE in roles
 
 
 @dataclass
@@ -190,7 +191,7 @@ class Session:
                 f"Run `kvpd down {self.profile}` and check `kvpd status`."
             ) from e
 
-    def _confirm(self, scenario: str, plan: Plan, run: BenchRun, cache: str | None) -> None:
+    def _confirm(self, scenario: str, plan: Plan, run: BenchRun, cache: CacheCheck | None) -> None:
         """The guides' log confirmations (layerwise reuse, store hits) for this scenario."""
         if not plan.log_checks:
             return
@@ -246,7 +247,7 @@ class Session:
     # -- phases --------------------------------------------------------------------------
 
     def _run_points(
-        self, scenario: str, target: Target, run: BenchRun, *, cache: str | None
+        self, scenario: str, target: Target, run: BenchRun, *, cache: CacheCheck | None
     ) -> None:
         from kvpd.bench.runner import protocol_phases
 
@@ -278,7 +279,7 @@ class Session:
         ph: runner.Phase,
         target: Target,
         run: BenchRun,
-        cache: str | None,
+        cache: CacheCheck | None,
     ) -> Record:
         result_dir = self.out_dir / "raw" / scenario
         result_dir.mkdir(parents=True, exist_ok=True)

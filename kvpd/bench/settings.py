@@ -8,6 +8,7 @@ from typing import Any
 from kvpd.errors import BenchError
 from kvpd.plan.bench import PROTOCOLS, STORE_CONNECTORS, BenchSpec, ScenarioSpec
 from kvpd.plan.scenario_check import detach_sets
+from kvpd.profile.bench_schema import CacheCheck
 
 # The UCM guide's three setups, which every profile has (a profile's own entry of the same
 # name replaces the preset): recompute = no prefix cache of any kind, hbm = vLLM's prefix cache
@@ -30,7 +31,7 @@ class Scenario:
 
     name: str
     sets: tuple[str, ...] = ()
-    cache: str | None = None  # none | hbm | external | None (not checked)
+    cache: CacheCheck | None = None  # None: not checked
     without: tuple[str, ...] = ()  # connectors it detached (for the report)
 
     @property

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from kvpd.plan.bundle import ENGINE_SLOT
 from kvpd.plan.value import Plan
+
+if TYPE_CHECKING:
+    from kvpd.exec.bundle.result import BundleSlot
 
 
 def _python(spec: str) -> str:
@@ -32,20 +36,20 @@ def plan_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def fallback_warning(row: dict[str, Any], profile: str) -> str | None:
+def fallback_warning(row: BundleSlot, profile: str) -> str | None:
     """The warning for an engine slot left on the NumPy fallback, with the way to the native
     core: `up` replaces the fallback by itself once a native wheel can be had, but does not
     retry a build that failed for this kvpd (its wheel cache remembers the failure)."""
-    if row.get("slot") != "engine" or row.get("implementation") == "native":
+    if row.slot != ENGINE_SLOT or row.implementation == "native":
         return None
     from kvpd.exec.bundle.wheel import cache_dir
 
-    platform = row.get("platform")
+    platform = row.platform
     head = (
-        f"{row['host']}: kvpd's native core is not available for {platform} "
-        f"({(row.get('native') or {}).get('reason')}); engines there use the NumPy fallback"
+        f"{row.host}: kvpd's native core is not available for {platform} "
+        f"({row.native.get('reason')}); engines there use the NumPy fallback"
     )
-    if row.get("compiler"):
+    if row.compiler:
         return (
             f"{head}. A build of the core for {platform} failed before and is not retried: "
             f"fix it (that `up` warned why), remove {cache_dir() / 'wheels'}/*/{platform} on "
@@ -66,7 +70,7 @@ def fallback_warning(row: dict[str, Any], profile: str) -> str | None:
     )
 
 
-def status_table(rows: list[dict[str, Any]]) -> Table:
+def status_table(rows: list[BundleSlot]) -> Table:
     """What `up` verified per host slot: interpreter, digest, native implementation, and where
     its wheel came from (the controller, a host's build, the cache)."""
     from kvpd.exec.bundle.host import origin
@@ -75,19 +79,18 @@ def status_table(rows: list[dict[str, Any]]) -> Table:
     for col in ("Host", "Slot", "Python", "Digest", "Native", "Wheel from", "Up did", "Seconds"):
         t.add_column(col)
     for r in rows:
-        impl = r.get("implementation") or "-"
-        native = r.get("native") or {}
-        isa = native.get("isa_flags")
-        if native.get("ascend_planner"):  # the row planner's path: avx512..., neon, baseline
-            isa = f"{isa}; planner {native['ascend_planner']}" if isa else None
+        impl = r.implementation or "-"
+        isa = r.native.get("isa_flags")
+        if r.native.get("ascend_planner"):  # the row planner's path: avx512..., neon, baseline
+            isa = f"{isa}; planner {r.native['ascend_planner']}" if isa else None
         t.add_row(
-            r["host"],
-            r["slot"],
-            f"{r.get('executable') or r['python']} {r.get('version') or ''}".strip(),
-            (r.get("digest") or "-")[:12],
+            r.host,
+            r.slot,
+            f"{r.executable or r.python} {r.version or ''}".strip(),
+            (r.digest or "-")[:12],
             f"{impl} ({isa})" if isa else impl,
-            origin(str(r.get("source") or "")),
-            r.get("action", ""),
-            f"{r.get('seconds', 0):.2f}",
+            origin(r.source),
+            r.action,
+            f"{r.seconds:.2f}",
         )
     return t

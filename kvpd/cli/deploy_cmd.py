@@ -201,8 +201,9 @@ def status_cmd(
         for p in data["processes"]:
             if p["name"] in tails:
                 p["log_tail"] = tails[p["name"]].splitlines()
+        bundle = [b.to_json() for b in state.bundle]
         output.print_json({**data, **records_out.records_json(state, seen),
-                           "status": state.status, "bundle": state.bundle})  # fmt: skip
+                           "status": state.status, "bundle": bundle})  # fmt: skip
         return
     output.out.print(output.status_table(f"{name} ({state.status})", rows))
     for line in records_out.records_lines(plan, state, seen):

@@ -174,7 +174,7 @@ def report_json(
     from kvpd.cli import output
 
     data = output.state_json(state, str(svc.store.path(plan.deployment)))
-    data["bundle"] = state.bundle
+    data["bundle"] = [b.to_json() for b in state.bundle]
     if result is not None:
         data["canary"] = result.to_dict()
     output.print_json(data)

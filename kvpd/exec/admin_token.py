@@ -17,12 +17,13 @@ from pathlib import Path
 from kvpd.exec.local import private_dirs
 from kvpd.plan.processes import ADMIN_TOKEN_FILE
 from kvpd.plan.value import FileSpec, Plan
+from kvpd.profile.roles import Role
 
 TOKEN_FILE = "admin-token"
 
 
 def needs_token(plan: Plan) -> bool:
-    return any(p.role == "proxy" and ADMIN_TOKEN_FILE in p.command for p in plan.processes)
+    return any(p.role == Role.PROXY and ADMIN_TOKEN_FILE in p.command for p in plan.processes)
 
 
 def path(root: Path, deployment: str) -> Path:
@@ -42,7 +43,7 @@ def issue(plan: Plan, root: Path) -> Plan:
         os.write(fd, (token + "\n").encode())
     finally:
         os.close(fd)
-    proxy = next(p for p in plan.processes if p.role == "proxy")
+    proxy = next(p for p in plan.processes if p.role == Role.PROXY)
     f = FileSpec(proxy.host, ADMIN_TOKEN_FILE, token + "\n", 0o600, "admin token")
     return dataclasses.replace(
         plan, files=(*plan.files, f), secret_values=(*plan.secret_values, token)

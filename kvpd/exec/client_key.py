@@ -17,6 +17,7 @@ import stat
 from kvpd.errors import DeployError
 from kvpd.plan.processes import CLIENT_KEY_FILE
 from kvpd.plan.value import FileSpec, Plan
+from kvpd.profile.roles import Role
 
 MIN_CHARS = 32  # as the proxy requires (kvpd.proxy.config.MIN_SECRET_CHARS)
 
@@ -62,7 +63,7 @@ def read(plan: Plan) -> str:
 def attach(plan: Plan) -> Plan:
     """`plan` with the client key file for its proxy (unchanged when it has no client key)."""
     key = read(plan)
-    proxy = next((p for p in plan.processes if p.role == "proxy"), None)
+    proxy = next((p for p in plan.processes if p.role == Role.PROXY), None)
     if not key or proxy is None:
         return plan
     f = FileSpec(proxy.host, CLIENT_KEY_FILE, key + "\n", 0o600, "client key")

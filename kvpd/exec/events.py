@@ -14,18 +14,24 @@ import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from kvpd.exec.local import private_dirs
 
 EVENTS_FILE = "events.jsonl"
+# What this kvpd records. A log read back may hold another kvpd's words too: `Event.what` of a
+# read event is any text, shown as it is.
+EventKind = Literal[
+    "up", "up-failed", "canary", "down", "restart", "restart-failed", "supervisor-restart",
+    "diagnose",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Event:
     at: float  # Unix time
     who: str  # user@host of the kvpd that acted
-    what: str  # up | up-failed | down | canary | restart | drain | admit | diagnose | ...
+    what: str  # an EventKind when this kvpd wrote it
     detail: str = ""
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -42,7 +48,7 @@ class EventLog:
     def __init__(self, root: Path, deployment: str) -> None:
         self.path = root / deployment / EVENTS_FILE
 
-    def record(self, what: str, detail: str = "", **data: Any) -> Event:
+    def record(self, what: EventKind, detail: str = "", **data: Any) -> Event:
         ev = Event(time.time(), who(), what, detail, data)
         private_dirs(self.path.parent)
         line = (json.dumps(asdict(ev), sort_keys=True) + "\n").encode()

@@ -23,7 +23,7 @@ from kvpd.exec.records.current import Current
 from kvpd.exec.state import DeploymentState
 from kvpd.exec.transport import Transports
 from kvpd.plan.value import Plan, ProcessSpec
-from kvpd.profile.roles import DECODING_ROLES, ENGINE_ROLES
+from kvpd.profile.roles import DECODING_ROLES, ENGINE_ROLES, Role
 
 ENGINES = ENGINE_ROLES
 
@@ -57,7 +57,7 @@ def proxy_backend_names(plan: Plan) -> dict[str, str]:
     """Process name -> the proxy's backend name. The proxy numbers its backends per pool in
     the order of its --prefiller/--decoder lists, which are the plan's engine order."""
     out: dict[str, str] = {}
-    pre = [p for p in plan.processes if p.role == "prefill"]
+    pre = [p for p in plan.processes if p.role == Role.PREFILL]
     dec = [p for p in plan.processes if p.role in DECODING_ROLES]
     out.update({p.name: f"prefill-{i}" for i, p in enumerate(pre)})
     out.update({p.name: f"decode-{i}" for i, p in enumerate(dec)})
@@ -75,7 +75,7 @@ def select(plan: Plan, targets: list[str]) -> list[ProcessSpec]:
         raise DeployError(f"no process or group {', '.join(bad)} (known: {known}).")
     chosen = [p for p in plan.processes
               if not targets or p.name in targets or p.role in targets]  # fmt: skip
-    return sorted(chosen, key=lambda p: p.role == "proxy")
+    return sorted(chosen, key=lambda p: p.role == Role.PROXY)
 
 
 def refuse_drifted(specs: list[ProcessSpec], current: Current) -> None:

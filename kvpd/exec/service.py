@@ -32,6 +32,7 @@ from kvpd.exec.service_inspect import Inspecting
 from kvpd.exec.state import DeploymentState, StateStore
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import Plan
+from kvpd.profile.roles import Role
 
 
 class PreflightFailed(DeployError):
@@ -273,7 +274,7 @@ class Deployments(Inspecting, Leasing):
         if from_hosts and self.seen is not None:
             rolling.refuse_drifted(specs, self.seen)
         admin = None
-        if plan.proxy_url and any(p.role == "proxy" for p in plan.processes):
+        if plan.proxy_url and any(p.role == Role.PROXY for p in plan.processes):
             token = admin_token.read(self.store.root, deployment) or self._host_token(state)
             admin = ProxyAdmin(pool[plan.proxy_host], plan.proxy_url, token)
         check = None

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from kvpd import __version__
 from kvpd.errors import StateError
 from kvpd.exec import state_check
+from kvpd.exec.bundle.result import BundleSlot
 from kvpd.exec.local import private_dirs, replace_with
 from kvpd.exec.records.model import DeploymentStatus, ProcessStatusWord
 from kvpd.plan.value import Plan
@@ -62,7 +63,7 @@ class DeploymentState:
     updated_at: float = 0.0
     profile: str = ""  # the PROFILE argument `up` was given, for messages
     # node bundle: per host slot, what `up` verified (digest, interpreter, native implementation)
-    bundle: list[dict[str, Any]] = field(default_factory=list)
+    bundle: list[BundleSlot] = field(default_factory=list)
     # Who started it (user@host of the controller), as every host record names it.
     started_by: str = ""
     # How to build the plan again (profile, inventory, sets, rehearse, base dir): a verb given
@@ -88,7 +89,7 @@ class DeploymentState:
             "updated_at": self.updated_at,
             "run_dirs": self.run_dirs,
             "processes": [asdict(r) for r in self.processes],
-            "bundle": self.bundle,
+            "bundle": [b.to_json() for b in self.bundle],
             "started_by": self.started_by,
             "recipe": self.recipe,
             "plan": self.plan.to_dict(),
@@ -106,10 +107,16 @@ class DeploymentState:
             created_at=d.get("created_at", 0.0),
             updated_at=d.get("updated_at", 0.0),
             profile=d.get("profile", ""),
-            bundle=list(d.get("bundle", [])),
+            bundle=_bundle(d.get("bundle", [])),
             started_by=str(d.get("started_by", "")),
             recipe=dict(d.get("recipe") or {}),
         )
+
+
+def _bundle(rows: object) -> list[BundleSlot]:
+    if not isinstance(rows, list):
+        raise ValueError(f"bundle: {rows!r} is not a list")
+    return [BundleSlot.from_json(b, f"bundle[{i}]") for i, b in enumerate(rows)]
 
 
 def _process(r: dict[str, Any]) -> ProcessRecord:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
+from kvpd.profile.bench_schema import CacheCheck
 from kvpd.profile.schema import Bench, BenchScenario
 
 # Connectors that are a prefix cache of their own (an external KV store), as opposed to the
@@ -32,7 +33,7 @@ class ScenarioSpec:
 
     sets: tuple[str, ...] = ()
     without: tuple[str, ...] = ()
-    cache: str | None = None
+    cache: CacheCheck | None = None
 
 
 @dataclass(frozen=True)

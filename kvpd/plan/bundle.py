@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import posixpath
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from kvpd.plan.rehearsal_mode import Rehearsal
 from kvpd.plan.supervision import policy_for
@@ -28,8 +28,9 @@ if TYPE_CHECKING:  # only types: kvpd.plan.value imports this module
     from kvpd.profile.schema import Group, Profile
 
 BUNDLE_DIR = "bundle"  # below each host's run dir
-ENGINE_SLOT = "engine"
-PROXY_SLOT = "proxy"
+BundleSlotName = Literal["engine", "proxy"]
+ENGINE_SLOT: Final = "engine"
+PROXY_SLOT: Final = "proxy"
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class BundleUse:
     """One host's Python that needs kvpd, and the processes that run with it."""
 
     host: str
-    slot: str  # ENGINE_SLOT | PROXY_SLOT: the folder put on PYTHONPATH (bundle/<slot>)
+    slot: BundleSlotName  # the folder put on PYTHONPATH (bundle/<slot>)
     # The interpreter: a path or command on the host's PATH, or "@CMD": the interpreter of the
     # console script CMD (its #! line), i.e. the engine's own Python for `@vllm`.
     python: str
@@ -89,10 +90,12 @@ def proxy_python(profile: Profile, rehearsal: Rehearsal) -> str:
     return rehearsal.python(profile)
 
 
-def _reasons(profile: Profile, p: ProcessDraft, rehearsal: Rehearsal) -> tuple[str, str] | None:
+def _reasons(
+    profile: Profile, p: ProcessDraft, rehearsal: Rehearsal
+) -> tuple[BundleSlotName, str] | None:
     """(slot, why) when process `p` imports kvpd, else None. A supervised process imports kvpd
     for its supervisor (`python -m kvpd.supervisor`, standard library only)."""
-    supervised: tuple[str, str] | None = None
+    supervised: tuple[BundleSlotName, str] | None = None
     if policy_for(profile, p.role) is not None:
         supervised = (PROXY_SLOT if p.role == Role.PROXY else ENGINE_SLOT, "supervised (restart)")
     if p.role == Role.PROXY:
@@ -115,7 +118,7 @@ def bundle_uses(
     profile: Profile, procs: list[ProcessDraft], rehearsal: Rehearsal
 ) -> tuple[BundleUse, ...]:
     """Every (host, slot) that needs the bundle, in host order of the profile."""
-    found: dict[tuple[str, str], dict[str, Any]] = {}
+    found: dict[tuple[str, BundleSlotName], dict[str, Any]] = {}
     rank = {"optional": 0, "preferred": 1, "required": 2}
     for p in procs:
         r = _reasons(profile, p, rehearsal)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvpd.profile.roles import ENGINE_ROLES
+from kvpd.profile.roles import ENGINE_ROLES, Role
 from kvpd.profile.schema import DEFAULT_DEVICES, Group, Hardware, Host, Profile, ServeOptions
 
 ROLES = ENGINE_ROLES
@@ -26,7 +26,7 @@ DEFAULT_KV_PORT = {
 @dataclass(frozen=True)
 class EnginePlacement:
     name: str
-    role: str  # prefill | decode | mixed
+    role: Role  # an engine role (ENGINE_ROLES)
     host: str
     instance: int
     dp_ranks: tuple[int, ...]  # global DP ranks served by this process
@@ -120,7 +120,7 @@ def build_layout(profile: Profile) -> Layout:
 
 
 def _place_group(
-    profile: Profile, role: str, group: Group, used: dict[str, int], out: Layout
+    profile: Profile, role: Role, group: Group, used: dict[str, int], out: Layout
 ) -> None:
     per_host = dp_size_local(profile, group)
     per_rank = launch_per_rank(profile, group)

@@ -25,7 +25,7 @@ class ProcessDraft:
 
     name: str
     host: str
-    role: str
+    role: Role
     stage: int
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]

@@ -15,6 +15,7 @@ from typing import Any
 from kvpd.plan.bench import BenchSpec, default_bench
 from kvpd.plan.bundle import BundleUse
 from kvpd.plan.container import ContainerSpec
+from kvpd.profile.roles import Role
 from kvpd.profile.schema import Hardware
 from kvpd.profile.types import TransportKind
 
@@ -89,7 +90,7 @@ class ProcessSpec:
 
     name: str  # unique: "metaservice-p1", "mooncake-master", "prefill-0", "decode-1-dp3", "proxy"
     host: str
-    role: str  # metaservice | mooncake | prefill | decode | mixed | proxy
+    role: Role
     stage: int  # start order: all processes of stage n are healthy before stage n+1 starts
     script: str  # path of the launch script (a FileSpec on the same host)
     command: tuple[str, ...]  # the main command, for display (the script also sets env)
@@ -261,7 +262,7 @@ class Plan:
         transport is the way to the URL. "" without a serving URL."""
         if not self.proxy_url:
             return ""
-        for role in ("proxy", "mixed"):
+        for role in (Role.PROXY, Role.MIXED):
             for p in self.processes:
                 if p.role == role:
                     return p.host
@@ -307,6 +308,7 @@ class Plan:
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         def proc(p: dict[str, Any]) -> ProcessSpec:
             p = dict(p)
+            p["role"] = Role(p["role"])  # ValueError for a word that is not a role
             p["command"] = tuple(p["command"])
             p["env"] = tuple(tuple(kv) for kv in p["env"])
             p["ports"] = tuple(p["ports"])

@@ -22,6 +22,10 @@ class BenchSweep(_Model):
     max_concurrency: list[Positive] = Field(default_factory=list)
 
 
+# What a scenario's bench proof checks from /metrics (see BenchScenario.cache).
+CacheCheck = Literal["none", "hbm", "external"]
+
+
 class BenchScenario(_Model):
     """One `kvpd bench` scenario: what it changes, and which cache the proof expects."""
 
@@ -30,7 +34,7 @@ class BenchScenario(_Model):
         default_factory=list,
         description="KV connectors to detach from every group (e.g. the external store: [ucm])",
     )
-    cache: Literal["none", "hbm", "external"] | None = Field(
+    cache: CacheCheck | None = Field(
         None,
         description="what the bench proof checks from /metrics: none = zero HBM and zero "
         "external prefix-cache hits, hbm = zero external hits, external = external hits > 0 "

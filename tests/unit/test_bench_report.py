@@ -121,6 +121,11 @@ def test_save_load_roundtrip_csv_and_charts(tmp_path: Path) -> None:
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(BenchError, match="not a kvpd bench result"):
         records.load(tmp_path / "other.json")
+    saved = json.loads(j.read_text())
+    saved["records"][0]["phase"] = "lunch"
+    j.write_text(json.dumps(saved))
+    with pytest.raises(BenchError, match="record phase 'lunch' is not one of run, seed"):
+        records.load(tmp_path)
 
 
 def test_compare_and_gate() -> None:

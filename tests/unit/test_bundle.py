@@ -17,7 +17,7 @@ import pytest
 from kvpd.errors import DeployError
 from kvpd.exec.bundle import wheel as wheels
 from kvpd.exec.bundle.installer import Build, BundleInstaller, choose_builds
-from kvpd.exec.bundle.result import SlotResult
+from kvpd.exec.bundle.result import BundleSlot, SlotResult
 from kvpd.exec.local import LocalTransport
 from kvpd.exec.purge import unsafe_run_dir
 from kvpd.exec.report import NullReporter
@@ -348,29 +348,30 @@ def test_fallback_warning_says_how_to_get_the_native_core() -> None:
     next `up` upgrades), or, when a build was tried and failed, clearing that failure."""
     from kvpd.cli.bundle_view import fallback_warning
 
-    row = {
-        "host": "d1",
-        "slot": "engine",
-        "platform": "cpython-311-aarch64-linux-gnu",
-        "implementation": "numpy",
-        "native": {"reason": "the bundle has no native core for this platform"},
-        "compiler": False,
-    }
+    row = BundleSlot(
+        host="d1",
+        slot="engine",
+        python="@vllm",
+        platform="cpython-311-aarch64-linux-gnu",
+        implementation="numpy",
+        native={"reason": "the bundle has no native core for this platform"},
+        compiler=False,
+    )
     w = fallback_warning(row, "prod.yaml")
     assert w is not None
     assert w.startswith("d1: kvpd's native core is not available")
     assert "Install g++ and the Python headers" in w
     assert "the next `kvpd up` builds the core and replaces the fallback" in w
     assert "scripts/install-aarch64.sh" in w and "cross-builds the core here" in w  # aarch64
-    x86 = fallback_warning({**row, "platform": "cpython-311-x86_64-linux-gnu"}, "prod.yaml")
+    x86 = fallback_warning(replace(row, platform="cpython-311-x86_64-linux-gnu"), "prod.yaml")
     assert x86 is not None and "install-aarch64" not in x86
-    failed = fallback_warning({**row, "compiler": True}, "prod.yaml")
+    failed = fallback_warning(replace(row, compiler=True), "prod.yaml")
     assert failed is not None
     assert "failed before and is not retried" in failed
     assert "wheels/*/cpython-311-aarch64-linux-gnu" in failed
     assert "`kvpd up prod.yaml`" in failed
-    assert fallback_warning({**row, "implementation": "native"}, "p") is None
-    assert fallback_warning({**row, "slot": "proxy"}, "p") is None
+    assert fallback_warning(replace(row, implementation="native"), "p") is None
+    assert fallback_warning(replace(row, slot="proxy"), "p") is None
 
 
 def fallback_installed(

@@ -307,8 +307,8 @@ def test_a_host_build_serves_only_its_builder_unless_the_profile_says(
     assert last["h1"].source == "cache:host:h1"
     assert last["h2"].action == "installed", last["h2"].report
     assert last["h2"].source == "any", last["h2"].report
-    row = again["h2"].to_dict()
-    assert row["source"] == "cache:host:h1"
+    row = again["h2"].recorded()
+    assert row.source == "cache:host:h1"
     from rich.console import Console
 
     console = Console(width=200, record=True)

@@ -91,6 +91,9 @@ def test_supervisor_status_fields_are_checked() -> None:
     assert sup.child_pid is None and sup.child_pgid is None and sup.child_start_ticks == 0
     odd = Supervised.from_dict({"child_pgid": -1, "child_pid": True, "child_start_ticks": "9"})
     assert odd.child_pgid is None and odd.child_pid is None and odd.child_start_ticks == 0
+    assert Supervised.from_dict({"state": "failed"}).state == "failed"
+    assert Supervised.from_dict({"state": "<b>evil</b>"}).state == ""  # not a supervisor state
+    assert odd.state == ""
 
 
 def _reap(t: LocalTransport, sup: Supervised) -> StopResult:

@@ -6,11 +6,13 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvpd.errors import StateError
 from kvpd.exec import state as state_mod
+from kvpd.exec.bundle.result import BundleSlot, SlotResult
 from kvpd.exec.state import DeploymentState, ProcessRecord, StateStore, state_root
 from kvpd.plan.value import FileSpec, HealthCheck, HostSpec, Plan, ProcessSpec
 
@@ -155,6 +157,7 @@ def _rec(field: str, value: object):
         (_rec("name", "stranger"), "processes['stranger']: no process of that name"),
         (_rec("log", "/etc/passwd"), "processes['p0'].log: '/etc/passwd' is not its planned log"),
         (_rec("ports", [22]), "processes['p0'].ports: [22] are not the planned ports"),
+        (_rec("status", "zombie"), "processes['p0'].status: 'zombie' is not one of running"),
         (
             lambda d: d["run_dirs"].update(h1="/usr/lib"),
             "run_dirs['h1']: '/usr/lib' is not the plan's run dir '.kvpd/run'",
@@ -206,3 +209,114 @@ def test_the_state_dir_is_created_private(tmp_path: Path) -> None:
     for p in (store.root, store.path("dep").parent):
         assert p.stat().st_mode & 0o077 == 0
     assert store.path("dep").stat().st_mode & 0o077 == 0
+
+
+DIGEST = "ab" * 32
+
+
+def a_bundle_slot() -> BundleSlot:
+    """A slot as the bundle step records it, from a host's (vetted) report."""
+    report = {
+        "slot": "engine",
+        "ready": True,
+        "executable": "/usr/bin/python3",
+        "version": "3.11.2",
+        "platform": "cpython-311-x86_64-linux-gnu",
+        "pip": True,
+        "compiler": True,
+        "digest": DIGEST,
+        "folder": f"{RUN}/bundle/{DIGEST[:16]}",
+        "native": {"implementation": "native", "isa_flags": "-mavx2", "openmp": 201511},
+    }
+    return SlotResult("h1", "engine", "@vllm", report, "installed", "local", 1.23456).recorded()
+
+
+def test_the_bundle_is_recorded_as_before_and_loads_back(tmp_path: Path) -> None:
+    """state.json keeps the bundle rows' JSON (fields, order, values) and loads them back as
+    the typed slot."""
+    store = StateStore(tmp_path)
+    st = a_state(1)
+    st.bundle = [a_bundle_slot()]
+    store.save(st)
+    row = json.loads(store.path("dep").read_text())["bundle"][0]
+    assert list(row) == ["host", "slot", "python", "executable", "version", "platform",
+                         "digest", "folder", "implementation", "compiler", "native", "action",
+                         "source", "seconds", "problem"]  # fmt: skip
+    assert row["implementation"] == "native" and row["seconds"] == 1.235 and row["problem"] == ""
+    back = store.load("dep")
+    assert back is not None and back.bundle == st.bundle
+    assert back.bundle[0].native["isa_flags"] == "-mavx2"
+
+
+def test_a_bundle_row_of_an_older_kvpd_loads_with_defaults(tmp_path: Path) -> None:
+    def older(d: dict[str, Any]) -> None:
+        for k in ("compiler", "source"):
+            del d["bundle"][0][k]
+
+    st = a_state(1)
+    st.bundle = [a_bundle_slot()]
+    store = StateStore(tmp_path)
+    store.save(st)
+    p = store.path("dep")
+    d = json.loads(p.read_text())
+    older(d)
+    p.write_text(json.dumps(d))
+    back = store.load("dep")
+    assert back is not None and back.bundle[0].compiler is None and back.bundle[0].source == ""
+
+
+def _slot(field: str, value: object):
+    def edit(d: dict[str, Any]) -> None:
+        d["bundle"] = [a_bundle_slot().to_json()]
+        d["bundle"][0][field] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (_slot("slot", "kernel"), "bundle[0].slot: 'kernel' is not one of engine, proxy"),
+        (_slot("digest", "abc"), "bundle[0].digest: 'abc' is not a sha256"),
+        (_slot("platform", "any"), "bundle[0].platform: 'any' is not a Python platform key"),
+        (_slot("action", "deleted"), "bundle[0].action: 'deleted' is not one of kept"),
+        (_slot("source", "host:a b"), "bundle[0].source: 'host:a b' is not where a wheel"),
+        (_slot("implementation", "asm"), "bundle[0].implementation: 'asm' is not one of"),
+        (_slot("compiler", "yes"), "bundle[0].compiler: 'yes' is not true, false or null"),
+        (_slot("native", {"isa": ["x"]}), "bundle[0].native: {'isa': ['x']} is not an object"),
+        (_slot("seconds", -1), "bundle[0].seconds: -1 is not a number of seconds"),
+        (_slot("host", 7), "bundle[0].host: 7 is not a host name"),
+        (_slot("shell", "rm -rf /"), "bundle[0]: unknown field 'shell'"),
+        (lambda d: d.update(bundle=[{"host": "h1"}]), "bundle[0]: missing field 'slot'"),
+        (lambda d: d.update(bundle={"h1": {}}), "bundle: {'h1': {}} is not a list"),
+        (lambda d: d.update(bundle=["h1"]), "bundle[0]: 'h1' is not an object"),
+    ],
+)
+def test_every_bundle_field_is_checked(tmp_path: Path, edit, says: str) -> None:
+    msg = _tampered(tmp_path, edit)
+    assert "state file is corrupt" in msg and says in msg, msg
+
+
+def test_a_host_reported_value_that_would_not_load_is_not_recorded() -> None:
+    """The native info is the host's word: only plain values are recorded, and an
+    implementation kvpd does not know is none, so what `up` writes always loads."""
+    r = SlotResult("h1", "engine", "@vllm", {"ready": True, "native": {
+        "implementation": "asm", "nested": {"a": 1}, "reason": None}})  # fmt: skip
+    slot = r.recorded()
+    assert slot.implementation is None and dict(slot.native) == {
+        "implementation": "asm",
+        "reason": None,
+    }
+    assert BundleSlot.from_json(slot.to_json()) == slot
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        _rec("role", "wizard"),
+        lambda d: d["plan"]["processes"][0].update(role="wizard"),
+    ],
+)
+def test_a_role_that_is_not_one_is_refused(tmp_path: Path, edit) -> None:
+    msg = _tampered(tmp_path, edit)
+    assert "state file is corrupt" in msg and "'wizard' is not a valid Role" in msg, msg

@@ -28,7 +28,7 @@ from kvpd.exec.bundle.builds import Build as Build
 from kvpd.exec.bundle.builds import Group
 from kvpd.exec.bundle.builds import choose_builds as choose_builds
 from kvpd.exec.bundle.host import CHECK_SH, NODE_SCRIPT, build_on, json_lines, origin, vet
-from kvpd.exec.bundle.result import SlotResult
+from kvpd.exec.bundle.result import BundleSlot, SlotResult
 from kvpd.exec.bundle.run import InstallRun
 from kvpd.exec.bundle.run import fallback as fallback
 from kvpd.exec.bundle.wheel_trust import platform_ok
@@ -258,7 +258,7 @@ def install_bundle(
     reporter: Reporter | None = None,
     *,
     max_workers: int = 16,
-) -> list[dict[str, Any]]:
+) -> list[BundleSlot]:
     """The executor's step: per-slot results as recorded in the state (none when no process
     of the plan imports kvpd); warnings (e.g. the NumPy fallback on a platform without a
     compiler) go to the reporter."""
@@ -269,4 +269,4 @@ def install_bundle(
     for w in inst.warnings:
         if reporter is not None:
             reporter.message(f"warning: {w}")
-    return [r.to_dict() for r in results]
+    return [r.recorded() for r in results]

@@ -12,7 +12,7 @@ from kvpd.exec.bundle import wheel as wheels
 from kvpd.exec.bundle.builds import Build, Group, group_of
 from kvpd.exec.bundle.result import SlotResult, judge
 from kvpd.exec.fanout import Fanout
-from kvpd.plan.bundle import BundleUse
+from kvpd.plan.bundle import BundleSlotName, BundleUse
 from kvpd.plan.value import Plan
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class InstallRun:
         self.uses = {(u.host, u.slot): u for u in plan.bundle}
         self.t0s = {h: time.monotonic() for h in self.by_host}
         self.todo: list[SlotResult] = []
-        self.kept: dict[tuple[str, str], dict[str, Any]] = {}
+        self.kept: dict[tuple[str, BundleSlotName], dict[str, Any]] = {}
         self.builds: dict[Group, Build] = {}
         self.pending: dict[str, int] = {}
         self.host_locks: dict[str, threading.Lock] = {}

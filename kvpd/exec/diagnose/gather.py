@@ -19,6 +19,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from kvpd.exec.diagnose import causes as diagnose
 from kvpd.exec.diagnose import redact
@@ -57,13 +58,15 @@ for n in ("vllm", "vllm-ascend", "vllm_ascend", "torch", "torch-npu", "torch_npu
 done
 """
 _VERSION_PACKAGES = ("vllm", "vllm-ascend", "torch", "torch-npu", "transformers")
+Finding = Literal["running", "healthy", "unhealthy", "exited", "never started", "unknown"]
+_ALIVE: dict[bool | None, Finding] = {True: "healthy", False: "unhealthy", None: "running"}
 
 
 @dataclass
 class ProcessFinding:
     name: str
     host: str
-    state: str  # running | healthy | unhealthy | exited | never started | unknown
+    state: Finding
     cause: str = ""
 
 
@@ -108,7 +111,7 @@ def _process(pool: TransportPool, state: DeploymentState, rec: ProcessRecord, li
     if alive and spec is not None and spec.health is not None:
         pr = probe(t, spec.health, timeout_s=3)
         healthy, probed = pr.ok, pr.detail
-    st = "exited" if not alive else {True: "healthy", False: "unhealthy", None: "running"}[healthy]
+    st: Finding = "exited" if not alive else _ALIVE[healthy]  # the health check's answer
     files["state.txt"] = json.dumps({"pid": rec.pid, "pgid": rec.pgid, "alive": alive,
                                      "healthy": healthy, "recorded": rec.status,
                                      "supervisor": sup.__dict__ if sup else None},

@@ -9,7 +9,8 @@ from kvpd.exec.procfs import listening_in
 def clang_omp() -> "dict[str, bool]":
     """Whether clang runs and its resource dir holds `omp.h` (what vLLM-Ascend's JIT build of
     its sparse planner needs). Standard library only, annotations quoted: the probe and the
-    planner gate (kvpd.exec.preflight.planner_gate) run this very source on hosts with any python3."""
+    planner gate (kvpd.exec.preflight.planner_gate) run this very source on hosts with any
+    python3."""
     import os
     import subprocess
 

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from kvpd.exec.preflight.checks import Check
 from kvpd.exec.transport import Transport
 from kvpd.plan.value import HealthCheck, Plan
+from kvpd.profile.roles import Role
 
 # role -> the first version with the HTTP health endpoint
-HTTP_HEALTH_SINCE = {"metaservice": (1, 3, 0), "mooncake": (0, 3, 13)}
+HTTP_HEALTH_SINCE = {Role.METASERVICE: (1, 3, 0), Role.MOONCAKE: (0, 3, 13)}
 _VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 _MEMCACHE_VERSION = "import importlib.metadata as m; print(m.version('memcache-hybrid'))"
 
@@ -38,7 +39,7 @@ def service_versions(
         if p.role not in HTTP_HEALTH_SINCE or p.health is None or p.host not in reached:
             continue
         since = HTTP_HEALTH_SINCE[p.role]
-        if p.role == "metaservice":
+        if p.role == Role.METASERVICE:
             argv, what = [p.command[0], "-c", _MEMCACHE_VERSION], "memcache-hybrid"
         else:
             argv, what = [p.command[0], "--version"], "mooncake_master"
@@ -52,12 +53,12 @@ def service_versions(
 
 
 def _judge(
-    host: str, role: str, what: str, found: tuple[int, ...] | None, h: HealthCheck,
+    host: str, role: Role, what: str, found: tuple[int, ...] | None, h: HealthCheck,
     since: tuple[int, ...],
 ) -> Check:  # fmt: skip
     shown = ".".join(map(str, found)) if found else "unknown version"
     name = f"{what} health check"
-    if role == "metaservice" and not h.url:  # rendered for 1.2: no metrics_url, no /health
+    if role == Role.METASERVICE and not h.url:  # rendered for 1.2: no metrics_url, no /health
         how = f"port {h.ready_port} listening" + (
             f" with {h.ready_log!r} in the log" if h.ready_log else " while the process lives"
         )
@@ -68,7 +69,7 @@ def _judge(
         return Check(host, name, True, f"{what} {shown}, rendered for 1.2: ready when {how}{more}")
     if found is not None and found >= since:
         return Check(host, name, True, f"{what} {shown}: ready when GET {h.url} answers")
-    if role == "metaservice" and found is not None:  # 1.3 keys rendered for an older build
+    if role == Role.METASERVICE and found is not None:  # 1.3 keys rendered for an older build
         return Check(
             host, name, False,
             f"{what} {shown} does not accept ock.mmc.meta_service.metrics_url, which "

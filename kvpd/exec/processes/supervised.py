@@ -12,17 +12,21 @@ import posixpath
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from kvpd.exec.processes.stop import KILL_WAIT_S, POLL_S, StopHow, StopOutcome
 from kvpd.exec.transport import Transport
 from kvpd.plan.supervision import status_path
 
+# What kvpd/supervisor.py writes as its "state"; "" when the file names none of them (it is
+# node output, read as untrusted).
+SupervisorState = Literal["starting", "running", "backoff", "stopped", "exited", "failed", ""]
+
 
 @dataclass(frozen=True)
 class Supervised:
     supervisor_pid: int
-    state: str  # starting | running | backoff | stopped | exited | failed
+    state: SupervisorState
     restarts: int
     child_pid: int | None
     child_pgid: int | None
@@ -38,7 +42,7 @@ class Supervised:
         )  # fmt: skip
         return cls(
             supervisor_pid=int(d.get("supervisor_pid", 0)),
-            state=str(d.get("state", "")),
+            state=_state(d.get("state")),
             restarts=int(d.get("restarts", 0)),
             child_pid=_process_number(d.get("child_pid")),
             child_pgid=_process_number(d.get("child_pgid")),
@@ -52,6 +56,10 @@ def _process_number(v: object) -> int | None:
     """A PID or PGID from the node's file: an int > 1, else None (the file is node output, and
     0, 1 or a negative number named in a kill would hit far more than one process group)."""
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 1 else None
+
+
+def _state(v: object) -> SupervisorState:
+    return next((s for s in get_args(SupervisorState) if s == v), "")
 
 
 def _ticks(v: object) -> int:
