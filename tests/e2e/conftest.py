@@ -20,6 +20,20 @@ TESTBED_SH = REPO / "scripts" / "testbed.sh"
 TESTBED_HOSTS = 8  # large-ep rehearsed at full size (test_ssh_topology.py)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that break the shared local deployment on purpose (marked
+    `breaks_local_deployment`) run right after the last other test that uses it, so those need
+    no new `up` of it (two CPU engines and the proxy, minutes on 2 shared cores). Any order
+    still passes: the `local_deployment` fixture starts it again when a test left it broken."""
+    breakers = [i for i in items if i.get_closest_marker("breaks_local_deployment")]
+    if not breakers:
+        return
+    rest = [i for i in items if i not in breakers]
+    users = [n for n, i in enumerate(rest) if "local_deployment" in getattr(i, "fixturenames", ())]
+    at = users[-1] + 1 if users else len(rest)
+    items[:] = rest[:at] + breakers + rest[at:]
+
+
 @dataclass(frozen=True)
 class Testbed:
     """The SSH test bed of scripts/testbed.sh: hosts h1..hN reachable as root."""

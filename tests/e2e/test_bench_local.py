@@ -1,39 +1,27 @@
 """`kvpd bench` on the real local CPU deployment: the guide's prefix protocol yields prefix-cache
-hits in the measured phase, decode receives KV, and the results folder is complete."""
+hits in the measured phase, decode receives KV, and the results folder is complete.
+
+On the shared local deployment (local_deploy.py), whose `up` is the one this bench needs: each
+`kvpd bench` draws prompts no earlier run sent (kvpd.bench.freshness), whatever ran on the
+deployment before."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.local_deploy import REPO, engine_missing, kvpd, local_sets, set_args
+from tests.e2e.local_deploy import LocalDeployment, kvpd
 
 pytestmark = pytest.mark.e2e
 
-NAME, PORT = "e2e-bench", 18620  # own deployment and ports (bases differ by 10: no overlap)
 
-
-@pytest.fixture(scope="module")
-def bench_deployment():
-    reason = engine_missing()
-    if reason:
-        pytest.skip(reason)
-    args = set_args(local_sets(NAME, PORT))
-    kvpd("down", "--deployment", NAME, check=False)
-    shutil.rmtree(REPO / ".kvpd" / NAME, ignore_errors=True)  # fresh KV store and state
-    kvpd("up", "local", "--yes", *args)
-    try:
-        yield args
-    finally:
-        kvpd("down", "--deployment", NAME, check=False)
-
-
-def test_prefix_protocol_hits_the_seeded_prefixes(bench_deployment, tmp_path: Path) -> None:
+def test_prefix_protocol_hits_the_seeded_prefixes(
+    local_deployment: LocalDeployment, tmp_path: Path
+) -> None:
     out = tmp_path / "bench"
-    r = kvpd("bench", "local", *bench_deployment, "--protocol", "prefix", "--num-prompts", "8",
+    r = kvpd("bench", "local", *local_deployment.args, "--protocol", "prefix", "--num-prompts", "8",
              "--input-len", "128", "--output-len", "8", "--results", str(out), "--json",
              check=False)  # fmt: skip
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"

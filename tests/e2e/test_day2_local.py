@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from kvpd.testing.clock import wait_for
 from tests.e2e.local_deploy import REPO, engine_missing, get_json, kvpd, local_sets, set_args
 
 pytestmark = pytest.mark.e2e
@@ -104,6 +105,10 @@ class Load:
             except OSError as e:  # reset mid-response
                 self.outcomes[f"error {e}"] += 1
 
+    def served(self, more: int, since: int = 0) -> bool:
+        """Wait until `more` requests beyond `since` succeeded (the load is flowing)."""
+        return wait_for(lambda: self.outcomes["ok"] >= since + more, timeout_s=120, every_s=0.1)
+
     def __enter__(self) -> Load:
         for t in self._threads:
             t.start()
@@ -155,9 +160,9 @@ def test_sigkilled_decode_is_restarted_and_taken_back(day2: str) -> None:
 def test_rolling_restart_under_load_fails_no_request(day2: str) -> None:
     """Both decoders, one at a time, while requests keep coming: none fails."""
     with Load() as load:
-        time.sleep(2)
+        assert load.served(2), load.outcomes  # requests flow before the restart ...
         r = kvpd("restart", NAME, "decode", "--drain-timeout", "60")
-        time.sleep(2)
+        assert load.served(2, since=load.outcomes["ok"]), load.outcomes  # ... and after it
     assert r.stdout.count("restarted ") == 2, r.stdout
     assert "P→D KV handover verified:" in r.stdout
     assert load.outcomes["ok"] > 0 and set(load.outcomes) == {"ok"}, load.outcomes
@@ -186,15 +191,13 @@ def _running_on_engines() -> float:
 
 def test_proxy_restart_under_load_only_refuses(day2: str) -> None:
     with Load() as load:
-        time.sleep(2)
+        assert load.served(2), load.outcomes
         kvpd("restart", NAME, "proxy")
-        time.sleep(3)
+        assert load.served(2, since=load.outcomes["ok"]), load.outcomes  # the new proxy serves
     bad = {k: v for k, v in load.outcomes.items() if k not in ("ok", "refused")}
     assert load.outcomes["ok"] > 0 and not bad, load.outcomes
-    deadline = time.monotonic() + 60  # no engine keeps requests the old proxy left behind
-    while _running_on_engines() and time.monotonic() < deadline:
-        time.sleep(1)
-    assert _running_on_engines() == 0
+    # no engine keeps requests the old proxy left behind
+    assert wait_for(lambda: _running_on_engines() == 0, timeout_s=60, every_s=0.5)
     assert all(b["inflight"] == 0 for b in _admin("/admin/backends")["backends"])
 
 

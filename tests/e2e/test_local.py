@@ -113,8 +113,10 @@ def test_second_up_is_refused(local_deployment) -> None:
     assert "kvpd down" in (r.stdout + r.stderr)
 
 
+@pytest.mark.breaks_local_deployment
 def test_killed_decode_gives_a_clear_error(local_deployment) -> None:
-    """Breaks the shared deployment on purpose; the fixture restarts it for later tests."""
+    """Breaks the shared deployment on purpose, so it runs after the deployment's other users
+    (tests/e2e/conftest.py); the fixture restarts it for any test after it."""
     state = local_deployment.state()
     dec = next(p for p in state["processes"] if p["name"] == "decode-0")
     os.killpg(dec["pgid"], signal.SIGKILL)

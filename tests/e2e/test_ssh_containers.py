@@ -123,7 +123,9 @@ def test_exec_into_containers_the_user_runs_and_down_keeps_them(
     tmp_path: Path,
 ) -> None:
     """`container: {name: ...}`: kvpd only execs into the user's containers; `down` stops
-    everything it started inside and leaves the containers running."""
+    everything it started inside and leaves the containers running. The engines are kvpd's
+    stand-in: the exec into a container and `down`'s verdict are what is checked here; CPU
+    vLLM inside a container is the first test's."""
     from kvpd.exec.ssh import SSHTransport
 
     if not can_unshare():
@@ -134,8 +136,8 @@ def test_exec_into_containers_the_user_runs_and_down_keeps_them(
     storage.mkdir(parents=True, exist_ok=True)
     inv = write_inventory(tmp_path / "inventory.yaml", bed, HOSTS, storage)
     container = f'{{runtime: standin, name: {user_name}, command: "{STANDIN}"}}'
-    args = ["up", "ucm-centralized-2p2d", "--rehearse", "--inventory", str(inv), "--yes"]
-    args += [a for h in HOSTS for a in ("--set", f"hosts.{h}.container={container}")]
+    args = ["up", "ucm-centralized-2p2d", "--rehearse-with", "standin", "--inventory", str(inv)]
+    args += ["--yes", *[a for h in HOSTS for a in ("--set", f"hosts.{h}.container={container}")]]
     state = tmp_path / "state"
     try:
         for t in hosts.values():  # what the user does once per node

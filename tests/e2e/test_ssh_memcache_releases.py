@@ -1,7 +1,11 @@
 """The guide's memcache configuration (`kv.memcache.version: "1.2"`, `log_level: error`) on the
 real MetaService of the bed: mmc-meta.conf has no metrics_url, the MetaService prints no ready
 line, and `up` and `status` know it is ready by its meta port while it lives. (The 1.3 path,
-HTTP /health, is the layerwise rehearsal in test_ssh_rehearsal.py.)"""
+HTTP /health, is the layerwise rehearsal in test_ssh_rehearsal.py.)
+
+The engines are kvpd's stand-in (`--rehearse-with standin`): what is checked is the MetaService's
+readiness, which the stand-in leaves as it is; CPU vLLM engines here cost minutes and prove
+nothing more (the CPU-vLLM layerwise rehearsal proves the KV path)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ pytestmark = pytest.mark.ssh
 
 
 def test_guide_release_is_ready_by_its_meta_port(bed: Testbed, tmp_path: Path) -> None:
-    for r in rehearse(tmp_path, bed, "layerwise-sparse-1p1d", {"p1": "h1", "d1": "h2"}, []):
+    hosts = {"p1": "h1", "d1": "h2"}
+    for r in rehearse(tmp_path, bed, "layerwise-sparse-1p1d", hosts, [], engines="standin"):
         meta = next(p for p in r.plan["processes"] if p["name"] == "metaservice")
         assert meta["health"]["url"] == "" and meta["health"]["ready_port"] == 5000
         conf = next(f["content"] for f in r.plan["files"] if f["path"].endswith("mmc-meta.conf"))

@@ -19,7 +19,7 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import yaml
@@ -228,14 +228,19 @@ def rehearse(
     sets: list[str],
     *,
     devices: int | None = None,
+    engines: Literal["vllm", "standin"] = "vllm",
 ) -> Iterator[Rehearsal]:
+    """`kvpd up PROFILE --rehearse` on the bed hosts `hosts` (profile host -> hN), with CPU vLLM
+    engines or (`engines="standin"`) kvpd's stand-in engines; `down` afterwards whatever
+    happened."""
     state_dir = tmp / "state"
     storage = SHARED / profile / "kv"
     shutil.rmtree(storage, ignore_errors=True)
     storage.mkdir(parents=True)
     inv = write_inventory(tmp / "inventory.yaml", bed, hosts, storage, devices=devices)
     set_args = [a for s in sets for a in ("--set", s)]
-    up_args = ["up", profile, "--rehearse", "--inventory", str(inv), *set_args, "--yes", "--json"]
+    mode = ["--rehearse"] if engines == "vllm" else ["--rehearse-with", engines]
+    up_args = ["up", profile, *mode, "--inventory", str(inv), *set_args, "--yes", "--json"]
     r = kvpd(state_dir, *up_args, check=False)
     try:
         assert r.returncode == 0, f"kvpd up --rehearse {profile} failed:\n{r.stdout}\n{r.stderr}"
