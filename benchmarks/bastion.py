@@ -58,7 +58,8 @@ BED_ENV = {"TOPOLOGY": "bastion", "DIRECT": "1", "PFX": "kvpdk", "NET": "10.217.
            "EDGE": "10.217.1", "NONROOT": "", "NOFORWARD": "",
            "KVPD_TESTBED_DIR": str(BED_DIR)}  # fmt: skip
 _spec = importlib.util.spec_from_file_location("bringup", Path(__file__).with_name("bringup.py"))
-assert _spec is not None and _spec.loader is not None
+assert _spec is not None
+assert _spec.loader is not None
 bringup = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bringup)
 

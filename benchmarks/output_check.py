@@ -91,7 +91,8 @@ def canary_costs(repeats: int) -> None:
         rv = canary.run(p, TransportPool(p.hosts), verify_outputs=True)
         checked.append(time.monotonic() - t0)
         alone.append(rv.outputs.get("seconds", 0.0))
-        assert r.ok and rv.ok, (r.line, rv.line)
+        assert r.ok, (r.line, rv.line)
+        assert rv.ok, (r.line, rv.line)
     med = statistics.median
     print(f"canary without the output check: median {med(plain):.3f} s ({repeats} runs)")
     print(f"canary with the output check:    median {med(checked):.3f} s; adds "

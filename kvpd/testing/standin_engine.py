@@ -285,7 +285,8 @@ def _sibling(name: str) -> Any:
     """A module beside this script, loaded from its file: the stand-in runs as a script, and its
     parts come from where it does (not from a kvpd on PYTHONPATH, which is the bundle's)."""
     spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(name + ".py"))
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)

@@ -26,11 +26,13 @@ def test_prefix_protocol_hits_the_seeded_prefixes(
              check=False)  # fmt: skip
     assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
     run = json.loads(r.stdout)
-    assert run["ok"] and run["protocol"] == "prefix"
+    assert run["ok"]
+    assert run["protocol"] == "prefix"
     seed, measured = run["records"]
     assert (seed["phase"], seed["input_len"], seed["output_len"]) == ("seed", 102, 1)
     assert (measured["phase"], measured["input_len"]) == ("measured", 128)
-    assert measured["result"]["completed"] == 8 and measured["result"]["failed"] == 0
+    assert measured["result"]["completed"] == 8
+    assert measured["result"]["failed"] == 0
     for key in ("mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_e2el_ms"):
         assert measured["result"][key] > 0
     # the measured prompts start with the seeded ones: prefill finds them in its prefix cache
@@ -49,4 +51,5 @@ def test_prefix_protocol_hits_the_seeded_prefixes(
     # (A second bench of the same prompts is not run here: with ExampleConnector on vLLM 0.32
     # repeated prompts can crash the engines' metrics loop, see the bench report.)
     r = kvpd("bench", "--compare", str(out), str(out), "--max-regression", "0%")
-    assert "TTFT mean" in r.stdout and "+0.0%" in r.stdout
+    assert "TTFT mean" in r.stdout
+    assert "+0.0%" in r.stdout

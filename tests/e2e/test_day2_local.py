@@ -125,7 +125,8 @@ def test_up_ends_with_the_canary(day2: str) -> None:
     assert "from prefill-0 to decode-" in day2
     events = json.loads(kvpd("status", NAME, "--events", "--json").stdout)["events"]
     canaries = [e for e in events if e["what"] == "canary"]
-    assert canaries and canaries[0]["data"]["ok"] is True
+    assert canaries
+    assert canaries[0]["data"]["ok"] is True
     # The token the orchestrator keeps: private, and nowhere in the state or the plan output.
     token_file = STATE / "admin-token"
     assert oct(token_file.stat().st_mode & 0o777) == "0o600"
@@ -134,7 +135,8 @@ def test_up_ends_with_the_canary(day2: str) -> None:
 
 def test_sigkilled_decode_is_restarted_and_taken_back(day2: str) -> None:
     sup = next(p for p in _status()["processes"] if p["name"] == "decode-0")["supervisor"]
-    assert sup is not None and sup["state"] == "running"
+    assert sup is not None
+    assert sup["state"] == "running"
     before = sup["restarts"]
     os.kill(sup["child_pid"], signal.SIGKILL)
     deadline = time.monotonic() + 180
@@ -144,17 +146,20 @@ def test_sigkilled_decode_is_restarted_and_taken_back(day2: str) -> None:
         if row["supervisor"]["restarts"] == before + 1 and row["healthy"]:
             break
         time.sleep(1)
-    assert row["supervisor"]["restarts"] == before + 1 and row["healthy"], row
+    assert row["supervisor"]["restarts"] == before + 1, row
+    assert row["healthy"], row
     assert row["supervisor"]["last_exit"] == "signal SIGKILL"
     while time.monotonic() < deadline:  # the proxy's own health check takes it back
         b = {x["backend"]: x for x in _admin("/admin/backends")["backends"]}["decode-0"]
         if b["healthy"] and b["circuit"] == "closed":
             break
         time.sleep(0.5)
-    assert b["healthy"] and b["circuit"] == "closed", b
+    assert b["healthy"], b
+    assert b["circuit"] == "closed", b
     assert all(_complete() == 200 for _ in range(4))
     table = kvpd("status", NAME).stdout
-    assert "Restarts" in table and "SIGKILL" in table
+    assert "Restarts" in table
+    assert "SIGKILL" in table
 
 
 def test_rolling_restart_under_load_fails_no_request(day2: str) -> None:
@@ -165,7 +170,8 @@ def test_rolling_restart_under_load_fails_no_request(day2: str) -> None:
         assert load.served(2, since=load.outcomes["ok"]), load.outcomes  # ... and after it
     assert r.stdout.count("restarted ") == 2, r.stdout
     assert "P→D KV handover verified:" in r.stdout
-    assert load.outcomes["ok"] > 0 and set(load.outcomes) == {"ok"}, load.outcomes
+    assert load.outcomes["ok"] > 0, load.outcomes
+    assert set(load.outcomes) == {"ok"}, load.outcomes
     events = json.loads(kvpd("status", NAME, "--events", "--json").stdout)["events"]
     restarts = [e["detail"].split()[0] for e in events if e["what"] == "restart"]
     assert restarts[-2:] == ["decode-0", "decode-1"]
@@ -176,7 +182,8 @@ def test_restarted_prefiller_hands_kv_over(day2: str) -> None:
     next request; the one prefiller means no load here: it cannot keep answering alone)."""
     r = kvpd("restart", NAME, "prefill-0")
     after = r.stdout.split("restarted prefill-0", 1)[1]
-    assert "P→D KV handover verified:" in after and "from prefill-0 to decode-" in after
+    assert "P→D KV handover verified:" in after
+    assert "from prefill-0 to decode-" in after
 
 
 def _running_on_engines() -> float:
@@ -195,7 +202,8 @@ def test_proxy_restart_under_load_only_refuses(day2: str) -> None:
         kvpd("restart", NAME, "proxy")
         assert load.served(2, since=load.outcomes["ok"]), load.outcomes  # the new proxy serves
     bad = {k: v for k, v in load.outcomes.items() if k not in ("ok", "refused")}
-    assert load.outcomes["ok"] > 0 and not bad, load.outcomes
+    assert load.outcomes["ok"] > 0, load.outcomes
+    assert not bad, load.outcomes
     # no engine keeps requests the old proxy left behind
     assert wait_for(lambda: _running_on_engines() == 0, timeout_s=60, every_s=0.5)
     assert all(b["inflight"] == 0 for b in _admin("/admin/backends")["backends"])
@@ -203,7 +211,8 @@ def test_proxy_restart_under_load_only_refuses(day2: str) -> None:
 
 def test_diagnose_archive_and_summary(day2: str) -> None:
     r = kvpd("diagnose", NAME)
-    assert "decode-1" in r.stdout and "healthy" in r.stdout
+    assert "decode-1" in r.stdout
+    assert "healthy" in r.stdout
     archive = Path(r.stdout.split("Archive:", 1)[1].split()[0])
     assert archive.parent == STATE / "diagnose"
     with tarfile.open(archive) as tar:
@@ -236,7 +245,8 @@ def test_engine_that_keeps_failing_gives_up_and_status_shows_its_log(day2: str) 
                 pass
             killed.add(pid)
         time.sleep(0.3)
-    assert row["supervisor"]["state"] == "failed" and not row["alive"], row
+    assert row["supervisor"]["state"] == "failed", row
+    assert not row["alive"], row
     assert "2 restarts within" in row["supervisor"]["gave_up"]
     assert any("giving up" in ln for ln in row["log_tail"])
     assert "stopped restarting; the end of its log" in kvpd("status", NAME).stdout

@@ -75,14 +75,16 @@ def test_streaming_and_chat_through_proxy(local_deployment) -> None:
         text = r.read().decode()
     assert kind.startswith("text/event-stream"), kind
     events = [e.removeprefix("data: ") for e in text.split("\n\n") if e.startswith("data: ")]
-    assert events and events[-1] == "[DONE]", text[-500:]
+    assert events, text[-500:]
+    assert events[-1] == "[DONE]", text[-500:]
     chunks = [json.loads(e) for e in events[:-1]]
     # vLLM may put several tokens in one event when the engine runs ahead of the API server
     # (a loaded machine), so the count of events is not the count of tokens: the usage is.
     text_out = "".join(ch["text"] for c in chunks for ch in c.get("choices") or [])
     assert text_out, text[-500:]
     usage = [c["usage"] for c in chunks if c.get("usage")]
-    assert usage and usage[-1]["completion_tokens"] == 5, text[-500:]
+    assert usage, text[-500:]
+    assert usage[-1]["completion_tokens"] == 5, text[-500:]
     status, chat = get_json(
         local_deployment.proxy + "/v1/chat/completions",
         {
@@ -92,7 +94,8 @@ def test_streaming_and_chat_through_proxy(local_deployment) -> None:
             "ignore_eos": True,
         },
     )
-    assert status == 200 and chat["usage"]["completion_tokens"] == 4
+    assert status == 200
+    assert chat["usage"]["completion_tokens"] == 4
 
 
 def test_status_reports_every_process_healthy(local_deployment) -> None:

@@ -190,7 +190,8 @@ def test_anthropic_messages(local_deployment: LocalDeployment, stream: bool) -> 
             "messages": [{"role": "user", "content": PROMPT}]}  # fmt: skip
     via_proxy = _raw(local_deployment.proxy, "/v1/messages", body, stream)
     direct = _raw(local_deployment.decode, "/v1/messages", body, stream)
-    assert via_proxy == direct and via_proxy[0] == 200
+    assert via_proxy == direct
+    assert via_proxy[0] == 200
 
 
 def test_invocations(local_deployment: LocalDeployment) -> None:
@@ -257,7 +258,8 @@ def test_errors_are_the_engines(
     before = metric(proxy_url, "kvpd_proxy_sent_without_prefill_total")
     got = assert_same(pair, lambda c: c.completions.create(
         model=args["model"], prompt=args["prompt"], extra_body=extra))  # fmt: skip
-    assert isinstance(got, dict) and got["status"] in (400, 404), got
+    assert isinstance(got, dict), got
+    assert got["status"] in (400, 404), got
     # refused for its output limit: the decoder answered without a prefill being run
     sure = "max_tokens" in change
     assert metric(proxy_url, "kvpd_proxy_sent_without_prefill_total") - before == int(sure)
@@ -272,7 +274,8 @@ def test_usage_counts_only_prefix_cache_hits_as_cached(pair: tuple[Any, Any]) ->
 
     via_proxy, direct = both(pair, call)
     assert via_proxy.usage.model_dump() == direct.usage.model_dump()
-    assert via_proxy.usage.prompt_tokens > 64 and via_proxy.usage.prompt_tokens_details
+    assert via_proxy.usage.prompt_tokens > 64
+    assert via_proxy.usage.prompt_tokens_details
 
 
 def _exchange(url: str, method: str, path: str, body: bytes, headers: dict[str, str]) -> Any:
@@ -398,10 +401,12 @@ def test_http10_as_vllm_and_by_the_rfc(
     assert via_proxy["status"] == direct["status"] == 200
     assert _payload(via_proxy["body"], stream) == _payload(direct["body"], stream)
     # vLLM (uvicorn): closes, and chunks a stream even for HTTP/1.0
-    assert direct["closed"] and direct["connection"] == b"close"
+    assert direct["closed"]
+    assert direct["connection"] == b"close"
     assert direct["chunked"] == stream
     # the proxy: never chunks for HTTP/1.0; keeps a Content-Length answer's connection if asked
-    assert not via_proxy["chunked"] and via_proxy["length"] == (not stream)
+    assert not via_proxy["chunked"]
+    assert via_proxy["length"] == (not stream)
     kept = keep_alive and not stream
     assert via_proxy["connection"] == (b"keep-alive" if kept else b"close")
     assert via_proxy["closed"] == (not kept)
@@ -419,7 +424,8 @@ def test_the_engines_metrics_through_the_proxy(local_deployment: LocalDeployment
              if line and not line.startswith("#")}  # fmt: skip
     lines = merged.decode().splitlines()
     decode = {line.split("{")[0] for line in lines if 'role="decode",backend="' in line}
-    assert names and names <= decode, sorted(names - decode)[:10]
+    assert names, sorted(names - decode)[:10]
+    assert names <= decode, sorted(names - decode)[:10]
     types = [line for line in lines if line.startswith("# TYPE ")]
     assert len(types) == len(set(types))
     assert any(line.startswith("kvpd_proxy_engine_metrics_up{") and line.endswith(" 1")

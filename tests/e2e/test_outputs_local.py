@@ -44,7 +44,8 @@ def test_corrupted_blocks_pass_metrics_and_fail_outputs(args, tmp_path: Path) ->
     assert canary["delta"]["summary"]["decode_kv_received_tokens"] > 0
     assert canary["outputs"]["ok"] is False
     first = canary["outputs"]["prompts"][0]
-    assert first["pair"] == "prefill-0 -> decode-0" and first["diverged_at"] is not None
+    assert first["pair"] == "prefill-0 -> decode-0"
+    assert first["diverged_at"] is not None
     assert "the /metrics proof passed (P→D KV handover verified" in r.stderr
     assert "prefill-0 -> decode-0 diverges from prefill-0 alone" in r.stderr
     assert "at token" in r.stderr
@@ -57,14 +58,16 @@ def test_corrupted_blocks_pass_metrics_and_fail_outputs(args, tmp_path: Path) ->
     assert not [p for p in rec["problems"] if "outputs differ" not in p], rec["problems"]
     assert rec["outputs"]["summary"].startswith("outputs: FAILED: 0/4 identical")
     r = kvpd("bench", "--compare", str(out), str(out), check=False)
-    assert r.returncode != 0 and "refusing to compare" in r.stderr
+    assert r.returncode != 0
+    assert "refusing to compare" in r.stderr
 
 
 def test_healthy_store_passes_both(local_deployment, tmp_path: Path) -> None:
     """The shared local deployment (its `up` ran the canary with the output check)."""
     dep = local_deployment
     canaries = [e for e in EventLog(REPO / ".kvpd", dep.name).read() if e.what == "canary"]
-    assert canaries and canaries[-1].data["ok"], canaries
+    assert canaries, canaries
+    assert canaries[-1].data["ok"], canaries
     assert canaries[-1].detail.endswith("; outputs: 4/4 identical (first 16 tokens)")
     out = tmp_path / "good"
     r = kvpd("bench", "local", *dep.args, "--results", str(out), *BENCH, check=False)

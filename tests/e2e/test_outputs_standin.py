@@ -38,7 +38,8 @@ def test_zero_token_completions_fail_canary_and_bench(tmp_path: Path) -> None:
                  check=False)  # fmt: skip
         assert r.returncode != 0
         (rec,) = json.loads(r.stdout)["records"]
-        assert rec["result"]["completed"] == 4 and rec["result"]["failed"] == 0  # "succeeded"
+        assert rec["result"]["completed"] == 4
+        assert rec["result"]["failed"] == 0
         assert any("4 of 4 successful requests returned zero tokens" in p for p in rec["problems"])
     finally:
         kvpd("down", "--deployment", NAME, check=False)

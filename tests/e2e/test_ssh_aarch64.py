@@ -89,7 +89,8 @@ def _bundle(rh: Rehearsal) -> dict[tuple[str, str], dict[str, object]]:
 
 def _planner_rows(rh: Rehearsal) -> list[str]:
     status, text = fetch(rh.url("decode-0") + "/metrics", timeout=60)
-    assert status == 200 and isinstance(text, str), text
+    assert status == 200, text
+    assert isinstance(text, str), text
     return [ln for ln in text.splitlines() if ln.startswith(PLANNED)]
 
 
@@ -101,7 +102,8 @@ def test_both_aarch64_slots_get_the_cross_built_wheel(arm: Rehearsal) -> None:
         assert (b["action"], b["source"]) == ("installed", "cross"), b
         native = b["native"]
         assert isinstance(native, dict)
-        assert native["implementation"] == "native" and native["ascend_planner"] == "neon", b
+        assert native["implementation"] == "native", b
+        assert native["ascend_planner"] == "neon", b
     assert slots[("d1", "engine")]["python"] == str(EMULATED)
     assert slots[("d1", "engine")]["digest"] == slots[("p1", "proxy")]["digest"]  # one wheel
 
@@ -112,7 +114,8 @@ def test_the_emulated_decode_loaded_the_neon_planner_from_its_bundle(arm: Rehear
     assert dict(map(tuple, decode["env"]))["KVPD_SPARSE_PLANNER"] == "kvpd"
     info = next(r for r in _planner_rows(arm) if r.startswith(PLANNED + "info{"))
     assert 'planner="kvpd",isa="neon",machine="aarch64"' in info, info
-    assert "/bundle/" in info and f"_ascend_planner.{ARM}.so" in info, info
+    assert "/bundle/" in info, info
+    assert f"_ascend_planner.{ARM}.so" in info, info
     log = arm.kvpd("logs", "decode-0", "-n", "400").stdout
     assert "sparse KV offload planner: kvpd's native core (neon row planner, aarch64)" in log
 
@@ -137,7 +140,8 @@ def test_the_emulated_decode_plans_every_request_the_proxy_sends(arm: Rehearsal)
         assert status == 200, body
         assert body["usage"]["completion_tokens"] == out
     d = {k: v - before[k] for k, v in counts().items()}
-    assert d["requests"] == len(prompts) and d["steps"] == len(prompts) * out, d
+    assert d["requests"] == len(prompts), d
+    assert d["steps"] == len(prompts) * out, d
     # index_topk 2048 exceeds these contexts: the first step of a request loads its whole
     # prompt, each later step the newest token; each load is one K and one V descriptor.
     assert d["loaded_tokens"] == d["prompt"] + len(prompts) * (out - 1), d

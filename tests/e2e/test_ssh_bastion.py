@@ -156,7 +156,8 @@ def test_the_controller_reaches_only_the_bastion(bastion: BastionBed) -> None:
     t = SSHTransport(bastion.spec("h2"))
     try:
         r = t.run(["id", "-un"])
-        assert r.ok and r.stdout.strip() == "kvpd"
+        assert r.ok
+        assert r.stdout.strip() == "kvpd"
         assert t.resolve(".") == "/home/kvpd"
         # the connection's first session (which makes sshd set TCP_NODELAY) printed it
         assert t._connection().login_dir == "/home/kvpd"
@@ -174,9 +175,11 @@ def test_forbidden_forwarding_is_found_by_preflight(bastion: BastionBed, tmp_pat
     text = r.stdout + r.stderr
     assert r.returncode != 0, text
     # the preflight table wraps the cells: each part on its line
-    assert "channel refused by d1's sshd" in text and "(AllowTcpForwarding no?)" in text, text
+    assert "channel refused by d1's sshd" in text, text
+    assert "(AllowTcpForwarding no?)" in text, text
     assert "`AllowTcpForwarding local`" in text, text
-    assert "Traceback" not in text and "open FAILED" not in text, text
+    assert "Traceback" not in text, text
+    assert "open FAILED" not in text, text
     assert leftovers(bastion, list(hosts.values())) == {}
 
 
@@ -212,7 +215,8 @@ def test_up_status_logs_restart_diagnose_down_through_the_bastion(
 
     st = json.loads(kvpd(state, "status", PROFILE, "--json").stdout)
     rows = st["processes"]
-    assert rows and all(p["alive"] and p["healthy"] is not False for p in rows), rows
+    assert rows, rows
+    assert all(p["alive"] and p["healthy"] is not False for p in rows), rows
     assert any(p["host"] == "d1" for p in rows)
 
     log = kvpd(state, "logs", "decode-0", "--deployment", PROFILE, "-n", "50").stdout
@@ -223,7 +227,8 @@ def test_up_status_logs_restart_diagnose_down_through_the_bastion(
 
     r = kvpd(state, "restart", PROFILE, "decode-0", check=False, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "restarted decode-0" in r.stdout and "drained" in r.stdout, r.stdout
+    assert "restarted decode-0" in r.stdout, r.stdout
+    assert "drained" in r.stdout, r.stdout
     r = kvpd(state, "restart", PROFILE, "proxy", check=False, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -233,7 +238,8 @@ def test_up_status_logs_restart_diagnose_down_through_the_bastion(
         summary = tar.extractfile(next(n for n in tar.getnames() if n.endswith("summary.txt")))
         assert summary is not None
         text = summary.read().decode()
-    assert "healthy" in text and "unhealthy" not in text, text
+    assert "healthy" in text, text
+    assert "unhealthy" not in text, text
 
     r = kvpd(state, "down", PROFILE, "--json", check=False, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -281,5 +287,6 @@ def test_cpu_vllm_rehearsal_and_bench_through_the_bastion(
     finally:
         r = kvpd(state, "down", PROFILE, "--json", check=False, timeout=300)
         shutil.rmtree(storage, ignore_errors=True)
-    assert r.returncode == 0 and json.loads(r.stdout)["clean"], r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["clean"], r.stdout + r.stderr
     assert leftovers(bastion, list(hosts.values())) == {}

@@ -161,7 +161,11 @@ def deployed(
 
 def test_before_up_no_engine_python_on_a_host_imports_kvpd(deployed: Deployed) -> None:
     masked = [k for k, v in deployed.before.items() if v]
-    assert deployed.before and not masked, (
+    assert deployed.before, (
+        f"kvpd is importable before `up` by: {masked}. The bed would hide a missing bundle; an "
+        "engine venv from an older install-engine.sh has kvpd installed: run `make engine`."
+    )
+    assert not masked, (
         f"kvpd is importable before `up` by: {masked}. The bed would hide a missing bundle; an "
         "engine venv from an older install-engine.sh has kvpd installed: run `make engine`."
     )
@@ -171,14 +175,16 @@ def test_each_host_got_the_bundle_for_its_platform(deployed: Deployed) -> None:
     b = deployed.bundle()
     assert set(b) == {("p1", "engine"), ("d1", "engine"), ("px", "proxy")}
     for key in (("p1", "engine"), ("d1", "engine")):
-        assert b[key]["action"] == "installed" and b[key]["source"] == "local", b[key]
+        assert b[key]["action"] == "installed", b[key]
+        assert b[key]["source"] == "local", b[key]
         exe = Path(b[key]["executable"])  # the engine venv may be reached through a link
         assert (exe.parent.resolve(), exe.name) == (ENGINE_PY.parent.resolve(), ENGINE_PY.name)
         assert b[key]["implementation"] == "native"
     # Both engines run the one wheel the controller built; the proxy's Python has another ABI.
     assert b[("p1", "engine")]["digest"] == b[("d1", "engine")]["digest"]
     px = b[("px", "proxy")]
-    assert px["action"] == "installed" and px["source"] == "host:px", px
+    assert px["action"] == "installed", px
+    assert px["source"] == "host:px", px
     assert px["platform"] != b[("p1", "engine")]["platform"]
     assert px["digest"] != b[("p1", "engine")]["digest"]
     assert px["executable"] == deployed.proxy_python

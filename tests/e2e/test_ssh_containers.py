@@ -106,7 +106,8 @@ def test_a_failed_up_rolls_back_inside_and_removes_the_containers(
     try:
         # Preflight (inside the containers `up` started for it) fails: they are removed again.
         r = kvpd(tmp_path / "state", *args, check=False)
-        assert r.returncode != 0 and "preflight failed" in r.stderr, r.stdout + r.stderr
+        assert r.returncode != 0, r.stdout + r.stderr
+        assert "preflight failed" in r.stderr, r.stdout + r.stderr
         assert {h: ps for h, ps in processes_on(bed, list(HOSTS.values())).items() if ps} == {}
         # Past preflight, the engines fail inside: `up` rolls back and removes the containers.
         r = kvpd(tmp_path / "state", *args, "--skip-preflight", check=False)
@@ -150,7 +151,8 @@ def test_exec_into_containers_the_user_runs_and_down_keeps_them(
         assert down["clean"], down
         for h, t in hosts.items():
             r = t.run([STANDIN, "inspect", user_name], timeout_s=60)
-            assert r.ok and r.stdout.startswith("running"), (h, r.stdout, r.stderr)
+            assert r.ok, (h, r.stdout, r.stderr)
+            assert r.stdout.startswith("running"), (h, r.stdout, r.stderr)
             ps = t.run([STANDIN, "exec", user_name, "ps", "-eo", "pid=,args="], timeout_s=60)
             rows = [ln for ln in ps.stdout.splitlines() if ln.strip() and " ps -eo" not in ln]
             assert len(rows) == 1, (h, rows)  # the container's init only: nothing of kvpd's

@@ -97,7 +97,8 @@ def test_crashed_engine_restarted_then_diagnosed(
     try:
         st = _status(state_dir)
         sup = st["decode-0"]["supervisor"]
-        assert sup["state"] == "running" and st["prefill-0"]["supervisor"] is None
+        assert sup["state"] == "running"
+        assert st["prefill-0"]["supervisor"] is None
         d1 = SSHTransport(bed.spec(UCM4_HOSTS["d1"], name="d1"))
         try:
             assert d1.run(["kill", "-9", str(sup["child_pid"])]).ok
@@ -109,7 +110,8 @@ def test_crashed_engine_restarted_then_diagnosed(
             if row["supervisor"]["restarts"] == 1 and row["healthy"]:
                 break
             time.sleep(0.5)
-        assert row["supervisor"]["restarts"] == 1 and row["healthy"], row
+        assert row["supervisor"]["restarts"] == 1, row
+        assert row["healthy"], row
         assert row["supervisor"]["last_exit"] == "signal SIGKILL"
 
         # An unsupervised engine crashes: diagnose names it, from every host.
@@ -148,7 +150,8 @@ def test_diagnose_after_up_killed_half_way(
         r = kvpd(state_dir, "diagnose", PROFILE)
         names, summary = _archive(r.stdout)
         assert "prefill-0 on p1: unhealthy" in summary, summary
-        assert "proxy on" in summary and "never started" in summary, summary
+        assert "proxy on" in summary, summary
+        assert "never started" in summary, summary
         assert any(n.endswith("processes/decode-1/log.txt") for n in names)
     finally:
         kvpd(state_dir, "down", PROFILE, "--grace", "5", check=False)

@@ -133,7 +133,8 @@ def test_service_never_healthy_fails_with_its_log_tail(
     print(r.stderr)  # the message a user sees (pytest -s)
     assert r.returncode != 0, out
     assert "did not become healthy within 3s" in out, out
-    assert "on host " in out and "Last " in out, out
+    assert "on host " in out, out
+    assert "Last " in out, out
     assert "| fake engine: still loading (this fake never becomes healthy)" in out, out
     assert "is stopped" in out, out  # the rollback's verdict
     assert busy(bed, list(hosts.values())) == {}
@@ -159,7 +160,9 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(
     r = kvpd(tmp_path / "state", *up_args(inv), "--skip-preflight", check=False)
     out = r.stdout + r.stderr
     assert r.returncode != 0
-    assert "unknown host key" in out and fp in out and "host d1" in out, out
+    assert "unknown host key" in out, out
+    assert fp in out, out
+    assert "host d1" in out, out
     assert "--accept-new-host-keys" in out, out
     assert busy(bed, list(hosts.values())) == {}
     # Through the preflight (the default): the failed check carries the same fingerprint.
@@ -167,7 +170,8 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(
     assert r.returncode != 0
     checks = json.loads(r.stdout)["checks"]
     d1 = [c for c in checks if c["host"] == "d1" and not c["ok"]]
-    assert d1 and fp in d1[0]["detail"], checks
+    assert d1, checks
+    assert fp in d1[0]["detail"], checks
     assert Path(partial).read_text().count(addr) == 0  # nothing was accepted silently
 
 

@@ -103,11 +103,15 @@ def test_a_second_up_is_refused_naming_the_first_while_it_runs(
         assert "unless renewed; wait, or `--break-lease` to take it over" in said(r)
         assert f"(lease: {LEASE_HOST}:~/.kvpd/leases/{PROFILE}.json)" in said(r)
         held = lease_on_host(bed)
-        assert held is not None and held["holder"]["host"] == "laptop-a" and held["seq"] >= 1
-        assert held["holder"]["pid"] == proc.pid and held["operation"] == "up"
+        assert held is not None
+        assert held["holder"]["host"] == "laptop-a"
+        assert held["seq"] >= 1
+        assert held["holder"]["pid"] == proc.pid
+        assert held["operation"] == "up"
         # read-only verbs need no lease
         rows = json.loads(kvpd(a, "status", PROFILE, "--json").stdout)["processes"]
-        assert len(rows) >= 4 and proc.poll() is None
+        assert len(rows) >= 4
+        assert proc.poll() is None
         assert len([p for ps in busy(bed, HOSTS).values() for p in ps]) == 4  # A's only
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C: A rolls back and releases its lease
@@ -124,7 +128,8 @@ def test_a_killed_ups_lease_expires_then_down_proceeds(
     killed = time.monotonic()
     try:
         r = kvpd(a, "down", PROFILE, "--grace", "5", check=False)
-        assert r.returncode == 1 and holder_of(pid) in said(r), said(r)
+        assert r.returncode == 1, said(r)
+        assert holder_of(pid) in said(r), said(r)
         assert set(busy(bed, HOSTS)) == set(HOSTS)  # refused: nothing was stopped
         assert len(json.loads(kvpd(a, "status", PROFILE, "--json").stdout)["processes"]) == 4
         time.sleep(max(0.0, killed + 6.5 - time.monotonic()))  # TTL 5 s, whole seconds
@@ -146,11 +151,13 @@ def test_break_lease_takes_a_live_lease_over_after_confirmation(
             kvpd_cmd(*down), cwd=a.parent, env=kvpd_env(a), stdin=subprocess.DEVNULL,
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
-        assert r.returncode == 2 and "pass --yes with --break-lease" in said(r), said(r)
+        assert r.returncode == 2, said(r)
+        assert "pass --yes with --break-lease" in said(r), said(r)
         assert set(busy(bed, HOSTS)) == set(HOSTS)
         assert (lease_on_host(bed) or {}).get("holder", {}).get("pid") == pid
         r = kvpd(a, *down, "--yes", "--json", check=False)
         assert r.returncode == 0, said(r)
-        assert busy(bed, HOSTS) == {} and lease_on_host(bed) is None
+        assert busy(bed, HOSTS) == {}
+        assert lease_on_host(bed) is None
     finally:
         kvpd(a, "down", PROFILE, "--grace", "5", "--break-lease", "--yes", check=False)

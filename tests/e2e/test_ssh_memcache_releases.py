@@ -24,9 +24,11 @@ def test_guide_release_is_ready_by_its_meta_port(bed: Testbed, tmp_path: Path) -
     hosts = {"p1": "h1", "d1": "h2"}
     for r in rehearse(tmp_path, bed, "layerwise-sparse-1p1d", hosts, [], engines="standin"):
         meta = next(p for p in r.plan["processes"] if p["name"] == "metaservice")
-        assert meta["health"]["url"] == "" and meta["health"]["ready_port"] == 5000
+        assert meta["health"]["url"] == ""
+        assert meta["health"]["ready_port"] == 5000
         conf = next(f["content"] for f in r.plan["files"] if f["path"].endswith("mmc-meta.conf"))
         assert "metrics_url" not in conf
         rows = json.loads(r.kvpd("status", "--json").stdout)
         row = next(p for p in rows["processes"] if p["name"] == "metaservice")
-        assert row["healthy"] is True and row["detail"] == "port 5000 listens", row
+        assert row["healthy"] is True, row
+        assert row["detail"] == "port 5000 listens", row

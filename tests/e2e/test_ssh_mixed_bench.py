@@ -38,13 +38,15 @@ def _mixed(
 
 def test_mixed_runs_two_dp_ranks(mixed: Rehearsal) -> None:
     log = mixed.kvpd("logs", "mixed-0", "-n", "100000").stdout
-    assert "EngineCore_DP0" in log and "EngineCore_DP1" in log
+    assert "EngineCore_DP0" in log
+    assert "EngineCore_DP1" in log
 
 
 def test_mixed_bench_twice_hits_on_the_second_run(mixed: Rehearsal, tmp_path: Path) -> None:
     run = mixed.bench_twice(tmp_path / "bench", 4, input_len=128, output_len=4, timeout=900)
     cold, warm = run["records"]
-    assert warm["result"]["completed"] == 4 and warm["result"]["failed"] == 0
+    assert warm["result"]["completed"] == 4
+    assert warm["result"]["failed"] == 0
     hits = sum(t["prefix_cache_hits"] for t in warm["metrics"]["per_target"].values())
     assert hits > 0, warm["metrics"]["per_target"]
     # the output check ran after each phase (on by default in rehearsals): the proxy's

@@ -86,28 +86,33 @@ def test_any_controller_acts_on_the_hosts_records(  # noqa: PLR0915 - one scenar
         assert {p["name"] for p in st["processes"]} == set(pids), st
         assert all(p["alive"] for p in st["processes"]), st
         assert st["drift"] == {"running_plan_digests": [], "processes": []}, st["drift"]
-        assert "@" in st["started_by"] and st["refused_records"] == {}
+        assert "@" in st["started_by"]
+        assert st["refused_records"] == {}
         log = kvpd(b, "logs", *prof[:1], "decode-0", *prof[1:]).stdout
         assert "fake engine: serving on" in log, log
         assert not (b / PROFILE / "state.json").exists()  # B keeps no cache of its own
         r = kvpd(b, "diagnose", *prof)
-        assert "Archive:" in r.stdout and "decode-0" in r.stdout, r.stdout
+        assert "Archive:" in r.stdout, r.stdout
+        assert "decode-0" in r.stdout, r.stdout
 
         # A second deployment on the same hosts, from B: refused, naming the first's owner.
         r = kvpd(b, "up", *prof, "--set", "name=second", "--yes", "--skip-preflight",
                  "--no-canary", check=False)  # fmt: skip
         out = r.stdout + r.stderr
-        assert r.returncode != 0 and "refused before anything started" in out, out
+        assert r.returncode != 0, out
+        assert "refused before anything started" in out, out
         assert f"of kvpd deployment '{PROFILE}' (started by {st['started_by']}" in out, out
         # ... and the same deployment again from B: already running, named.
         r = kvpd(b, "up", *prof, "--yes", "--skip-preflight", "--no-canary", check=False)
-        assert r.returncode != 0 and "already" in r.stdout + r.stderr, r.stdout + r.stderr
+        assert r.returncode != 0, r.stdout + r.stderr
+        assert "already" in r.stdout + r.stderr, r.stdout + r.stderr
 
         # Restart one process from B: a new PID, recorded on its host; A's status sees it.
         r = kvpd(b, "restart", *prof[:1], "decode-0", *prof[1:], "--no-canary", "--grace", "5")
         assert "restarted decode-0" in r.stdout, r.stdout
         st_a = {p["name"]: p for p in _status(a, PROFILE)["processes"]}
-        assert st_a["decode-0"]["pid"] != pids["decode-0"]["pid"] and st_a["decode-0"]["alive"]
+        assert st_a["decode-0"]["pid"] != pids["decode-0"]["pid"]
+        assert st_a["decode-0"]["alive"]
         assert st_a["prefill-0"]["pid"] == pids["prefill-0"]["pid"]
 
         # Tampered records: pgid 1 (d1), another deployment's name (p1), a wrong start time
@@ -134,7 +139,8 @@ def test_any_controller_acts_on_the_hosts_records(  # noqa: PLR0915 - one scenar
             _restore(bed, h, run_dirs[h], raw)
     finally:
         r = kvpd(b, "down", *prof, "--json", "--grace", "5", check=False)
-    assert r.returncode == 0 and json.loads(r.stdout)["clean"], r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["clean"], r.stdout + r.stderr
     assert busy(bed, hosts) == {}
 
     # A's cache agrees: stopped, not healthy.

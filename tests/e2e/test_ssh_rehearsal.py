@@ -149,7 +149,8 @@ def fetch(url: str, body: dict[str, Any] | None = None, timeout: float = 120) ->
 
 def metric(base: str, name: str, **labels: str) -> float:
     status, text = fetch(base + "/metrics", timeout=30)
-    assert status == 200 and isinstance(text, str), text
+    assert status == 200, text
+    assert isinstance(text, str), text
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
@@ -373,7 +374,8 @@ def _layerwise(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def test_layerwise_metaservice_runs_for_real(layerwise: Rehearsal) -> None:
     status, body = fetch(layerwise.health("metaservice"))
-    assert status == 200 and body.get("status") == "ok", body
+    assert status == 200, body
+    assert body.get("status") == "ok", body
     r = layerwise.kvpd("logs", "metaservice", "-n", "400")
     assert "memcache" in r.stdout.lower() or "mmc" in r.stdout.lower()
     # MetaService's flock lives in /tmp, private per host: present on p1 only.
@@ -451,7 +453,8 @@ def _mooncake(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def test_mooncake_master_healthy_and_request_through_proxy(mooncake: Rehearsal) -> None:
     status, body = fetch(mooncake.health("mooncake-master"))
-    assert status == 200 and body.get("status") == "ok", body
+    assert status == 200, body
+    assert body.get("status") == "ok", body
     complete(mooncake)
 
 

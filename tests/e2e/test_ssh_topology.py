@@ -94,7 +94,8 @@ def host_view(rh: Rehearsal, process: str) -> tuple[list[str], dict[str, str]]:
         env = t.run(["cat", f"/proc/{rec['pid']}/environ"], timeout_s=30)
     finally:
         t.close()
-    assert cmd.ok and env.ok, (cmd.stderr, env.stderr)
+    assert cmd.ok, (cmd.stderr, env.stderr)
+    assert env.ok, (cmd.stderr, env.stderr)
     argv = [a for a in cmd.stdout.split("\0") if a]
     environ = dict(kv.split("=", 1) for kv in env.stdout.split("\0") if "=" in kv)
     return argv, environ
@@ -223,7 +224,8 @@ def test_mooncake_full_size_bench_through_the_proxy(
     cold, warm = run["records"]
     assert (cold["phase"], warm["phase"]) == ("cold", "warm")
     for rec in (cold, warm):
-        assert rec["result"]["completed"] == 8 and rec["result"]["failed"] == 0
+        assert rec["result"]["completed"] == 8
+        assert rec["result"]["failed"] == 0
         assert rec["metrics"]["summary"]["decode_kv_received_tokens"] > 0
     # the proxy may route a prompt to another prefiller the second time; decode caches it too
     hits = sum(t.get("prefix_cache_hits", 0) for t in warm["metrics"]["per_target"].values())

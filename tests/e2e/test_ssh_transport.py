@@ -109,7 +109,8 @@ def assert_no_canary(t: SSHTransport, *dirs: str) -> None:
 
 def test_connect_with_verified_host_key(testbed, h1) -> None:
     r = h1.run(["hostname"])
-    assert r.ok and r.stdout.strip() == "h1"
+    assert r.ok
+    assert r.stdout.strip() == "h1"
     assert h1.run(["id", "-u"]).stdout.strip() == "0"
 
 
@@ -121,8 +122,10 @@ def test_unknown_host_key_refused_with_fingerprint(testbed, tmp_path) -> None:
         t.run(["true"])
     msg = str(e.value)
     assert sha256_fingerprint(testbed.host_key_pub("h1")) in msg
-    assert "ssh-ed25519" in msg and testbed.addresses["h1"] in msg
-    assert "--accept-new-host-keys" in msg and "ssh-keyscan" in msg
+    assert "ssh-ed25519" in msg
+    assert testbed.addresses["h1"] in msg
+    assert "--accept-new-host-keys" in msg
+    assert "ssh-keyscan" in msg
     assert empty.read_text() == ""  # nothing was accepted
 
 
@@ -132,7 +135,8 @@ def test_accept_flag_records_the_key_then_plain_connect_works(testbed, tmp_path)
     assert t.run(["hostname"]).stdout.strip() == "h2"
     t.close()
     line = kh.read_text().split()
-    assert line[0] == testbed.addresses["h2"] and line[1] == "ssh-ed25519"
+    assert line[0] == testbed.addresses["h2"]
+    assert line[1] == "ssh-ed25519"
     pub = open(testbed.host_key_pub("h2")).read().split()[1]
     assert line[2] == pub
     t2 = SSHTransport(testbed.spec("h2", known_hosts=str(kh)))  # no flag: now known
@@ -152,7 +156,8 @@ def test_changed_host_key_is_refused_even_with_accept_flag(testbed, tmp_path) ->
     assert "CHANGED" in msg
     assert sha256_fingerprint(testbed.host_key_pub("h1")) in msg  # what the host offered
     assert sha256_fingerprint(testbed.host_key_pub("h2")) in msg  # what we expected
-    assert "ssh-keygen" in msg and "-R" in msg
+    assert "ssh-keygen" in msg
+    assert "-R" in msg
     assert kh.read_text().count("\n") == 1  # not overwritten
 
 
@@ -164,8 +169,10 @@ def test_auth_failure_names_host_and_fix(testbed, tmp_path) -> None:
         t.run(["true"])
     assert not isinstance(e.value, HostKeyError)
     msg = str(e.value)
-    assert "h3" in msg and testbed.addresses["h3"] in msg
-    assert "authentication failed" in msg and "authorized_keys" in msg
+    assert "h3" in msg
+    assert testbed.addresses["h3"] in msg
+    assert "authentication failed" in msg
+    assert "authorized_keys" in msg
 
 
 def test_unreachable_host_names_address_and_fix(testbed) -> None:
@@ -174,7 +181,9 @@ def test_unreachable_host_names_address_and_fix(testbed) -> None:
     with pytest.raises(TransportError) as e:
         t.run(["true"])
     msg = str(e.value)
-    assert "ghost" in msg and "10.213.0.250" in msg and "Fix" in msg
+    assert "ghost" in msg
+    assert "10.213.0.250" in msg
+    assert "Fix" in msg
     refused = SSHTransport(testbed.spec("h1", port=2), connect_timeout_s=2.0)
     with pytest.raises(TransportError, match="cannot connect"):
         refused.run(["true"])
@@ -231,7 +240,8 @@ def test_run_put_read_resolve(testbed, h1, workdir) -> None:
     assert h1.run(["no-such-command-kvpd"]).exit_code == 127
     assert h1.run(["pwd"], cwd=f"{workdir}/nope").exit_code == 127
     r = h1.run(["sleep", "10.123"], timeout_s=0.5)
-    assert r.exit_code == 124 and "timed out" in r.stderr
+    assert r.exit_code == 124
+    assert "timed out" in r.stderr
     # ... and the remote command was stopped, not left running without its channel.
     probe = ["sh", "-c", "grep -sl '10\\.12[3]' /proc/[0-9]*/cmdline; exit 0"]
     assert wait_until(lambda: h1.run(probe).stdout == "", 5)  # sleep alone would take 10 s
@@ -257,7 +267,9 @@ def test_detached_process_survives_transport_close(testbed, workdir) -> None:
         cwd=workdir,
         env={"V": "v1"},
     )
-    assert s.pgid == s.pid and s.start_ticks > 0 and s.log == f"{workdir}/logs/p.log"
+    assert s.pgid == s.pid
+    assert s.start_ticks > 0
+    assert s.log == f"{workdir}/logs/p.log"
     t1.close()
 
     t2 = SSHTransport(testbed.spec("h1"))
@@ -292,7 +304,8 @@ def test_group_signal_reaches_children_after_leader_exit(testbed, h1, workdir) -
     )
     assert wait_until(lambda: not h1.alive(s.pid))  # the leader is gone, reaped by PID 1
     members = h1.group_alive(s.pgid)
-    assert len(members) == 2 and s.pid not in members
+    assert len(members) == 2
+    assert s.pid not in members
     assert h1.signal_group(s.pgid, 15, start_ticks=s.start_ticks)
     assert wait_until(lambda: h1.group_alive(s.pgid) == [])
 
@@ -435,7 +448,8 @@ def test_hostile_paths_and_cwd(testbed, h1, workdir) -> None:
         assert h1.read(f"{d}/{name}") == name.encode()
         assert h1.run(["cat", "--", f"{d}/{name}"]).stdout == name
         r = h1.run(["pwd"], cwd=d)
-        assert r.ok and r.stdout == d + "\n", (name, r)
+        assert r.ok, (name, r)
+        assert r.stdout == d + "\n", (name, r)
     listing = h1.run(["find", workdir, "-mindepth", "1", "-maxdepth", "1", "-printf", "%f\\0"])
     assert sorted(listing.stdout.split("\0")[:-1]) == sorted(HOSTILE_NAMES)
     assert_no_canary(h1, workdir)

@@ -196,8 +196,10 @@ def test_duplicates_share_one_slot() -> None:
     topk = np.array([[5, 5, -1, 9, 5, 64]], np.int32)
     s.native(np.array([1], np.int64), topk, np.array([64], np.int32), 1)
     assert s.cur.tolist() == [[0, 0, -1, 1, 0, -1]]
-    assert s.mc.tolist() == [2] and s.mt.tolist() == [[5, 9, -1, -1, -1, -1]]
-    assert s.ms.tolist() == [[0, 1, -1, -1, -1, -1]] and s.stt[0, :3].tolist() == [5, 9, -1]
+    assert s.mc.tolist() == [2]
+    assert s.mt.tolist() == [[5, 9, -1, -1, -1, -1]]
+    assert s.ms.tolist() == [[0, 1, -1, -1, -1, -1]]
+    assert s.stt[0, :3].tolist() == [5, 9, -1]
     assert s.lru.tolist() == [[2, 3, 4, 5, 6, 7, 0, 1]]
 
 
@@ -347,13 +349,15 @@ def test_descriptors_match_reference(seed, rows, k, capacity, block_size, invali
     wg, wa, wsz, ws = ref.compute_lru_resident_addrs(
         mc, mt, ms, bt, block_size, tok_k, tok_v, *bases, capacity
     )
-    assert s == ws and num.tolist() == [2 * ws]
+    assert s == ws
+    assert num.tolist() == [2 * ws]
     assert gvas[: 2 * s].astype(np.uint64).tolist() == wg
     assert addr[: 2 * s].astype(np.uint64).tolist() == wa
     assert size[: 2 * s].tolist() == wsz
     # nothing is written past upstream's footprint (2 x the clamped miss counts)
     footprint = 2 * int(np.clip(mc, 0, k).sum())
-    assert (gvas[footprint:] == -5).all() and (size[2 * s :] == -5).all()
+    assert (gvas[footprint:] == -5).all()
+    assert (size[2 * s :] == -5).all()
 
 
 def test_addresses_past_the_32bit_block_limit() -> None:
@@ -367,7 +371,8 @@ def test_addresses_past_the_32bit_block_limit() -> None:
         np.array([2], np.int32), mt, ms, bt, 128, 1152, 128, base, base, 0, 0, 64, 1,
         gvas, addr, size, num,
     )  # fmt: skip
-    assert s == 2 and num[0] == 4
+    assert s == 2
+    assert num[0] == 4
     assert gvas[0] == base + 16_384 * 128 * 1152
     assert gvas[1] == base + (1_000_000 * 128 + 2) * 1152
     assert size.tolist()[:4] == [1152, 1152, 128, 128]

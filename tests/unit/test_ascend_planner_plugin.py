@@ -200,7 +200,8 @@ def test_on_by_environment_through_the_bundle_folder(results) -> None:
     r = results["on"]
     assert r["planner"] == KVPD
     assert r["kvpd"].endswith("/bundle/kvpd/__init__.py")
-    assert len(r["log"]) == 1 and r["log"][0].startswith(
+    assert len(r["log"]) == 1
+    assert r["log"][0].startswith(
         "INFO Sparse KV offload planner: kvpd's native core (kvpd.native.ascend_planner, "
     )
 
@@ -213,7 +214,9 @@ def test_torch_tensors_like_the_manager_passes(results) -> None:
 
     r = results["on"]["torch_call"]
     rows, cap, block = 3, 32, 16
-    assert r["mc"] == [16, 16, 16] and r["S"] == 48 and r["num"] == [96]
+    assert r["mc"] == [16, 16, 16]
+    assert r["S"] == 48
+    assert r["num"] == [96]
     bt = (np.arange(rows * (256 // block), dtype=np.int32) + 20000).reshape(rows, -1)
     want = ref.compute_lru_resident_addrs(
         np.array(r["mc"]), np.array(r["mt"]), np.array(r["ms"]), bt, block, 1024, 128,
@@ -235,7 +238,8 @@ def test_off_unless_requested(results) -> None:
 
 def test_unknown_manager_version_keeps_upstream(results) -> None:
     r = results["unknown_version"]
-    assert r["planner"] == UPSTREAM and len(r["log"]) == 1
+    assert r["planner"] == UPSTREAM
+    assert len(r["log"]) == 1
     assert "WARNING Sparse KV offload planner: vLLM-Ascend's own (JIT build); kvpd: unknown " \
         "vLLM-Ascend manager version" in r["log"][0]  # fmt: skip
 
@@ -249,13 +253,17 @@ def test_unknown_manager_version_keeps_upstream(results) -> None:
 )  # fmt: skip
 def test_failures_never_take_the_process_down(results, name, why) -> None:
     r = results[name]
-    assert "crash" not in r and r["planner"] == UPSTREAM
-    assert len(r["log"]) == 1 and r["log"][0].startswith("WARNING") and why in r["log"][0]
+    assert "crash" not in r
+    assert r["planner"] == UPSTREAM
+    assert len(r["log"]) == 1
+    assert r["log"][0].startswith("WARNING")
+    assert why in r["log"][0]
 
 
 def test_vllm_plugins_allow_list(results) -> None:
     assert results["allowed"]["planner"] == KVPD
-    assert results["filtered_out"]["planner"] == UPSTREAM and results["filtered_out"]["log"] == []
+    assert results["filtered_out"]["planner"] == UPSTREAM
+    assert results["filtered_out"]["log"] == []
 
 
 def test_import_needs_only_the_standard_library() -> None:

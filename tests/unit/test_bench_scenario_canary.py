@@ -52,8 +52,10 @@ def test_a_failed_canary_after_a_restart_fails_that_scenario_before_any_phase(
     service = Service(canary_ok=False)
     run = _session(tmp_path, service).run()
     assert service.calls == ["stop", "up", "canary", "stop", "up", "canary", "stop"]
-    assert len(run.failures) == 2 and "the canary through the proxy failed" in run.failures[0]
-    assert "decode got no KV" in run.failures[0] and not run.records
+    assert len(run.failures) == 2
+    assert "the canary through the proxy failed" in run.failures[0]
+    assert "decode got no KV" in run.failures[0]
+    assert not run.records
 
 
 def test_the_canary_can_be_left_out(tmp_path: Path) -> None:

@@ -42,14 +42,18 @@ def test_a_refused_port_says_the_channel_opened() -> None:
 
 def test_another_address_the_host_cannot_connect_to() -> None:
     e = refusal("p1", "root", "10.9.9.9", 7800, 2, "Connect failed", own=False)
-    assert e.kind == "unreachable" and e.detail == "p1 cannot connect to 10.9.9.9:7800"
-    assert "sshd does not say which" in str(e) and "Fix:" in str(e)
+    assert e.kind == "unreachable"
+    assert e.detail == "p1 cannot connect to 10.9.9.9:7800"
+    assert "sshd does not say which" in str(e)
+    assert "Fix:" in str(e)
 
 
 def test_an_unreachable_host() -> None:
     e = unreachable("p1", OSError("host p1: cannot connect: No route to host. Fix: check it"))
-    assert e.kind == "unreachable" and e.detail == "p1 unreachable"
-    assert str(e).startswith("p1 unreachable: host p1: cannot connect") and "Fix:" in str(e)
+    assert e.kind == "unreachable"
+    assert e.detail == "p1 unreachable"
+    assert str(e).startswith("p1 unreachable: host p1: cannot connect")
+    assert "Fix:" in str(e)
 
 
 def test_a_request_is_one_exchange_and_refuses_header_injection() -> None:
@@ -112,10 +116,12 @@ def test_garbage_and_silence_are_failures_of_their_own(server: tuple[int, list[b
     req = HttpRequest("GET", "127.0.0.1", port, "/x", timeout_s=0.5)
     with pytest.raises(ChannelError) as e:
         direct(req, "h")
-    assert e.value.kind == "bad-answer" and "gave no valid HTTP answer" in str(e.value)
+    assert e.value.kind == "bad-answer"
+    assert "gave no valid HTTP answer" in str(e.value)
     with pytest.raises(ChannelError) as e:
         direct(req, "h")
-    assert e.value.kind == "timeout" and e.value.detail == "timed out after 0.5s"
+    assert e.value.kind == "timeout"
+    assert e.value.detail == "timed out after 0.5s"
 
 
 def test_probes_go_through_the_hosts_transport() -> None:
@@ -123,7 +129,8 @@ def test_probes_go_through_the_hosts_transport() -> None:
     t = FakeTransport("p1")
     check = HealthCheck("http://10.0.0.1:7800/health")
     t.serve(7800, HttpResponse(200, b"ok"))
-    assert probe(t, check).ok and t.requests[-1].address == "10.0.0.1"
+    assert probe(t, check).ok
+    assert t.requests[-1].address == "10.0.0.1"
     t.answers.clear()
     assert probe(t, check).detail == "port 7800 refused (the SSH channel to p1 opened)"
     t.forwarding = False
@@ -155,7 +162,8 @@ def test_preflight_checks_each_host_can_open_a_channel() -> None:
     assert check_host("p1", t).ok
     t.forwarding = False
     c = check_host("p1", t)
-    assert not c.ok and "AllowTcpForwarding no?" in c.detail
+    assert not c.ok
+    assert "AllowTcpForwarding no?" in c.detail
     assert c.fix.startswith("allow TCP forwarding for fake in p1's sshd_config")
     assert "`AllowTcpForwarding local`" in c.fix
 
@@ -182,7 +190,8 @@ def test_paramikos_own_line_for_a_refused_channel_is_not_printed() -> None:
                             "Secsh channel 3 open FAILED: Connection refused: Connect failed",
                             (), None)  # fmt: skip
     other = log.makeRecord(log.name, logging.ERROR, __file__, 1, "Socket exception", (), None)
-    assert not log.filter(failed) and log.filter(other)
+    assert not log.filter(failed)
+    assert log.filter(other)
 
 
 def test_preflight_fails_a_host_whose_sshd_opens_no_channel_in_time() -> None:

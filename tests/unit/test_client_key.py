@@ -58,8 +58,11 @@ def test_the_plan_names_the_file_never_the_key(tmp_path: Path) -> None:
     assert "client_key_file" not in plan().to_dict()  # plans without one keep their form
     executed = client_key.attach(p)
     spec = next(x for x in executed.files if x.path == "proxy/client-key")
-    assert spec.content == KEY + "\n" and spec.mode == 0o600 and spec.host == "localhost"
-    assert KEY not in executed.to_json() and KEY not in repr(executed)
+    assert spec.content == KEY + "\n"
+    assert spec.mode == 0o600
+    assert spec.host == "localhost"
+    assert KEY not in executed.to_json()
+    assert KEY not in repr(executed)
     assert KEY not in " ".join(executed.process("proxy").command)
     assert client_key.attach(plan()) == plan()  # no client key: nothing added
 

@@ -40,10 +40,12 @@ def test_admin_token_private_and_masked(plan, tmp_path: Path) -> None:
     f = admin_token.path(tmp_path, plan.deployment)
     assert stat.S_IMODE(os.stat(f).st_mode) == 0o600
     spec = next(x for x in issued.files if x.path == "proxy/admin-token")
-    assert spec.mode == 0o600 and spec.content.strip() == token
+    assert spec.mode == 0o600
+    assert spec.content.strip() == token
     assert token not in issued.to_json()  # state.json and --json mask it
     proxy = issued.process("proxy")
-    assert token not in " ".join(proxy.command) and "--admin-token-file" in proxy.command
+    assert token not in " ".join(proxy.command)
+    assert "--admin-token-file" in proxy.command
 
 
 def test_split_targets() -> None:

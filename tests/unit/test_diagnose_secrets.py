@@ -36,7 +36,8 @@ SECRETS = ("hunter2", "hf_abcdefghijklmnopqrstuvwx", "s3cr3tpw", "sk-abcdefghijk
 )
 def test_secret_shapes_are_masked_in_text(text: str) -> None:
     out = scrub(text)
-    assert not any(s in out for s in SECRETS) and "****" in out
+    assert not any(s in out for s in SECRETS)
+    assert "****" in out
 
 
 def test_facts_that_are_no_secrets_stay() -> None:
@@ -59,9 +60,8 @@ def test_environment_values_are_shown_only_for_known_safe_names() -> None:
 def test_secret_bearing_flags_are_refused_in_args(flag: str) -> None:
     with pytest.raises(ProfileError) as e:
         load_plan("local", sets=[f'decode.args=["{flag}", "v"]'])
-    assert "decode.args[0]: " in str(e.value) and "would put a secret on the command line" in str(
-        e.value
-    )
+    assert "decode.args[0]: " in str(e.value)
+    assert "would put a secret on the command line" in str(e.value)
 
 
 def _diagnose(tmp_path: Path, *, shareable: bool) -> tuple[Path, dict[str, str]]:
@@ -103,10 +103,13 @@ def test_the_archive_is_private_and_masks_logs(tmp_path: Path) -> None:
 
 def test_a_shareable_archive_leaves_out_state_environment_and_topology(tmp_path: Path) -> None:
     _, members = _diagnose(tmp_path, shareable=True)
-    assert "state.json" not in members and not any(n.startswith("files/") for n in members)
+    assert "state.json" not in members
+    assert not any(n.startswith("files/") for n in members)
     assert not any(n.endswith(("env.txt", "events.jsonl")) for n in members)
     facts = next(t for n, t in members.items() if n.endswith("facts.txt"))
-    assert "===== uname =====" in facts and "===== listening =====" not in facts
+    assert "===== uname =====" in facts
+    assert "===== listening =====" not in facts
     text = "\n".join(members.values())
-    assert str(tmp_path / "run") not in text and "<run dir of" in text
+    assert str(tmp_path / "run") not in text
+    assert "<run dir of" in text
     assert not any(s in text for s in SECRETS)

@@ -143,21 +143,28 @@ def test_up_orders_stages_and_down_stops_everything(env) -> None:
     assert [r.status for r in state.processes] == ["healthy"] * 3
     # Stage 1 started only after both stage-0 processes were up (file order = start order).
     order = [ln.split()[0] for ln in (tmp / "run" / "order.txt").read_text().splitlines()]
-    assert order[-1] == "proxy" and set(order[:2]) == {"svc-a", "svc-b"}
+    assert order[-1] == "proxy"
+    assert set(order[:2]) == {"svc-a", "svc-b"}
     saved = store.load("t")
-    assert saved is not None and saved.plan == plan
+    assert saved is not None
+    assert saved.plan == plan
     rec = saved.record("proxy")
-    assert rec is not None and Path(rec.log).is_absolute() and rec.pgid == rec.pid
+    assert rec is not None
+    assert Path(rec.log).is_absolute()
+    assert rec.pgid == rec.pid
     assert all(s.alive and s.healthy for s in status(saved, transports))
 
     result = down(saved, transports, store=store, grace_s=5)
-    assert result.clean and not result.nothing_running
+    assert result.clean
+    assert not result.nothing_running
     names = [o.name for o in result.stop.outcomes]
-    assert names[0] == "proxy" and set(names[1:]) == {"svc-a", "svc-b"}  # reverse stage order
+    assert names[0] == "proxy"
+    assert set(names[1:]) == {"svc-a", "svc-b"}
     assert_nothing_running(store, "t", transports[HOST])
     # Idempotent: the second down finds nothing running.
     again = down(store.load("t"), transports, store=store, grace_s=5)
-    assert again.nothing_running and again.clean
+    assert again.nothing_running
+    assert again.clean
 
 
 def test_failed_process_rolls_back_with_log_tail_and_cause(env) -> None:
@@ -176,7 +183,8 @@ def test_failed_process_rolls_back_with_log_tail_and_cause(env) -> None:
     assert "  | OSError: [Errno 98] Address already in use" in msg
     assert "is stopped" in msg
     st = store.load("t")
-    assert st is not None and st.status == "failed"
+    assert st is not None
+    assert st.status == "failed"
     assert {r.name for r in st.processes} == {"svc-a", "prefill-0", "decode-0"}  # not px
     assert st.record("decode-0").status == "failed"  # type: ignore[union-attr]
     assert_nothing_running(store, "t", transports[HOST])
@@ -267,7 +275,8 @@ def test_down_after_up_killed_half_way(env, tmp_path: Path) -> None:
         proc.send_signal(signal.SIGKILL)  # no rollback: the children are orphaned
         proc.wait()
         st = store.load("t")
-        assert st is not None and st.status == "starting"
+        assert st is not None
+        assert st.status == "starting"
         t = transports[HOST]
         assert all(is_running(t, r) for r in st.processes)
         result = down(st, transports, store=store, grace_s=5)
@@ -297,7 +306,8 @@ def test_leader_exited_but_group_member_lives(env) -> None:
     deadline = time.monotonic() + 10
     while t.alive(rec.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not t.alive(rec.pid) and t.group_alive(rec.pgid)
+    assert not t.alive(rec.pid)
+    assert t.group_alive(rec.pgid)
     assert is_running(t, rec)
     result = down(state, transports, store=store, grace_s=5)
     assert [o.how for o in result.stop.outcomes] == ["stopped"]
@@ -309,7 +319,8 @@ def test_state_file_is_plain_json(env) -> None:
     plan = make_plan(tmp / "run", [("svc", 0, "ok")])
     state = up(plan, transports, store=store)
     raw = json.loads(store.path("t").read_text())
-    assert raw["deployment"] == "t" and raw["profile_digest"] == "sha256:test"
+    assert raw["deployment"] == "t"
+    assert raw["profile_digest"] == "sha256:test"
     r = raw["processes"][0]
     assert {"host", "pid", "pgid", "start_ticks", "ports", "log", "started_at", "status"} <= set(r)
     assert read_stat(r["pid"]).start_ticks == r["start_ticks"]  # type: ignore[union-attr]
@@ -335,7 +346,8 @@ def test_missing_executable_is_a_clear_failure_of_that_process(env) -> None:
     with pytest.raises(DeployError) as e:
         up(plan, transports, store=store)
     msg = str(e.value)
-    assert "svc-a" in msg and "/no/such/engine" in msg
+    assert "svc-a" in msg
+    assert "/no/such/engine" in msg
     assert_nothing_running(store, "t", transports[HOST])
 
 

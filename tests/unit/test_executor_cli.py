@@ -45,7 +45,8 @@ def test_up_status_logs_down_json(cli) -> None:
     r = cli("up", "demo.yaml", "--yes", "--json")
     assert r.exit_code == 0, r.output
     up = json.loads(r.stdout)
-    assert up["status"] == "up" and [p["name"] for p in up["processes"]] == ["kv", "proxy"]
+    assert up["status"] == "up"
+    assert [p["name"] for p in up["processes"]] == ["kv", "proxy"]
 
     r = cli("status", "--json")
     assert r.exit_code == 0, r.output
@@ -55,7 +56,8 @@ def test_up_status_logs_down_json(cli) -> None:
     )
 
     r = cli("logs", "proxy", "-n", "5")
-    assert r.exit_code == 0 and "proxy listening on" in r.stdout
+    assert r.exit_code == 0
+    assert "proxy listening on" in r.stdout
 
     r = cli("up", "demo.yaml", "--yes")
     assert isinstance(r.exception, StateError)
@@ -64,11 +66,13 @@ def test_up_status_logs_down_json(cli) -> None:
     r = cli("down", "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
-    assert d["clean"] and [p["result"] for p in d["processes"]] == ["stopped", "stopped"]
+    assert d["clean"]
+    assert [p["result"] for p in d["processes"]] == ["stopped", "stopped"]
     assert [p["name"] for p in d["processes"]] == ["proxy", "kv"]
 
     r = cli("down", "demo")  # the hosts' records are gone with the processes
-    assert r.exit_code == 0 and "no host records a process of 'demo'" in r.stdout
+    assert r.exit_code == 0
+    assert "no host records a process of 'demo'" in r.stdout
 
     r = cli("status", "--json")
     assert not any(p["alive"] for p in json.loads(r.stdout)["processes"])
@@ -76,22 +80,26 @@ def test_up_status_logs_down_json(cli) -> None:
 
 def test_up_needs_yes_when_not_interactive(cli) -> None:
     r = cli("up", "demo.yaml")
-    assert r.exit_code == 2 and "--yes" in r.output
+    assert r.exit_code == 2
+    assert "--yes" in r.output
 
 
 def test_down_without_state(cli) -> None:
     """A name alone says nothing about where the hosts are: the profile does."""
     r = cli("down", "--deployment", "nope")
-    assert r.exit_code == 1 and "give its profile" in str(r.exception)
+    assert r.exit_code == 1
+    assert "give its profile" in str(r.exception)
     r = cli("down", "demo.yaml")  # a profile: its hosts are asked, and hold no record
-    assert r.exit_code == 0 and "Nothing to stop: no host records a process of 'demo'" in r.stdout
+    assert r.exit_code == 0
+    assert "Nothing to stop: no host records a process of 'demo'" in r.stdout
 
 
 def test_one_grammar_logs_and_events(cli) -> None:
     """`kvpd logs DEPLOYMENT PROCESS` and `kvpd status DEPLOYMENT --events`."""
     assert cli("up", "demo.yaml", "--yes", "--json").exit_code == 0
     r = cli("logs", "demo", "proxy", "-n", "5")
-    assert r.exit_code == 0 and "proxy listening on" in r.stdout
+    assert r.exit_code == 0
+    assert "proxy listening on" in r.stdout
     r = cli("logs", "demo", "nope")
     assert "has no process 'nope'" in str(r.exception)
     assert cli("down", "demo").exit_code == 0
@@ -109,12 +117,14 @@ def test_diagnose_a_deployment_with_a_dead_process(cli, tmp_path: Path) -> None:
     LocalTransport().signal_group(kv.pgid, 9, start_ticks=kv.start_ticks)
     r = cli("diagnose", "demo")
     assert r.exit_code == 0, r.output
-    assert "exited" in r.stdout and "healthy" in r.stdout
+    assert "exited" in r.stdout
+    assert "healthy" in r.stdout
     archive = Path(r.stdout.split("Archive:", 1)[1].split()[0])
     with tarfile.open(archive) as tar:
         names = tar.getnames()
         summary = tar.extractfile(next(n for n in names if n.endswith("summary.txt"))).read()
-    assert b"kv on local: exited" in summary and b"proxy on local: healthy" in summary
+    assert b"kv on local: exited" in summary
+    assert b"proxy on local: healthy" in summary
     assert any(n.endswith("hosts/local/facts.txt") for n in names)
     assert cli("down", "demo").exit_code == 0
 
@@ -136,15 +146,18 @@ def test_failed_canary_stops_the_deployment_unless_kept(cli, monkeypatch) -> Non
 
     monkeypatch.setattr(canary, "run", run)
     r = cli("up", "demo.yaml", "--yes")
-    assert r.exit_code == 1 and asked == [True]  # the output check is on by default
+    assert r.exit_code == 1
+    assert asked == [True]
     msg = str(r.exception)
-    assert "the canary through the proxy failed" in msg and "prompt_tokens_by_source" in msg
+    assert "the canary through the proxy failed" in msg
+    assert "prompt_tokens_by_source" in msg
     assert "The deployment was stopped" in msg
     st = json.loads(cli("status", "demo", "--json").stdout)
     assert not any(p["alive"] for p in st["processes"])
 
     r = cli("up", "demo.yaml", "--yes", "--keep-on-failure", "--no-verify-outputs")
-    assert r.exit_code == 1 and "left up (--keep-on-failure)" in str(r.exception)
+    assert r.exit_code == 1
+    assert "left up (--keep-on-failure)" in str(r.exception)
     assert asked == [True, False]
     st = json.loads(cli("status", "demo", "--json").stdout)
     assert all(p["alive"] for p in st["processes"])

@@ -41,7 +41,8 @@ def test_only_the_current_run_counts() -> None:
         "=== kvpd: d/p started 2 ===\nModuleNotFoundError: No module named 'x'\n"
     )
     now = current_run(log)
-    assert now.startswith("=== kvpd: d/p started 2") and "Address" not in now
+    assert now.startswith("=== kvpd: d/p started 2")
+    assert "Address" not in now
     assert "`x` is missing" in likely_cause(now, name="p", host="h")
     assert tail("a\nb\nc\n", 2) == ["b", "c"]
 
@@ -63,10 +64,12 @@ def test_probe_statuses() -> None:
     try:
         assert probe(t, HealthCheck(f"{base}/health")).ok
         bad = probe(t, HealthCheck(f"{base}/other"))
-        assert not bad.ok and bad.detail == "HTTP 503, expected 200"
+        assert not bad.ok
+        assert bad.detail == "HTTP 503, expected 200"
         assert probe(t, HealthCheck(f"{base}/other", expect_status=503)).ok
     finally:
         srv.shutdown()
         srv.server_close()
     refused = probe(t, HealthCheck(f"{base}/health"))
-    assert not refused.ok and refused.detail == "connection refused"
+    assert not refused.ok
+    assert refused.detail == "connection refused"

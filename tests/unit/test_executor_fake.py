@@ -57,7 +57,8 @@ PROCS = [("p00", "h1", 0), ("p10", "h2", 0), ("p01", "h1", 1), ("p11", "h2", 1)]
 def test_up_writes_files_starts_stages_and_down_stops_all(hosts, tmp_path) -> None:
     ex = executor(hosts, tmp_path)
     state = ex.up(plan(PROCS))
-    assert state.status == "up" and [r.name for r in state.processes] == [
+    assert state.status == "up"
+    assert [r.name for r in state.processes] == [
         "p00",
         "p10",
         "p01",
@@ -67,7 +68,8 @@ def test_up_writes_files_starts_stages_and_down_stops_all(hosts, tmp_path) -> No
     assert b"=== kvpd: fk/p00 started" in hosts["h1"].read("run/logs/p00.log")
     assert all(r.status == "healthy" for r in state.processes)
     result = ex.down(state)
-    assert result.clean and all(o.how == "stopped" for o in result.stop.outcomes)
+    assert result.clean
+    assert all(o.how == "stopped" for o in result.stop.outcomes)
     assert all(not f.processes for f in hosts.values())
     assert ex.store.load("fk").status == "down"  # type: ignore[union-attr]
 
@@ -88,7 +90,8 @@ def test_process_exiting_at_once_rolls_back_with_its_log(hosts, tmp_path) -> Non
         ex.up(plan(PROCS))
     msg = str(e.value)
     assert "'p11' on host h2 exited before becoming healthy" in msg
-    assert "Likely cause: port clash" in msg and "| OSError: [Errno 98]" in msg
+    assert "Likely cause: port clash" in msg
+    assert "| OSError: [Errno 98]" in msg
     assert "Everything this run started (4 processes) is stopped." in msg
     assert all(not f.processes for f in hosts.values())
 
@@ -123,7 +126,8 @@ def test_slow_start_shows_still_initialising_with_the_last_log_line(hosts, tmp_p
     with pytest.raises(HealthTimeout, match="within 120s"):
         ex.up(plan(PROCS[:1], health=never))
     init = [d for n, phase, d in rec.events if phase == "initialising"]
-    assert init and init[0] == "limit 120s; log: Allocating host pool 96/128 GiB"
+    assert init
+    assert init[0] == "limit 120s; log: Allocating host pool 96/128 GiB"
     # before 30 s it is plain waiting; the log is read at most every 10 s
     assert rec.events.index(next(e for e in rec.events if e[1] == "initialising")) > 1
     assert len(init) <= 10
@@ -181,18 +185,22 @@ def _versions(sets: list[str], installed: str) -> list[Any]:
 
 def test_versions_preflight_says_which_readiness_check_a_service_gets() -> None:
     (c,) = _versions([], "1.2.1")  # the guide's release and log level
-    assert c.ok and "memcache-hybrid 1.2.1, rendered for 1.2" in c.detail
+    assert c.ok
+    assert "memcache-hybrid 1.2.1, rendered for 1.2" in c.detail
     assert "port 5000 listening while the process lives" in c.detail
     (c,) = _versions(["kv.memcache.log_level=info"], "1.3.0")
-    assert c.ok and "with 'Meta Service launched successfully' in the log" in c.detail
+    assert c.ok
+    assert "with 'Meta Service launched successfully' in the log" in c.detail
     assert 'set kv.memcache.version: "1.3" for HTTP /health' in c.detail
     (c,) = _versions(['kv.memcache.version="1.3"'], "1.3.0")
-    assert c.ok and "ready when GET http://" in c.detail
+    assert c.ok
+    assert "ready when GET http://" in c.detail
 
 
 def test_versions_preflight_fails_a_1_3_config_on_a_1_2_build() -> None:
     (c,) = _versions(['kv.memcache.version="1.3"'], "1.2.1")
-    assert not c.ok and "does not accept ock.mmc.meta_service.metrics_url" in c.detail
+    assert not c.ok
+    assert "does not accept ock.mmc.meta_service.metrics_url" in c.detail
     assert 'kv.memcache.version: "1.2"' in c.fix
 
 
@@ -201,7 +209,8 @@ def test_stubborn_process_is_killed_after_the_grace(hosts, tmp_path) -> None:
     ex = executor(hosts, tmp_path, grace_s=20)
     state = ex.up(plan(PROCS[:1]))
     result = ex.down(state)
-    assert [o.how for o in result.stop.outcomes] == ["killed"] and result.clean
+    assert [o.how for o in result.stop.outcomes] == ["killed"]
+    assert result.clean
 
 
 def test_down_never_signals_a_process_that_reused_the_pid(hosts, tmp_path) -> None:
@@ -218,7 +227,8 @@ def test_unreachable_host_status_and_refusal(hosts, tmp_path) -> None:
     state = ex.up(plan(PROCS[:2]))
     hosts["h2"].unreachable = True
     rows = {r.name: r for r in ex.status(state)}
-    assert rows["p00"].alive is True and rows["p10"].alive is None
+    assert rows["p00"].alive is True
+    assert rows["p10"].alive is None
     assert "host unreachable" in rows["p10"].detail
     with pytest.raises(StateError, match="already running"):  # unknown counts as running
         ex.refuse_if_running("fk", "fk")

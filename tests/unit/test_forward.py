@@ -68,7 +68,9 @@ def test_a_refused_upstream_is_reported_and_the_client_closed() -> None:
     try:
         with pytest.raises(OSError):
             opener.open(f"http://127.0.0.1:{fwd.port}/health", timeout=10)
-        assert errors and "refused" in errors[0] and "Fix:" in errors[0]
+        assert errors
+        assert "refused" in errors[0]
+        assert "Fix:" in errors[0]
     finally:
         fwd.close()
 

@@ -61,4 +61,5 @@ def test_plan_roundtrips_through_json(name: str) -> None:
 def test_plan_is_deterministic() -> None:
     a = load_plan("large-ep", base_dir=BASE_DIR)
     b = load_plan("large-ep", base_dir=BASE_DIR)
-    assert a == b and a.profile_digest == b.profile_digest
+    assert a == b
+    assert a.profile_digest == b.profile_digest

@@ -63,11 +63,14 @@ def test_up_writes_the_record_and_index(started, tmp_path: Path, home: Path) -> 
     path = tmp_path / "run" / RECORD_FILE
     assert path.stat().st_mode & 0o777 == 0o600
     d = _record(tmp_path)
-    assert d["deployment"] == "demo" and d["plan_digest"] == plan.profile_digest
-    assert "@" in d["started_by"] and d["kvpd_version"]
+    assert d["deployment"] == "demo"
+    assert d["plan_digest"] == plan.profile_digest
+    assert "@" in d["started_by"]
+    assert d["kvpd_version"]
     by_name = {p["name"]: p for p in d["processes"]}
     kv = state.record("kv")
-    assert by_name["kv"]["pid"] == kv.pid and by_name["kv"]["start_ticks"] == kv.start_ticks
+    assert by_name["kv"]["pid"] == kv.pid
+    assert by_name["kv"]["start_ticks"] == kv.start_ticks
     assert by_name["kv"]["launch_digest"].startswith("sha256:")
     (index,) = (home / ".kvpd" / "deployments").glob("demo@*")
     assert index.read_text().strip() == str(tmp_path / "run")
@@ -125,8 +128,10 @@ def test_a_tampered_record_kills_nothing(started, tmp_path: Path) -> None:
     (tmp_path / "run" / RECORD_FILE).write_text(json.dumps(d))
     with Deployments(transports={HOST: t}, grace_s=2) as svc:
         result = svc.down("demo", plan=plan)
-    assert result is not None and not result.clean
-    assert result.refused and "pgid: 1" in result.refused[0]
+    assert result is not None
+    assert not result.clean
+    assert result.refused
+    assert "pgid: 1" in result.refused[0]
     assert all(t.alive(r.pid, start_ticks=r.start_ticks) for r in state.processes)
 
 
@@ -140,12 +145,14 @@ def test_wrong_start_time_is_left_alone(started, tmp_path: Path) -> None:
         (tmp_path / "run" / RECORD_FILE).write_text(json.dumps(d))
         cur = read_current(plan, {HOST: t}, None)
         rec = cur.state.record("kv")
-        assert rec is not None and rec.pid == other.pid
+        assert rec is not None
+        assert rec.pid == other.pid
         with Fanout(2) as pool:
             stopper = Stopper({HOST: t}, NullReporter(), pool, grace_s=1,
                               clock=time.monotonic, sleep=lambda s: None)  # fmt: skip
             outcome = stopper.stop([rec]).outcomes[0]
-        assert outcome.how == "not running" and "is another process now" in outcome.detail
+        assert outcome.how == "not running"
+        assert "is another process now" in outcome.detail
         assert other.poll() is None  # alive: nothing was signalled
     finally:
         other.kill()
@@ -167,7 +174,8 @@ def test_a_tampered_cache_is_no_better_than_a_record(started, tmp_path: Path) ->
             raise OSError("host down")
 
     cur = read_current(plan, {HOST: Down()}, cache)  # type: ignore[dict-item]
-    assert cur.unreachable and cur.state.processes == []
+    assert cur.unreachable
+    assert cur.state.processes == []
 
 
 def test_drift_names_the_processes(started, tmp_path: Path) -> None:
@@ -181,7 +189,8 @@ def test_drift_names_the_processes(started, tmp_path: Path) -> None:
     )
     edited = dataclasses.replace(plan, files=files, profile_digest="sha256:edited")
     cur = read_current(edited, {HOST: t}, None)
-    assert cur.drift.processes == ["kv"] and cur.drift.running_digests == ["sha256:test"]
+    assert cur.drift.processes == ["kv"]
+    assert cur.drift.running_digests == ["sha256:test"]
     line = cur.drift.line(edited)
     assert "planned from a different profile (plan sha256:test" in line
     assert "processes launched differently: kv" in line
@@ -192,15 +201,19 @@ def test_down_removes_records_and_a_cache_catches_up(started, tmp_path: Path, ho
     other_store = StateStore(tmp_path / "elsewhere")  # another controller: no cache at all
     with Deployments(other_store, transports={HOST: t}, grace_s=2) as svc:
         st, rows = svc.status("demo", plan=plan)
-        assert [r.name for r in rows] == ["kv", "proxy"] and all(r.alive for r in rows)
+        assert [r.name for r in rows] == ["kv", "proxy"]
+        assert all(r.alive for r in rows)
         assert svc.logs("kv", deployment="demo", plan=plan).text
         result = svc.down("demo", plan=plan)
-    assert result is not None and result.clean
+    assert result is not None
+    assert result.clean
     assert not (tmp_path / "run" / RECORD_FILE).exists()
     assert not list((home / ".kvpd" / "deployments").glob("demo@*"))
     with Deployments(StateStore(tmp_path / "state"), transports={HOST: t}) as svc:
         st, rows = svc.status("demo", plan=plan)  # the first controller's cache
-    assert st.status == "down" and rows and not any(r.alive for r in rows)
+    assert st.status == "down"
+    assert rows
+    assert not any(r.alive for r in rows)
     assert "stopped (no host records it any more)" in rows[0].detail
     assert StateStore(tmp_path / "state").require("demo").status == "down"
 
@@ -211,7 +224,8 @@ def test_conflicts_name_the_deployment_and_owner(started, tmp_path: Path) -> Non
 
     second = dataclasses.replace(plan, deployment="second")
     found = conflicts(second, {HOST: t})
-    assert len(found) == 2 and all("of kvpd deployment 'demo' (started by " in f for f in found)
+    assert len(found) == 2
+    assert all("of kvpd deployment 'demo' (started by " in f for f in found)
     assert any(f"ports {state.record('kv').ports[0]}" in f for f in found)
     assert "the run dir" in found[0]
     with Deployments(transports={HOST: t}) as svc, pytest.raises(StateError) as e:
@@ -223,10 +237,12 @@ def test_conflicts_name_the_deployment_and_owner(started, tmp_path: Path) -> Non
     # The same deployment again: running already; the same name in another run dir (another
     # checkout): in the way through its ports only.
     again = conflicts(plan, {HOST: t})
-    assert len(again) == 2 and all("already (deployment 'demo' (started by" in f for f in again)
+    assert len(again) == 2
+    assert all("already (deployment 'demo' (started by" in f for f in again)
     host = dataclasses.replace(plan.hosts[0], run_dir=str(tmp_path / "other"))
     elsewhere = conflicts(dataclasses.replace(plan, hosts=(host,)), {HOST: t})
-    assert len(elsewhere) == 2 and all(f.startswith("local: ports ") for f in elsewhere)
+    assert len(elsewhere) == 2
+    assert all(f.startswith("local: ports ") for f in elsewhere)
     assert not any("run dir" in f or "already" in f for f in elsewhere)
 
 
@@ -268,7 +284,9 @@ def test_preflight_busy_port_names_the_kvpd_process(started) -> None:
     port = state.record("kv").ports[0]
     detail = busy_detail(t, [port, 1])
     assert detail.startswith(f"in use: [{port}, 1] ({port} by kv of kvpd deployment 'demo'")
-    assert "started by " in detail and "; 1 by" not in detail and "(1 by" not in detail
+    assert "started by " in detail
+    assert "; 1 by" not in detail
+    assert "(1 by" not in detail
 
 
 def test_status_lines_say_drift_refusals_and_stopped(started, tmp_path: Path) -> None:
@@ -280,7 +298,8 @@ def test_status_lines_say_drift_refusals_and_stopped(started, tmp_path: Path) ->
     edited = dataclasses.replace(plan, profile_digest="sha256:new")
     cur = read_current(edited, {HOST: t}, None)
     lines = records_lines(edited, cur.state, cur)
-    assert lines[0].startswith("started by ") and "(plan sha256:test)" in lines[0]
+    assert lines[0].startswith("started by ")
+    assert "(plan sha256:test)" in lines[0]
     assert "drift: what runs was planned from a different profile" in lines[1]
     assert records_json(cur.state, cur)["drift"]["running_plan_digests"] == ["sha256:test"]
     d = _record(tmp_path)
@@ -288,7 +307,8 @@ def test_status_lines_say_drift_refusals_and_stopped(started, tmp_path: Path) ->
     (tmp_path / "run" / RECORD_FILE).write_text(json.dumps(d))
     cur = read_current(plan, {HOST: t}, None)
     lines = records_lines(plan, cur.state, cur)
-    assert lines == [f"refused: {cur.refused[HOST]}"] and cur.state.processes == []
+    assert lines == [f"refused: {cur.refused[HOST]}"]
+    assert cur.state.processes == []
     (tmp_path / "run" / RECORD_FILE).unlink()
     cur = read_current(plan, {HOST: t}, None)
     assert records_lines(plan, cur.state, cur) == [

@@ -80,7 +80,8 @@ def test_the_timed_out_command_identity_names_the_shell_and_its_start_time() -> 
         ["sh", "-c", commands.SELF_IDENTITY + 'echo "$#"'], capture_output=True, text=True
     )
     ident = commands.self_identity(out.stderr.splitlines()[0].encode())
-    assert ident is not None and ident[1] > 0
+    assert ident is not None
+    assert ident[1] > 0
     assert out.stdout.strip() == "0"  # the positional parameters are left empty
     assert commands.self_identity(b"1 5000") is None  # a group number kvpd never signals
     assert commands.self_identity(b"4242") is None  # no start time: nothing is killed
@@ -88,9 +89,13 @@ def test_the_timed_out_command_identity_names_the_shell_and_its_start_time() -> 
 
 def test_supervisor_status_fields_are_checked() -> None:
     sup = Supervised.from_dict({"supervisor_pid": 7, "child_pid": 1, "child_pgid": 1})
-    assert sup.child_pid is None and sup.child_pgid is None and sup.child_start_ticks == 0
+    assert sup.child_pid is None
+    assert sup.child_pgid is None
+    assert sup.child_start_ticks == 0
     odd = Supervised.from_dict({"child_pgid": -1, "child_pid": True, "child_start_ticks": "9"})
-    assert odd.child_pgid is None and odd.child_pid is None and odd.child_start_ticks == 0
+    assert odd.child_pgid is None
+    assert odd.child_pid is None
+    assert odd.child_start_ticks == 0
     assert Supervised.from_dict({"state": "failed"}).state == "failed"
     assert Supervised.from_dict({"state": "<b>evil</b>"}).state == ""  # not a supervisor state
     assert odd.state == ""

@@ -19,8 +19,10 @@ def _hosts(*users: str | None) -> list[HostSpec]:
 def test_hosts_sharing_a_folder_as_different_users_are_named_with_the_fix() -> None:
     need = {f"h{i}": HostRequirements(shared_dirs=("/kv",)) for i in (1, 2, 3)}
     (msg,) = mixed_owners(_hosts("root", "kvpd", "root"), need)
-    assert "/kv" in msg and "h2 as kvpd; h1, h3 as root" in msg, msg
-    assert "Fix: log in as one user" in msg and "ssh.user" in msg, msg
+    assert "/kv" in msg, msg
+    assert "h2 as kvpd; h1, h3 as root" in msg, msg
+    assert "Fix: log in as one user" in msg, msg
+    assert "ssh.user" in msg, msg
 
 
 def test_one_user_unknown_users_and_unshared_folders_pass() -> None:
@@ -43,7 +45,9 @@ def test_the_cpu_rehearsal_refuses_a_decoder_of_another_user_on_its_hand_over_fo
     with pytest.raises(ProfileError) as e:
         load_plan(PROFILE, rehearse="vllm", sets=sets)
     text = str(e.value)
-    assert "different users" in text and "d1" in text and "as kvpd" in text, text
+    assert "different users" in text, text
+    assert "d1" in text, text
+    assert "as kvpd" in text, text
     # the stand-in rehearsal shares no KV folder: mixed users are fine there
     assert load_plan(PROFILE, rehearse="standin", sets=sets)
     assert load_plan(PROFILE, rehearse="vllm", sets=["ssh.user=kvpd"])

@@ -27,7 +27,8 @@ def seen(content: str | None, *, now: int, mtime: int = T0) -> Seen:
 def test_a_record_round_trips_and_every_renewal_changes_its_content() -> None:
     r = LeaseRecord("ab" * 16, ALICE, "up", T0, 60)
     assert lease.parse(r.render()) == r
-    assert r.renewed().render() != r.render() and lease.parse(r.renewed().render()).seq == 1
+    assert r.renewed().render() != r.render()
+    assert lease.parse(r.renewed().render()).seq == 1
 
 
 def _mutated(**change: object) -> str:
@@ -68,7 +69,9 @@ def test_no_lease_file_is_free() -> None:
 
 def test_a_live_lease_is_refused_naming_its_holder_and_since_when() -> None:
     d = decide(seen(record(), now=T0 + 18), BOB, ttl_s=60)
-    assert d.verdict is Verdict.HELD and not d.may_take and d.remaining_s == 42
+    assert d.verdict is Verdict.HELD
+    assert not d.may_take
+    assert d.remaining_s == 42
     msg = lease.held_message("demo", d, "h1:~/.kvpd/leases/demo.json")
     assert msg == (
         "deployment 'demo' is being changed by alice@laptop (kvpd pid 123, up) since 19:30:01 "
@@ -81,7 +84,9 @@ def test_expiry_is_judged_by_the_hosts_clock_from_the_last_write() -> None:
     # Renewed at T0 + 50 (mtime): still live at T0 + 100 though `since` is older than the TTL.
     assert decide(seen(record(), now=T0 + 100, mtime=T0 + 50), BOB, ttl_s=60).remaining_s == 10
     d = decide(seen(record(), now=T0 + 110, mtime=T0 + 50), BOB, ttl_s=60)
-    assert d.verdict is Verdict.EXPIRED and d.may_take and d.record is not None
+    assert d.verdict is Verdict.EXPIRED
+    assert d.may_take
+    assert d.record is not None
 
 
 def test_the_records_own_time_to_live_counts_not_the_callers() -> None:
@@ -91,12 +96,15 @@ def test_the_records_own_time_to_live_counts_not_the_callers() -> None:
 
 def test_an_mtime_in_the_future_buys_no_more_than_the_time_to_live() -> None:
     d = decide(seen(record(ttl_s=60), now=T0, mtime=T0 + 10**6), BOB, ttl_s=60)
-    assert d.verdict is Verdict.HELD and d.remaining_s == 60
+    assert d.verdict is Verdict.HELD
+    assert d.remaining_s == 60
 
 
 def test_an_unreadable_lease_is_held_until_the_callers_time_to_live_passes() -> None:
     d = decide(seen("garbage", now=T0 + 5), BOB, ttl_s=30)
-    assert d.verdict is Verdict.HELD and d.record is None and d.remaining_s == 25
+    assert d.verdict is Verdict.HELD
+    assert d.record is None
+    assert d.remaining_s == 25
     assert "a lease kvpd cannot read (not JSON)" in lease.held_message("demo", d, "h1:x")
     assert decide(seen("garbage", now=T0 + 30), BOB, ttl_s=30).verdict is Verdict.EXPIRED
     # the caller's TTL is clamped to kvpd's bounds
@@ -138,4 +146,5 @@ def test_the_holder_line_names_user_host_pid_operation_and_time() -> None:
 
 def test_own_names_are_cut_to_what_a_record_allows() -> None:
     assert lease.word("Alice Smith's laptop") == "Alice_Smith_s_laptop"
-    assert lease.word("") == "_" and len(lease.word("x" * 100)) == 64
+    assert lease.word("") == "_"
+    assert len(lease.word("x" * 100)) == 64

@@ -45,16 +45,20 @@ def test_take_renew_release_on_a_real_host(home: Path) -> None:
     held = lease_host.take(host, "up", ttl_s=30)
     path = home / ".kvpd" / "leases" / "demo.json"
     rec = json.loads(path.read_text())
-    assert rec["operation"] == "up" and rec["holder"]["pid"] == os.getpid()
-    assert rec["holder"]["start_ticks"] > 0 and rec["ttl_s"] == 30
+    assert rec["operation"] == "up"
+    assert rec["holder"]["pid"] == os.getpid()
+    assert rec["holder"]["start_ticks"] > 0
+    assert rec["ttl_s"] == 30
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
     assert oct((path.parent / ".lock").stat().st_mode & 0o777) == "0o600"
     with pytest.raises(LeaseHeld, match=r"being changed by .* \(kvpd pid \d+, up\) since"):
         lease_host.take(host, "down", ttl_s=30, holder=OTHER)
     renewer = lease_host.Renewer(held)
-    assert renewer.renew() and json.loads(path.read_text())["seq"] == 1
-    assert renewer.release() == "" and not path.exists()
+    assert renewer.renew()
+    assert json.loads(path.read_text())["seq"] == 1
+    assert renewer.release() == ""
+    assert not path.exists()
 
 
 def test_release_leaves_a_lease_that_is_no_longer_ours(home: Path) -> None:
@@ -62,7 +66,8 @@ def test_release_leaves_a_lease_that_is_no_longer_ours(home: Path) -> None:
     renewer = lease_host.Renewer(lease_host.take(host, "up", ttl_s=30))
     seen = host.read()
     broken = lease_host.take(host, "down", ttl_s=30, holder=OTHER, take_over=seen.target)
-    assert broken.decision.verdict is Verdict.BROKEN and broken.replaced is not None
+    assert broken.decision.verdict is Verdict.BROKEN
+    assert broken.replaced is not None
     assert not renewer.renew()
     why = renewer.release()
     assert "taken over; it is now held by bob@desk (kvpd pid 456, down)" in why, why
@@ -105,7 +110,8 @@ def test_a_lease_kvpd_cannot_read_is_refused_then_expires(home: Path) -> None:
     old = path.stat().st_mtime - 31
     os.utime(path, (old, old))
     held = lease_host.take(host, "up", ttl_s=30)
-    assert held.decision.verdict is Verdict.EXPIRED and held.replaced is None
+    assert held.decision.verdict is Verdict.EXPIRED
+    assert held.replaced is None
 
 
 def test_a_lease_of_a_process_gone_from_this_machine_is_taken_at_once(home: Path) -> None:
@@ -130,7 +136,8 @@ def test_a_lease_not_renewed_expires_by_the_hosts_clock() -> None:
         lease_host.take(host, "down", ttl_s=10)
     clock[0] += 1
     held = lease_host.take(host, "down", ttl_s=10)
-    assert held.decision.verdict is Verdict.EXPIRED and held.replaced is not None
+    assert held.decision.verdict is Verdict.EXPIRED
+    assert held.replaced is not None
     assert held.replaced.holder == OTHER
     assert fake.ran[0][:3] == ("sh", "-c", LEASE_SH)
 
@@ -156,7 +163,8 @@ def test_an_unreachable_lease_host_refuses_the_change_unless_the_user_goes_on() 
             pass
         msg = str(e.value)
         assert "cannot take the lease of deployment 'demo' on its lease host h1" in msg
-        assert "(the first of its hosts by name)" in msg and "--break-lease" in msg
+        assert "(the first of its hosts by name)" in msg
+        assert "--break-lease" in msg
         with svc.lease(p, "up", take_over=UNLEASED) as held:
             assert held is None
         with pytest.raises(LeaseHostError):
@@ -187,13 +195,15 @@ def test_a_second_service_is_refused_and_the_first_holds_one_lease_through_nesti
     p = plan("h1")
     with Deployments(transports={"h1": fake}) as a, Deployments(transports={"h1": fake}) as b:
         with a.lease(p, "up") as held, a.lease(p, "restart") as again:
-            assert held is not None and again is held
+            assert held is not None
+            assert again is held
             with pytest.raises(LeaseHeld) as e:
                 b.up(p)  # the verb itself takes the lease before anything runs
             assert f"(kvpd pid {os.getpid()}, up)" in str(e.value)
             assert all(argv[2] == LEASE_SH for argv in fake.ran)
             seen, d = b.peek_lease(p)
-            assert d.verdict is Verdict.HELD and seen.target == held.record.token
+            assert d.verdict is Verdict.HELD
+            assert seen.target == held.record.token
         assert fake.files == {}  # released
 
 
@@ -206,7 +216,8 @@ def test_a_lease_taken_over_meanwhile_fails_the_change_after_it_ran() -> None:
                 host = HostLease(fake, "demo")
                 lease_host.take(host, "down", ttl_s=60, holder=OTHER, take_over=host.read().target)
         assert "bob" in fake.files[fake.resolve("~/.kvpd/leases/demo.json")].decode()
-        assert issubclass(LeaseLost, StateError) and issubclass(LeaseHostError, TransportError)
+        assert issubclass(LeaseLost, StateError)
+        assert issubclass(LeaseHostError, TransportError)
 
 
 def test_down_without_a_record_takes_no_lease(tmp_path: Path) -> None:

@@ -31,7 +31,8 @@ def test_run_put_read(tmp_path: Path) -> None:
     assert t.run(["sleep", "5"], timeout_s=0.2).exit_code == 124
     t.put("a/b/c.sh", b"echo hi\n", mode=0o700)
     p = tmp_path / "a/b/c.sh"
-    assert p.read_bytes() == b"echo hi\n" and (p.stat().st_mode & 0o777) == 0o700
+    assert p.read_bytes() == b"echo hi\n"
+    assert (p.stat().st_mode & 0o777) == 0o700
     assert t.read("a/b/c.sh") == b"echo hi\n"
     assert [x.name for x in p.parent.iterdir()] == ["c.sh"]  # no temp file left behind
     with pytest.raises(FileNotFoundError):
@@ -49,12 +50,15 @@ def test_start_detached_survives_and_logs(tmp_path: Path) -> None:
         env={"X": "1"},
     )
     try:
-        assert s.pid == s.pgid and s.start_ticks == read_stat(s.pid).start_ticks  # type: ignore[union-attr]
+        assert s.pid == s.pgid
+        assert s.start_ticks == read_stat(s.pid).start_ticks
         assert os.getsid(s.pid) == s.pid  # its own session
         assert wait_for(lambda: not t.alive(s.pid))  # exited and reaped by kvpd: no zombie
         assert not Path(f"/proc/{s.pid}").exists() or read_stat(s.pid).pgid != s.pid  # type: ignore[union-attr]
         text = (tmp_path / "log.txt").read_text()
-        assert text.startswith("old line\n") and "out 1" in text and "err" in text
+        assert text.startswith("old line\n")
+        assert "out 1" in text
+        assert "err" in text
         assert "stdin closed" in text
     finally:
         try:
@@ -106,7 +110,8 @@ def test_group_outlives_leader() -> None:
     try:
         assert wait_for(lambda: not t.alive(s.pid))
         members = t.group_alive(s.pgid)
-        assert len(members) == 1 and members[0] != s.pid
+        assert len(members) == 1
+        assert members[0] != s.pid
         # Leader gone: signalled only if members are in our session and not older than it.
         assert not t.signal_group(s.pgid, signal.SIGTERM, start_ticks=s.start_ticks + 10**9)
         assert t.group_alive(s.pgid) == members

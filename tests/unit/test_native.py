@@ -89,7 +89,9 @@ def test_semantics_by_hand() -> None:
     assert (cur, mt[0][:2], ms[0][:2], mc) == ([[3, 1, 0]], [13, 14], [3, 0], [2])
     # stable prefix 11: resident 11, 13 and 14 are invalidated and reloaded.
     cur, mt, ms, mc = ref.plan(0, [[11, 13, 13]], [7], [11])
-    assert mc == [2] and cur[0][1] == cur[0][2] and mt[0][:2] == [11, 13]
+    assert mc == [2]
+    assert cur[0][1] == cur[0][2]
+    assert mt[0][:2] == [11, 13]
     # A new request id resets the row.
     assert ref.plan(0, [[11, 50, -1]], [8], [100])[0] == [[0, 1, -1]]
 
@@ -100,7 +102,9 @@ def test_repeated_token_gets_one_slot(impl) -> None:
     topk = np.array([[5, 5, -1, 9, 5, 64]], dtype=np.int32)
     cur, mt, ms, mc = p.plan(0, topk, np.array([1], np.int64), np.array([64], np.int32))
     assert cur.tolist() == [[0, 0, -1, 1, 0, -1]]
-    assert mc.tolist() == [2] and mt[0, :2].tolist() == [5, 9] and ms[0, :2].tolist() == [0, 1]
+    assert mc.tolist() == [2]
+    assert mt[0, :2].tolist() == [5, 9]
+    assert ms[0, :2].tolist() == [0, 1]
     assert mt[0, 2:].tolist() == [-1] * 4
 
 
@@ -287,4 +291,5 @@ def test_kvpd_native_0_forces_fallback() -> None:
     env = {**os.environ, "KVPD_NATIVE": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[0] == "numpy" and "KVPD_NATIVE=0" in out.stdout
+    assert out.stdout.split()[0] == "numpy"
+    assert "KVPD_NATIVE=0" in out.stdout

@@ -138,7 +138,8 @@ def test_drop_in_equivalence_with_vllm_ascend_under_emulation(
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["mismatches"] == [], result
-    assert result["chosen"] == "neon" and {"neon", "baseline"} <= set(result["isas"]), result
+    assert result["chosen"] == "neon", result
+    assert {"neon", "baseline"} <= set(result["isas"]), result
     assert result["runs"] == len(ue.CASES) * 2 * len(result["isas"])
 
 
@@ -148,7 +149,8 @@ def test_missing_toolchain_says_how_to_install(
     monkeypatch.setenv("PATH", str(tmp_path))
     why = cross_build.find_toolchain("aarch64", sysroot=tmp_path)
     assert isinstance(why, str)
-    assert "aarch64-linux-gnu-g++" in why and "install-aarch64.sh" in why
+    assert "aarch64-linux-gnu-g++" in why
+    assert "install-aarch64.sh" in why
 
 
 def test_cross_built_wheel_runs_on_aarch64(tmp_path: Path) -> None:
@@ -163,7 +165,8 @@ def test_cross_built_wheel_runs_on_aarch64(tmp_path: Path) -> None:
     res = cross_build.build_wheel(chain, tmp_path / "src", tmp_path / "out")
     path = Path(str(res["wheel"]))
     assert path.name == "kvpd-0.1.0-cp311-cp311-linux_aarch64.whl"
-    assert res["native"] is True and "cross-built on the controller" in str(res["why"])
+    assert res["native"] is True
+    assert "cross-built on the controller" in str(res["why"])
     with zipfile.ZipFile(path) as z:
         names = z.namelist()
         z.extractall(tmp_path / "site")

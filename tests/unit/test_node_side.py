@@ -94,8 +94,10 @@ def run(python: str, modules: list[str]) -> dict[str, str]:
 
 def test_node_side_modules_are_found() -> None:
     mods = node_modules()
-    assert "kvpd.connectors.store" in mods and "kvpd.proxy.app" in mods
-    assert "kvpd.native" in mods and "kvpd.exec.bundle.node" in mods
+    assert "kvpd.connectors.store" in mods
+    assert "kvpd.proxy.app" in mods
+    assert "kvpd.native" in mods
+    assert "kvpd.exec.bundle.node" in mods
 
 
 def test_node_side_imports_only_stdlib_numpy_and_the_engine() -> None:

@@ -30,9 +30,12 @@ def test_one_uid_passes_two_uids_fail_with_who_and_the_fix() -> None:
     uids = {"p1": "0", "d1": "1500", "d2": "0", "x": "7"}
     with Fanout(4) as fan:
         (check,) = owner_checks(plan, lambda h: _Uid(uids[h]), sorted(uids), fan)  # type: ignore[arg-type,return-value]
-        assert not check.ok and check.name == "one user for /kv", check
+        assert not check.ok, check
+        assert check.name == "one user for /kv", check
         assert "d2, p1 as uid 0; d1 as uid 1500" in check.detail, check.detail
         assert "same uid" in check.fix, check.fix
         uids["d1"] = "0"
         (check,) = owner_checks(plan, lambda h: _Uid(uids[h]), sorted(uids), fan)  # type: ignore[arg-type,return-value]
-        assert check.ok and "uid 0" in check.detail and not check.fix, check
+        assert check.ok, check
+        assert "uid 0" in check.detail, check
+        assert not check.fix, check

@@ -109,4 +109,5 @@ def test_native_info_reports_the_fallback(installed: Path, empty: Path) -> None:
     r = _run([str(installed), "native", "info"], empty)
     assert r.returncode == 0, r.stderr
     assert "numpy" in r.stdout
-    assert "why NumPy" in r.stdout and "To build the native core" in r.stdout, r.stdout
+    assert "why NumPy" in r.stdout, r.stdout
+    assert "To build the native core" in r.stdout, r.stdout

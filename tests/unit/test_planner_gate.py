@@ -66,7 +66,8 @@ def test_unknown_manager_means_upstream_planner_and_needs_the_compiler(tmp_path:
     got = _checks(_plan(_host_python(tmp_path, with_clang=False), "kvpd"))
     assert "vLLM-Ascend's own, JIT-built" in got["sparse planner"]
     assert "unknown vLLM-Ascend manager version" in got["sparse planner"]
-    assert got["clang + omp.h"].startswith("FAIL ") and "apt-get install" in got["clang + omp.h"]
+    assert got["clang + omp.h"].startswith("FAIL ")
+    assert "apt-get install" in got["clang + omp.h"]
 
 
 def test_unknown_manager_with_a_compiler_passes(tmp_path: Path) -> None:

@@ -45,13 +45,18 @@ def test_checks_report_each_requirement(tmp_path: Path) -> None:
         checks = run_checks(plan(tmp_path, port), lambda h: LocalTransport())
     got = {c.name: c for c in checks}
     assert got["reachable"].ok
-    assert got["package pytest"].ok and not got["package kvpd-no-such-package"].ok
+    assert got["package pytest"].ok
+    assert not got["package kvpd-no-such-package"].ok
     assert f"python {sys.executable}" in got["package kvpd-no-such-package"].detail
     assert not got["python next to `kvpd-no-such-command`"].ok
-    assert got["command sh"].ok and not got["command kvpd-no-such-command"].ok
-    assert got[f"path {tmp_path}"].ok and not got[f"path {tmp_path / 'missing-model'}"].ok
-    assert not got["ports free"].ok and str(port) in got["ports free"].detail
-    assert "memory" not in got and "NPUs visible" not in got  # not required
+    assert got["command sh"].ok
+    assert not got["command kvpd-no-such-command"].ok
+    assert got[f"path {tmp_path}"].ok
+    assert not got[f"path {tmp_path / 'missing-model'}"].ok
+    assert not got["ports free"].ok
+    assert str(port) in got["ports free"].detail
+    assert "memory" not in got
+    assert "NPUs visible" not in got
 
 
 def test_service_up_refuses_on_failed_checks_and_names_them(tmp_path: Path) -> None:
@@ -59,7 +64,8 @@ def test_service_up_refuses_on_failed_checks_and_names_them(tmp_path: Path) -> N
         with pytest.raises(PreflightFailed) as e:
             svc.up(plan(tmp_path, 1, npu=True), profile="pf")
     msg = str(e.value)
-    assert "nothing was started" in msg and "here: command kvpd-no-such-command: not found" in msg
+    assert "nothing was started" in msg
+    assert "here: command kvpd-no-such-command: not found" in msg
     assert "NPUs visible" in msg
     assert not any(c.ok for c in e.value.checks if c.name == "NPUs visible")
     assert StateStore(tmp_path / "s").load("pf") is None

@@ -51,7 +51,8 @@ def test_up_and_down_write_only_the_private_home(private_home: Path, tmp_path: P
             assert [p.parent.name for p in mine] == ["leases", "deployments"], mine
             assert _ours(REAL_HOME, name) == []
         result = svc.down(name)
-        assert result is not None and result.clean
+        assert result is not None
+        assert result.clean
     finally:
         svc.close()
     assert _ours(REAL_HOME, name) == []

@@ -14,9 +14,11 @@ def st(pid: int, pgid: int = 100, *, sid: int = 100, ticks: int = TICKS, state: 
 
 
 def test_alive_needs_the_same_start_time_and_no_zombie() -> None:
-    assert is_alive(st(100), TICKS) and is_alive(st(100))
+    assert is_alive(st(100), TICKS)
+    assert is_alive(st(100))
     assert not is_alive(st(100, ticks=TICKS + 1), TICKS)  # the PID was reused
-    assert not is_alive(st(100, state="Z")) and not is_alive(None)
+    assert not is_alive(st(100, state="Z"))
+    assert not is_alive(None)
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,8 @@ def test_admin_refuses_anyone_without_the_token() -> None:
     async def t(c: Cluster) -> None:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
             r = await c.call("GET", "/admin/backends", headers=headers)
-            assert r.status == 403 and "admin token" in r.json()["error"]["message"]
+            assert r.status == 403
+            assert "admin token" in r.json()["error"]["message"]
             r = await c.call("POST", "/admin/drain", {"backend": "decode-0"}, headers=headers)
             assert r.status == 403
         assert not c.app.decoders.backends[0].draining
@@ -57,10 +58,13 @@ def test_drain_waits_for_in_flight_requests_and_admit_takes_the_backend_back() -
             assert (await c.call("POST", "/v1/completions", COMPLETION)).status == 200
         assert busy.requests == served
         r = await drain
-        assert r.status == 200 and r.json()["drained"] is True and r.json()["inflight"] == 0
+        assert r.status == 200
+        assert r.json()["drained"] is True
+        assert r.json()["inflight"] == 0
         assert (await first).complete
         r = await c.call("POST", "/admin/admit", {"backend": busy.name}, headers=AUTH)
-        assert r.status == 200 and r.json()["draining"] is False
+        assert r.status == 200
+        assert r.json()["draining"] is False
         for _ in range(4):
             assert (await c.call("POST", "/v1/completions", COMPLETION)).status == 200
         assert busy.requests > served
@@ -80,16 +84,20 @@ def test_drain_is_bounded_and_names_are_checked() -> None:
             await asyncio.sleep(0.005)
         drain = {"backend": "decode-0", "timeout": 0.2}
         r = await c.call("POST", "/admin/drain", drain, headers=AUTH)
-        assert r.status == 200 and r.json()["drained"] is False and r.json()["inflight"] == 1
+        assert r.status == 200
+        assert r.json()["drained"] is False
+        assert r.json()["inflight"] == 1
         r = await c.call("POST", "/admin/drain", {"backend": "decode-9"}, headers=AUTH)
-        assert r.status == 404 and "decode-0" in r.json()["error"]["message"]
+        assert r.status == 404
+        assert "decode-0" in r.json()["error"]["message"]
         assert (await c.call("POST", "/admin/drain", {"nope": 1}, headers=AUTH)).status == 400
         for timeout in (-1, 10**400, [1], "x"):
             bad = {"backend": "decode-0", "timeout": timeout}
             assert (await c.call("POST", "/admin/drain", bad, headers=AUTH)).status == 400
         by_address = {"backend": f"127.0.0.1:{c.d[0].port}"}
         r = await c.call("POST", "/admin/admit", by_address, headers=AUTH)
-        assert r.status == 200 and r.json()["backend"] == "decode-0"  # address works too
+        assert r.status == 200
+        assert r.json()["backend"] == "decode-0"
         stuck.cancel()
 
     run_cluster(t, admin_token=TOKEN)
@@ -112,9 +120,12 @@ def test_nothing_else_reveals_backend_addresses_or_secrets() -> None:
             texts.append(json.dumps(r.headers) + r.body.decode())
         text = "\n".join(texts)
         for b in c.p + c.d:
-            assert f":{b.port}" not in text and f"{b.port}," not in text
+            assert f":{b.port}" not in text
+            assert f"{b.port}," not in text
         assert "decode-1" in text  # the public names are there instead
-        assert TOKEN not in text and "sk-secret" not in text and CLIENT_KEY not in text
+        assert TOKEN not in text
+        assert "sk-secret" not in text
+        assert CLIENT_KEY not in text
 
     run_cluster(t, n_decode=2, admin_token=TOKEN, api_key="sk-secret", client_key=CLIENT_KEY,
                 health_interval=0.05)  # fmt: skip
@@ -127,8 +138,12 @@ def test_admin_token_from_a_private_file_or_the_environment(tmp_path: Path) -> N
     f.chmod(0o600)
     env = {"OPENAI_API_KEY": "sk-x", CLIENT_KEY_ENV: CLIENT_KEY}
     cfg = parse_args(["--admin-token-file", str(f)], environ=env)
-    assert cfg.admin_token == TOKEN and cfg.api_key == "sk-x" and cfg.client_key == CLIENT_KEY
-    assert TOKEN not in repr(cfg) and "sk-x" not in repr(cfg) and CLIENT_KEY not in repr(cfg)
+    assert cfg.admin_token == TOKEN
+    assert cfg.api_key == "sk-x"
+    assert cfg.client_key == CLIENT_KEY
+    assert TOKEN not in repr(cfg)
+    assert "sk-x" not in repr(cfg)
+    assert CLIENT_KEY not in repr(cfg)
     assert parse_args([], environ={ADMIN_TOKEN_ENV: TOKEN}).admin_token == TOKEN
     assert parse_args([], environ={}).admin_token == ""
 
@@ -147,8 +162,11 @@ def test_admin_token_from_a_private_file_or_the_environment(tmp_path: Path) -> N
 
 def test_every_option_has_one_default_and_is_checked() -> None:
     cfg = parse_args([], environ={})
-    assert cfg.port == 8000 and cfg.prefillers == (("127.0.0.1", 8001),)
-    assert cfg.read_timeout == 300.0 and cfg.breaker_failures == 3 and cfg.max_connections == 8192
+    assert cfg.port == 8000
+    assert cfg.prefillers == (("127.0.0.1", 8001),)
+    assert cfg.read_timeout == 300.0
+    assert cfg.breaker_failures == 3
+    assert cfg.max_connections == 8192
     assert parse_args(["--log-level", "debug"], environ={}).log_level == "DEBUG"
     for flag, value in (("--client-timeout", "0"), ("--max-connections", "0"),
                         ("--breaker-failures", "0"), ("--drain-timeout", "-1")):  # fmt: skip

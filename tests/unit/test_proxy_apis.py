@@ -46,13 +46,16 @@ def test_generation_apis_run_the_prefill_first_flow(
 ) -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("POST", path, body)
-        assert r.status == 200 and r.complete
+        assert r.status == 200
+        assert r.complete
         (p_path, p_headers, p_body), (d_path, d_headers, d_body) = _legs(c)
         assert p_path == d_path == path
-        assert p_body[limit] == 1 and p_body["stream"] is False
+        assert p_body[limit] == 1
+        assert p_body["stream"] is False
         assert p_body["kv_transfer_params"] == PREFILL_KV
         if limit == "max_output_tokens":  # Responses API: no chat-style field, never stored
-            assert "max_tokens" not in p_body and p_body["store"] is False
+            assert "max_tokens" not in p_body
+            assert p_body["store"] is False
         assert d_body == dict(body, kv_transfer_params=d_body["kv_transfer_params"])
         assert d_body["kv_transfer_params"]["do_remote_prefill"] is True
         assert p_headers[b"x-request-id"] == d_headers[b"x-request-id"]
@@ -66,8 +69,10 @@ def test_generation_apis_run_the_prefill_first_flow(
 def test_responses_streaming_relays_the_decoders_events() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("POST", "/v1/responses", RESPONSES)
-        assert r.status == 200 and r.headers["content-type"].startswith("text/event-stream")
-        assert r.events()[-1] == "[DONE]" and len(r.events()) == 5
+        assert r.status == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.events()[-1] == "[DONE]"
+        assert len(r.events()) == 5
 
     run_cluster(t)
 
@@ -92,10 +97,12 @@ def test_other_apis_pass_to_a_healthy_engine(method: str, path: str) -> None:
 def test_pass_through_relays_engine_errors_and_falls_back_to_prefillers() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("POST", "/tokenize", {"model": "fake", "prompt": ""})
-        assert r.status == 400 and r.json()["error"]["type"] == "BadRequestError"
+        assert r.status == 400
+        assert r.json()["error"]["type"] == "BadRequestError"
         c.app.decoders.backends[0].draining = True
         r = await c.call("GET", "/version")
-        assert r.status == 200 and r.json()["role"] == "prefill"
+        assert r.status == 200
+        assert r.json()["role"] == "prefill"
 
     run_cluster(t)
 
@@ -103,7 +110,8 @@ def test_pass_through_relays_engine_errors_and_falls_back_to_prefillers() -> Non
 def test_pass_through_refuses_a_bad_body() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("POST", "/tokenize", [1, 2])
-        assert r.status == 400 and "object" in r.json()["error"]["message"]
+        assert r.status == 400
+        assert "object" in r.json()["error"]["message"]
         assert not c.d[0].requests
 
     run_cluster(t)
@@ -120,10 +128,12 @@ def test_the_clients_request_id_header_reaches_both_engines_with_trace_context()
         r = await c.call(
             "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2}, headers=headers
         )
-        assert r.status == 200 and r.headers["x-request-id"] == "my-id-1"
+        assert r.status == 200
+        assert r.headers["x-request-id"] == "my-id-1"
         for _, h, _ in _legs(c):
             assert h[b"x-request-id"] == b"my-id-1"
-            assert h[b"traceparent"] == TRACE.encode() and h[b"tracestate"] == b"a=1"
+            assert h[b"traceparent"] == TRACE.encode()
+            assert h[b"tracestate"] == b"a=1"
             assert b"x-other" not in h
 
     run_cluster(t)
@@ -135,7 +145,8 @@ def test_the_body_request_id_is_sent_as_the_header() -> None:
         r = await c.call("POST", "/v1/chat/completions", body)
         assert r.status == 200
         for _, h, b in _legs(c):
-            assert h[b"x-request-id"] == b"body-id" and b["request_id"] == "body-id"
+            assert h[b"x-request-id"] == b"body-id"
+            assert b["request_id"] == "body-id"
 
     run_cluster(t)
 
@@ -148,7 +159,8 @@ def test_an_id_that_cannot_be_a_header_gets_the_proxys_own(
         r = await c.call("POST", "/v1/completions", body)
         assert r.status == 200
         for _, h, _ in _legs(c):
-            assert len(h[b"x-request-id"]) == 32 and b"x-evil" not in h
+            assert len(h[b"x-request-id"]) == 32
+            assert b"x-evil" not in h
         rid = r.headers["x-request-id"]
         assert f"is served as {rid} (not a header value)" in caplog.text
 
@@ -161,11 +173,13 @@ def test_layerwise_serves_the_generation_apis(path: str) -> None:
     async def t(c: Cluster) -> None:
         body = RESPONSES if path == "/v1/responses" else MESSAGES
         r = await c.call("POST", path, body, headers={"X-Request-Id": "lw-1"})
-        assert r.status == 200 and r.complete
+        assert r.status == 200
+        assert r.complete
         assert c.d[0].metaserver_answers == [200]
         (_, _, p_body), (_, _, d_body) = _legs(c)
         limit = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
-        assert p_body[limit] == 1 and d_body[limit] == 8
+        assert p_body[limit] == 1
+        assert d_body[limit] == 8
         if path == "/v1/responses":
             assert d_body["request_id"] == "resp_lw-1"
 
@@ -182,7 +196,8 @@ def test_layerwise_gives_a_second_request_with_an_id_in_flight_its_own() -> None
         )  # fmt: skip
         assert [r.status for r in replies] == [200, 200]
         ids = sorted(h[b"x-request-id"] for _, h, _ in c.d[0].requests)
-        assert ids[1] == b"same" and len(ids[0]) == 32
+        assert ids[1] == b"same"
+        assert len(ids[0]) == 32
 
     run_cluster(t, flow="layerwise")
 
@@ -199,7 +214,8 @@ def test_clients_see_the_prefills_cache_hits_as_cached_tokens(stream: bool, flow
         c.d[0].cached_tokens = 288  # the decoder counts the KV it received
         body = {"prompt": "x", "max_tokens": 4, "stream": stream}
         r = await c.call("POST", "/v1/completions", body)
-        assert r.status == 200 and r.complete
+        assert r.status == 200
+        assert r.complete
         usage = json.loads(r.events()[-2])["usage"] if stream else r.json()["usage"]
         assert usage["prompt_tokens_details"] == {"cached_tokens": 32}
         assert c.metric("kvpd_proxy_kv_handoff_tokens_total") == 256
@@ -210,7 +226,8 @@ def test_clients_see_the_prefills_cache_hits_as_cached_tokens(stream: bool, flow
 def test_cached_tokens_without_details_stay_absent() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("POST", "/v1/completions", {"prompt": "x"})
-        assert r.status == 200 and "prompt_tokens_details" not in r.json()["usage"]
+        assert r.status == 200
+        assert "prompt_tokens_details" not in r.json()["usage"]
         assert c.metric("kvpd_proxy_kv_handoff_tokens_total") == 0
 
     run_cluster(t)
@@ -245,7 +262,8 @@ def test_a_request_the_decoder_will_refuse_gets_no_prefill(
         body = {"model": "stand-in", "prompt": "x", "messages": [], "input": "x", **change}
         c.d[0].fail_status = 400  # as vLLM answers it
         r = await c.call("POST", route, body)
-        assert r.status == 400 and r.json()["error"]["message"] == "stand-in decode failure"
+        assert r.status == 400
+        assert r.json()["error"]["message"] == "stand-in decode failure"
         assert not c.p[0].requests
         ((_, _, d_body),) = c.d[0].requests
         assert d_body == body  # as sent, no KV parameters
@@ -263,7 +281,8 @@ def test_a_request_that_may_be_valid_gets_its_prefill(change: dict[str, Any]) ->
         await c.app.limits.refresh()
         body = {"model": "stand-in", "prompt": "x", **change}
         r = await c.call("POST", "/v1/completions", body)
-        assert r.status == 200 and len(c.p[0].requests) == 1
+        assert r.status == 200
+        assert len(c.p[0].requests) == 1
 
     run_cluster(t)
 
@@ -274,6 +293,7 @@ def test_without_a_known_length_nothing_is_decided_by_length() -> None:
         c.app.limits.pools = []
         c.app.limits.max_model_len = {}
         r = await c.call("POST", "/v1/completions", {"prompt": "x", "max_tokens": 100000})
-        assert r.status == 200 and len(c.p[0].requests) == 1
+        assert r.status == 200
+        assert len(c.p[0].requests) == 1
 
     run_cluster(t)

@@ -23,12 +23,15 @@ def head_and_body(reply: bytes) -> tuple[str, dict[str, str], bytes]:
 def test_errors_have_vllms_fields_and_405_says_allow() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("GET", "/v1/completions")
-        assert r.status == 405 and r.headers["allow"] == "POST"
+        assert r.status == 405
+        assert r.headers["allow"] == "POST"
         assert list(r.json()["error"]) == ["message", "type", "param", "code"]
         r = await c.call("DELETE", "/ping")
-        assert r.status == 405 and r.headers["allow"] == "GET, POST"
+        assert r.status == 405
+        assert r.headers["allow"] == "GET, POST"
         r = await c.call("POST", "/v1/completions", [1])
-        assert r.status == 400 and r.json()["error"]["param"] is None
+        assert r.status == 400
+        assert r.json()["error"]["param"] is None
 
     run_cluster(t)
 
@@ -38,7 +41,8 @@ def test_a_trailing_slash_redirects_to_the_served_path() -> None:
         reply = await raw(c.port, b"POST /v1/completions/?a=1 HTTP/1.1\r\nHost: px:8000\r\n"
                                   b"Content-Length: 0\r\nConnection: close\r\n\r\n")  # fmt: skip
         status, headers, body = head_and_body(reply)
-        assert status.startswith("HTTP/1.1 307") and body == b""
+        assert status.startswith("HTTP/1.1 307")
+        assert body == b""
         assert headers["location"] == "http://px:8000/v1/completions?a=1"
         r = await c.call("GET", "/nowhere/")
         assert r.status == 404
@@ -63,7 +67,8 @@ def test_a_body_that_is_not_json_is_refused_as_vllm_does(path: str, ctype: bytes
         )
         error = {"message": message, "type": "Bad Request", "param": None, "code": 400}
         assert json.loads(body) == {"error": error}
-        assert not c.p[0].requests and not c.d[0].requests
+        assert not c.p[0].requests
+        assert not c.d[0].requests
 
     run_cluster(t)
 
@@ -75,7 +80,8 @@ def test_a_cors_preflight_gets_vllms_default_answer_before_the_client_gate() -> 
                           b"Access-Control-Request-Headers: authorization\r\n"
                           b"Connection: close\r\n\r\n")  # fmt: skip
         status, headers, body = head_and_body(reply)
-        assert status.startswith("HTTP/1.1 400") and body == b"Disallowed CORS origin"
+        assert status.startswith("HTTP/1.1 400")
+        assert body == b"Disallowed CORS origin"
         assert headers["access-control-max-age"] == "600"
         assert headers["access-control-allow-headers"] == "authorization"
         assert "access-control-allow-origin" not in headers
@@ -102,7 +108,8 @@ def test_the_only_decoder_keeps_its_circuit_closed_on_5xx_answers() -> None:
             r = await c.call("POST", "/v1/completions", {"prompt": "x"})
             assert r.status == 502  # the decoder's failure, never 503 "no usable decoder"
         backend = c.app.decoders.backends[0]
-        assert backend.circuit == "closed" and backend.errors >= 5
+        assert backend.circuit == "closed"
+        assert backend.errors >= 5
         c.d[0].fail_status = None
         assert (await c.call("POST", "/v1/completions", {"prompt": "x"})).status == 200
 

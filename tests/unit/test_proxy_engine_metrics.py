@@ -42,7 +42,8 @@ def test_the_engines_metrics_are_aggregated_under_their_names() -> None:
         _serve_metrics(c.p[0], VLLM_TEXT % (1, 300))
         _serve_metrics(c.d[0], VLLM_TEXT % (2, 0))
         r = await c.call("GET", "/metrics/engines")
-        assert r.status == 200 and r.headers["content-type"].startswith("text/plain")
+        assert r.status == 200
+        assert r.headers["content-type"].startswith("text/plain")
         lines = r.body.decode().splitlines()
         assert lines.count("# TYPE vllm:num_requests_running gauge") == 1
         assert ('vllm:num_requests_running{role="prefill",backend="prefill-0",engine="0",'
@@ -85,4 +86,6 @@ def test_engine_text_is_checked_line_by_line() -> None:
     assert 'a_total{role="decode",backend="d0",exported_role="x",k="v"} 3' in text
     assert 'b{role="decode",backend="d0"} 1 1700000000000' in text
     assert 'd{role="decode",backend="d0"} NaN' in text
-    assert "<script>" not in text and "unclosed" not in text and "just a comment" not in text
+    assert "<script>" not in text
+    assert "unclosed" not in text
+    assert "just a comment" not in text

@@ -42,6 +42,23 @@ async def stop_process(proc: asyncio.subprocess.Process) -> None:
     await proc.wait()
 
 
+def _three_broken_three_whole(replies: list[Reply], victim_port: int) -> None:
+    """The killed decoder's three streams end with an error event, never [DONE], naming no
+    backend address; the other decoder's three end whole."""
+    broken = [r for r in replies if not r.complete]
+    whole = [r for r in replies if r.complete]
+    assert len(broken) == 3
+    assert len(whole) == 3
+    for r in broken:
+        assert r.status == 200
+        assert "[DONE]" not in r.events()
+        last = json.loads(r.events()[-1])
+        assert last["error"]["type"] == "stream_broken"
+        assert str(victim_port) not in r.body.decode()  # no backend address in errors
+    for r in whole:
+        assert r.events()[-1] == "[DONE]"
+
+
 def test_decoder_sigkilled_mid_stream() -> None:
     """Its streams end at once with an SSE error event and a close (never [DONE]); new requests
     go to the other decoder; nothing hangs; the restarted decoder is taken back."""
@@ -77,22 +94,14 @@ def test_decoder_sigkilled_mid_stream() -> None:
                 replies.append(await s)
                 assert loop.time() - killed_at < cfg.read_timeout  # none hangs
             # (a stream still running here ends within its 2 s of events)
-            broken = [r for r in replies if not r.complete]
-            whole = [r for r in replies if r.complete]
-            assert len(broken) == 3 and len(whole) == 3
-            for r in broken:
-                assert r.status == 200 and "[DONE]" not in r.events()
-                last = json.loads(r.events()[-1])
-                assert last["error"]["type"] == "stream_broken"
-                assert str(v_port) not in r.body.decode()  # no backend address in errors
-            for r in whole:
-                assert r.events()[-1] == "[DONE]"
+            _three_broken_three_whole(replies, v_port)
 
             # New requests: the dead decoder refuses connections; they go to the other one.
             short = dict(body, max_tokens=2)
             again = [call(app.port, "POST", "/v1/completions", short) for _ in range(4)]
             for r in await asyncio.gather(*again):
-                assert r.status == 200 and r.complete
+                assert r.status == 200
+                assert r.complete
             assert dead.healthy is False
 
             # Restarted on the same port: taken back (health check, then a probe request).
@@ -102,8 +111,10 @@ def test_decoder_sigkilled_mid_stream() -> None:
             before = dead.requests
             again = [call(app.port, "POST", "/v1/completions", short) for _ in range(4)]
             for r in await asyncio.gather(*again):
-                assert r.status == 200 and r.complete
-            assert dead.requests > before and dead.circuit == "closed"
+                assert r.status == 200
+                assert r.complete
+            assert dead.requests > before
+            assert dead.circuit == "closed"
         finally:
             await app.stop()
             await prefiller.stop()
@@ -123,7 +134,8 @@ def test_prefiller_5xx_is_retried_on_another_prefiller_never_decoded_without_kv(
         c.p[0].fail_status = 503
         for _ in range(4):
             r = await c.call("POST", "/v1/completions", COMPLETION)
-            assert r.status == 200 and r.complete
+            assert r.status == 200
+            assert r.complete
         kvs = _decode_kv(c)
         assert len(kvs) == 4
         assert all(kv and kv["remote_engine_id"] == f"fake-{c.p[1].port}" for kv in kvs)
@@ -142,9 +154,12 @@ def test_prefiller_killed_mid_request_is_retried_before_anything_is_sent() -> No
         survivor.hang = False
         await victim.stop()  # the process dies: its connections reset
         r = await pending
-        assert r.status == 200 and r.complete and r.events()[-1] == "[DONE]"
+        assert r.status == 200
+        assert r.complete
+        assert r.events()[-1] == "[DONE]"
         kvs = _decode_kv(c)
-        assert len(kvs) == 1 and kvs[0]["remote_engine_id"] == f"fake-{survivor.port}"
+        assert len(kvs) == 1
+        assert kvs[0]["remote_engine_id"] == f"fake-{survivor.port}"
 
     run_cluster(t, n_prefill=2)
 
@@ -154,7 +169,8 @@ def test_every_prefiller_failing_never_reaches_a_decoder() -> None:
         for p in c.p:
             p.fail_status = 500
         r = await c.call("POST", "/v1/completions", COMPLETION)
-        assert r.status == 502 and c.d[0].requests == []
+        assert r.status == 502
+        assert c.d[0].requests == []
 
     run_cluster(t, n_prefill=2)
 
@@ -172,7 +188,8 @@ def test_hung_decoder_opens_the_circuit_then_half_open_probe_closes_it() -> None
             assert loop.time() - started < 5  # bounded by the 0.3 s first-byte timeout
             results.append(r.status)
         assert results.count(504) == 2  # two timeouts on decode-0 open its circuit
-        assert results.count(200) == 4 and sick.circuit == "open"
+        assert results.count(200) == 4
+        assert sick.circuit == "open"
         open_ = 'kvpd_proxy_backend_transitions_total{role="decode",backend="decode-0",to="open"}'
         assert c.metric(open_) == 1
         state = 'kvpd_proxy_backend_circuit{role="decode",backend="decode-0",state="open"}'
@@ -204,14 +221,16 @@ def test_crawling_backend_is_bounded_by_the_read_timeout() -> None:
         started = loop.time()
         r = await c.call("POST", "/v1/completions", COMPLETION)
         assert loop.time() - started < 5
-        assert r.status == 504 and r.json()["error"]["type"] == "decode_timeout"
+        assert r.status == 504
+        assert r.json()["error"]["type"] == "decode_timeout"
 
         c.d[0].trickle_s = 0.0
         c.p[0].trickle_s = 60.0
         started = loop.time()
         r = await c.call("POST", "/v1/completions", COMPLETION)
         assert loop.time() - started < 5
-        assert r.status == 502 and r.json()["error"]["type"] == "prefill_timeout"
+        assert r.status == 502
+        assert r.json()["error"]["type"] == "prefill_timeout"
 
     run_cluster(t, read_timeout=0.3, prefill_timeout=0.3)
 
@@ -278,12 +297,14 @@ def test_client_that_stops_reading_is_bounded_and_others_are_unaffected() -> Non
             if slow is not None:
                 break
             await asyncio.sleep(0.01)
-        assert slow is not None and slow.transport is not None  # backpressure reached it
+        assert slow is not None
+        assert slow.transport is not None
         for _ in range(5):  # others are served meanwhile
             other = dict(COMPLETION, max_tokens=4)
             c.d[0].chunks = 4
             r = await c.call("POST", "/v1/completions", other)
-            assert r.status == 200 and r.complete
+            assert r.status == 200
+            assert r.complete
         # The proxy holds at most its write-buffer high-water mark for the stalled client.
         assert slow.transport.get_write_buffer_size() <= 1 << 20
         # After the client timeout the stalled client is dropped, and its decoder stream too.

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.timeout(30)
 def test_prefill_first_streaming_completion_forwards_kv_params() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("POST", "/v1/completions", COMPLETION)
-        assert r.status == 200 and r.complete
+        assert r.status == 200
+        assert r.complete
         assert r.headers["content-type"].startswith("text/event-stream")
         assert r.events() == [*(json.dumps(
             {"id": "cmpl-fake", "object": "text_completion",
@@ -34,8 +35,10 @@ def test_prefill_first_streaming_completion_forwards_kv_params() -> None:
 
         ((p_path, p_headers, p_body),) = c.p[0].requests
         assert p_path == "/v1/completions"
-        assert p_body["max_tokens"] == 1 and p_body["stream"] is False
-        assert "stream_options" not in p_body and "min_tokens" not in p_body
+        assert p_body["max_tokens"] == 1
+        assert p_body["stream"] is False
+        assert "stream_options" not in p_body
+        assert "min_tokens" not in p_body
         assert p_body["kv_transfer_params"] == PREFILL_KV
         assert p_body["prompt"] == COMPLETION["prompt"]
 
@@ -62,11 +65,13 @@ def test_prefill_first_streaming_completion_forwards_kv_params() -> None:
 def test_prefill_first_chat_non_streaming() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("POST", "/v1/chat/completions", CHAT)
-        assert r.status == 200 and r.complete
+        assert r.status == 200
+        assert r.complete
         assert r.json()["choices"][0]["message"]["content"] == "t0t1t2t3"
         ((p_path, _, p_body),) = c.p[0].requests
         assert p_path == "/v1/chat/completions"
-        assert p_body["max_completion_tokens"] == 1 and p_body["max_tokens"] == 1
+        assert p_body["max_completion_tokens"] == 1
+        assert p_body["max_tokens"] == 1
         ((d_path, _, d_body),) = c.d[0].requests
         assert d_path == "/v1/chat/completions"
         assert d_body["max_completion_tokens"] == 8
@@ -142,9 +147,8 @@ def test_failed_prefill_is_502_and_never_decoded() -> None:
         assert r.status == 502
         err = r.json()["error"]
         assert err["type"] == "prefill_error"
-        assert (
-            "prefill failed" in err["message"] and "prefill-0 answered HTTP 500" in err["message"]
-        )
+        assert "prefill failed" in err["message"]
+        assert "prefill-0 answered HTTP 500" in err["message"]
         assert str(c.p[0].port) not in err["message"]  # no backend address reaches clients
         assert "HTTP 500" in err["message"]
         assert c.d[0].requests == []  # no silent decode-only fallback
@@ -179,7 +183,8 @@ def test_prefill_client_error_is_passed_through() -> None:
         r = await c.call("POST", "/v1/completions", COMPLETION)
         assert r.status == 400
         assert r.json()["error"]["message"] == "stand-in prefill failure"
-        assert len(c.p[0].requests) == 1 and c.d[0].requests == []
+        assert len(c.p[0].requests) == 1
+        assert c.d[0].requests == []
 
     run_cluster(t)
 
@@ -223,7 +228,8 @@ def test_dead_decoder_gives_a_quick_clear_error() -> None:
         assert r.status == 502
         err = r.json()["error"]
         assert err["type"] == "decode_error"
-        assert "decode failed" in err["message"] and "decode-0" in err["message"]
+        assert "decode failed" in err["message"]
+        assert "decode-0" in err["message"]
         assert c.metric('kvpd_proxy_failures_total{kind="decode_error"}') == 1
 
     run_cluster(t)
@@ -266,7 +272,8 @@ def test_head_at_once_and_a_late_first_chunk_is_not_cut_by_the_read_timeout(flow
         c.d[0].first_chunk_after_s = 0.8
         for _ in range(3):  # three in a row would open the circuit if they failed
             r = await c.call("POST", "/v1/completions", COMPLETION)
-            assert r.status == 200 and r.complete, r.body
+            assert r.status == 200, r.body
+            assert r.complete, r.body
             assert r.events()[-1] == "[DONE]"
         assert c.metric('kvpd_proxy_failures_total{kind="decode_timeout"}') == 0
 
@@ -302,7 +309,8 @@ def test_decoder_5xx_is_retried_on_another_decoder() -> None:
         c.d[1].fail_status = None
         for _ in range(3):
             r = await c.call("POST", "/v1/completions", COMPLETION)
-            assert r.status == 200 and r.complete
+            assert r.status == 200
+            assert r.complete
         assert len(c.d[1].requests) == 3
 
     run_cluster(t, n_decode=2)
@@ -321,7 +329,8 @@ def test_decoder_dying_mid_stream_breaks_the_client_connection() -> None:
         killer = asyncio.ensure_future(kill_soon())
         r = await c.call("POST", "/v1/completions", COMPLETION)
         await killer
-        assert r.status == 200 and not r.complete  # truncated, never a clean end
+        assert r.status == 200
+        assert not r.complete
         assert c.metric('kvpd_proxy_failures_total{kind="stream_truncated"}') == 1
 
     run_cluster(t)
@@ -404,14 +413,16 @@ def test_health_checks_remove_and_restore_backends() -> None:
         assert c.app.decoders.backends[0].healthy is False
         for _ in range(4):
             assert (await c.call("POST", "/v1/completions", COMPLETION)).status == 200
-        assert sick.requests == [] and len(c.d[1].requests) == 4
+        assert sick.requests == []
+        assert len(c.d[1].requests) == 4
         assert c.metric('kvpd_proxy_backend_healthy{role="decode",backend="decode-0"}') == 0
 
         c.d[1].healthy = False
         await c.app.health.wait_round()
         assert (await c.call("GET", "/health")).status == 503
         r = await c.call("POST", "/v1/completions", COMPLETION)
-        assert r.status == 503 and r.json()["error"]["type"] == "no_decoder"
+        assert r.status == 503
+        assert r.json()["error"]["type"] == "no_decoder"
 
         sick.healthy = True
         c.d[1].healthy = True
@@ -427,15 +438,18 @@ def test_health_checks_remove_and_restore_backends() -> None:
 def test_health_endpoints_and_models() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("GET", "/health")
-        assert r.status == 200 and r.json() == {"status": "ok"}
+        assert r.status == 200
+        assert r.json() == {"status": "ok"}
         hc = (await c.call("GET", "/healthcheck")).json()
-        assert hc["status"] == "ok" and hc["flow"] == "prefill-first"
+        assert hc["status"] == "ok"
+        assert hc["flow"] == "prefill-first"
         assert [i["healthy"] for i in hc["prefill_instances"] + hc["decode_instances"]] == [
             True,
             True,
         ]
         models = await c.call("GET", "/v1/models")
-        assert models.status == 200 and models.json()["data"][0]["owned_by"] == "decode"
+        assert models.status == 200
+        assert models.json()["data"][0]["owned_by"] == "decode"
         assert (await c.call("GET", "/nope")).status == 404
         assert (await c.call("GET", "/v1/completions")).status == 405
         # the engines' prefix caches are the admin interface's (it fans out to every engine)
@@ -455,7 +469,8 @@ def test_metrics_counters() -> None:
         c.p[0].fail_status = 500
         await c.call("POST", "/v1/completions", COMPLETION)
         r = await c.call("GET", "/metrics")
-        assert r.status == 200 and r.headers["content-type"].startswith("text/plain")
+        assert r.status == 200
+        assert r.headers["content-type"].startswith("text/plain")
         text = r.body.decode()
         assert 'kvpd_proxy_requests_total{route="completions"} 4' in text
         assert 'kvpd_proxy_requests_total{route="chat_completions"} 1' in text
@@ -463,7 +478,8 @@ def test_metrics_counters() -> None:
         assert 'kvpd_proxy_failures_total{kind="prefill_error"} 1' in text
         assert 'kvpd_proxy_responses_total{status="502"} 1' in text
         assert 'kvpd_proxy_backend_inflight{role="decode",backend="decode-0"} 0' in text
-        assert str(c.d[0].port) not in text and str(c.p[0].port) not in text
+        assert str(c.d[0].port) not in text
+        assert str(c.p[0].port) not in text
         assert "kvpd_proxy_request_seconds_count 5" in text
         assert 'kvpd_proxy_first_byte_seconds_bucket{le="+Inf"} 4' in text
 
@@ -474,7 +490,9 @@ def test_metrics_counters() -> None:
 def test_layerwise_streaming_dispatches_prefill_from_metaserver() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("POST", "/v1/completions", COMPLETION)
-        assert r.status == 200 and r.complete and r.events()[-1] == "[DONE]"
+        assert r.status == 200
+        assert r.complete
+        assert r.events()[-1] == "[DONE]"
         ((_, d_headers, d_body),) = c.d[0].requests
         rid = d_headers[b"x-request-id"].decode()
         assert d_body["kv_transfer_params"] == {
@@ -482,13 +500,18 @@ def test_layerwise_streaming_dispatches_prefill_from_metaserver() -> None:
             "do_remote_prefill": True,
             "metaserver": f"http://127.0.0.1:{c.port}/v1/metaserver?token={token(d_body)}",
         }
-        assert d_body["stream"] is True and d_body["max_tokens"] == 8
+        assert d_body["stream"] is True
+        assert d_body["max_tokens"] == 8
         ((_, p_headers, p_body),) = c.p[0].requests
-        assert p_body["max_tokens"] == 1 and p_body["stream"] is False
-        assert "min_tokens" not in p_body and "stream_options" not in p_body
+        assert p_body["max_tokens"] == 1
+        assert p_body["stream"] is False
+        assert "min_tokens" not in p_body
+        assert "stream_options" not in p_body
         kv = p_body["kv_transfer_params"]
-        assert kv["request_id"] == f"cmpl-{rid}-0" and kv["do_remote_decode"] is True
-        assert kv["remote_port"] == c.d[0].port and kv["remote_cached_tokens"] == 0
+        assert kv["request_id"] == f"cmpl-{rid}-0"
+        assert kv["do_remote_decode"] is True
+        assert kv["remote_port"] == c.d[0].port
+        assert kv["remote_cached_tokens"] == 0
         assert p_headers[b"x-request-id"].decode() == rid
         assert c.d[0].metaserver_answers == [200]
         assert c.metric("kvpd_proxy_disaggregated_requests_total") == 1
@@ -501,7 +524,8 @@ def test_layerwise_chat_non_streaming_with_internal_ids() -> None:
     async def t(c: Cluster) -> None:
         c.d[0].internal_ids = True  # the decoder reports vLLM's suffixed internal ids
         r = await c.call("POST", "/v1/chat/completions", CHAT)
-        assert r.status == 200 and r.json()["object"] == "chat.completion"
+        assert r.status == 200
+        assert r.json()["object"] == "chat.completion"
         rid = c.d[0].requests[0][1][b"x-request-id"].decode()
         assert c.p[0].requests[0][2]["kv_transfer_params"]["request_id"] == (
             f"chatcmpl-{rid}-0a1b2c3d"
@@ -571,7 +595,8 @@ def test_chunked_request_body_and_expect_continue() -> None:
         writer.write(b"%x\r\n%s\r\n" % (half, body[:half]))
         writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body) - half, body[half:]))
         raw = await reader.read()
-        assert raw.startswith(b"HTTP/1.1 200 OK") and b"t0t1t2t3" in raw
+        assert raw.startswith(b"HTTP/1.1 200 OK")
+        assert b"t0t1t2t3" in raw
         assert c.d[0].requests[0][2]["prompt"] == COMPLETION["prompt"]
 
     run_cluster(t)
@@ -595,10 +620,12 @@ def test_mixed_flow_balances_over_engines_without_prefill() -> None:
     async def t(c: Cluster) -> None:
         for _ in range(4):
             r = await c.call("POST", "/v1/completions", COMPLETION)
-            assert r.status == 200 and r.complete
+            assert r.status == 200
+            assert r.complete
         assert [len(b.requests) for b in c.d] == [2, 2]
         ((_, _, body), *_) = c.d[0].requests
-        assert "kv_transfer_params" not in body and body["max_tokens"] == 8  # untouched
+        assert "kv_transfer_params" not in body
+        assert body["max_tokens"] == 8
         assert (await c.call("GET", "/health")).status == 200
 
     run_cluster(t, n_prefill=0, n_decode=2, flow="mixed")
@@ -621,7 +648,8 @@ def test_mixed_flow_cli_needs_no_prefillers() -> None:
             "9001",
         ]
     )
-    assert cfg.prefillers == () and len(cfg.decoders) == 2
+    assert cfg.prefillers == ()
+    assert len(cfg.decoders) == 2
 
 
 # --- shutdown (SIGTERM: `kvpd down`, `kvpd restart proxy`) ------------------------------------
@@ -657,7 +685,8 @@ def test_shutdown_answers_what_was_accepted_and_refuses_the_rest() -> None:
             assert raw.startswith(b"HTTP/1.1 200"), raw[:200]
             assert raw.endswith(b"0\r\n\r\n") or b"content-length" in raw.lower()
         r = await in_flight
-        assert r.status == 200 and r.complete
+        assert r.status == 200
+        assert r.complete
         await asyncio.wait_for(stopping, 10)
         assert c.app.state.connections == set()
 

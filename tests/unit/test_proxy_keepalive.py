@@ -76,9 +76,11 @@ def test_an_http10_client_gets_a_stream_unchunked_and_then_the_close() -> None:
         writer.write(request("1.0", "/v1/completions", body, "keep-alive"))
         raw = await asyncio.wait_for(reader.read(), 5)  # the server closes: the body's end
         head, _, payload = raw.partition(b"\r\n\r\n")
-        assert b"transfer-encoding" not in head.lower() and b"connection: close" in head
+        assert b"transfer-encoding" not in head.lower()
+        assert b"connection: close" in head
         events = [e for e in payload.split(b"\n\n") if e]
-        assert events[-1] == b"data: [DONE]" and len(events) == 5
+        assert events[-1] == b"data: [DONE]"
+        assert len(events) == 5
         assert all(e.startswith(b"data: ") for e in events)
         writer.close()
 
@@ -96,7 +98,8 @@ def test_http10_expect_gets_no_interim_response() -> None:
         await asyncio.sleep(0.2)
         writer.write(data)
         raw = await asyncio.wait_for(reader.read(), 5)
-        assert raw.startswith(b"HTTP/1.1 200") and b"100 Continue" not in raw
+        assert raw.startswith(b"HTTP/1.1 200")
+        assert b"100 Continue" not in raw
         writer.close()
 
     run_cluster(t)

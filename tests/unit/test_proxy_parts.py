@@ -33,7 +33,8 @@ def test_vllm_ascend_style_flags() -> None:
     )  # fmt: skip
     assert cfg.prefillers == (("10.0.0.1", 8001), ("10.0.0.2", 8002))
     assert cfg.decoders == (("10.0.0.3", 8003),)
-    assert cfg.max_retries == 1 and cfg.flow == "layerwise"
+    assert cfg.max_retries == 1
+    assert cfg.flow == "layerwise"
     assert cfg.metaserver == "http://10.0.0.5:9000/v1/metaserver"
 
 
@@ -70,20 +71,23 @@ def test_chunked_reader_across_every_split() -> None:
             reader = ChunkedReader(collect=True)
             used = sum(reader.feed(piece) for piece in
                        (wire[:cut], wire[cut:second_cut], wire[second_cut:] + b"NEXT"))  # fmt: skip
-            assert reader.done and reader.body() == b"".join(payloads)
+            assert reader.done
+            assert reader.body() == b"".join(payloads)
             assert used == len(wire)  # the bytes of the next message are not taken
 
 
 def test_chunked_reader_trailers_and_errors() -> None:
     reader = ChunkedReader()
-    assert reader.feed(b"3;ext=1\r\nabc\r\n0\r\nX-T: 1\r\n\r\n") == 27 and reader.done
+    assert reader.feed(b"3;ext=1\r\nabc\r\n0\r\nX-T: 1\r\n\r\n") == 27
+    assert reader.done
     with pytest.raises(HttpParseError):
         ChunkedReader().feed(b"zz\r\n")
 
 
 def test_parse_response_head() -> None:
     status, headers = parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Type: x\r\nA:  b ")
-    assert status == 200 and headers == {b"content-type": b"x", b"a": b"b"}
+    assert status == 200
+    assert headers == {b"content-type": b"x", b"a": b"b"}
     assert parse_response_head(b"HTTP/1.0 404 Not Found")[1][b"connection"] == b"close"
     with pytest.raises(HttpParseError):
         parse_response_head(b"garbage")
@@ -213,7 +217,9 @@ def test_cli_reports_bad_flags_without_traceback() -> None:
         )  # fmt: skip
     finally:
         busy.close()
-    assert r.returncode == 2 and "cannot listen on" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2
+    assert "cannot listen on" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_prefill_and_first_byte_waits_may_be_unlimited_but_not_negative() -> None:

@@ -31,7 +31,8 @@ def test_keys_chain_whole_chunks_of_the_text() -> None:
     one = keys({"prompt": shared + "b" * 32 + "tail"})
     two = keys({"prompt": shared + "c" * 32})
     assert len(one) == 4  # the partial last chunk ("tail") is not a key
-    assert one[:3] == two[:3] and one[3] != two[3]
+    assert one[:3] == two[:3]
+    assert one[3] != two[3]
     # a key stands for the whole prefix: the same chunk after a different start differs
     assert keys({"prompt": "x" * 16 + shared})[1:3] != one[1:3]
     assert keys({"prompt": "short"}) == []
@@ -42,9 +43,12 @@ def test_keys_chain_whole_chunks_of_the_text() -> None:
 def test_keys_are_hashed_only_as_far_as_they_are_read() -> None:
     text = "".join(chr(65 + i % 50) for i in range(4000))
     lazy = prefix_keys({"prompt": text}, BLOCK)
-    assert len(lazy) == 6 + (4000 - 224) // 128 and lazy._keys == []  # nothing hashed yet
-    assert lazy[2] == keys({"prompt": text})[2] and len(lazy._keys) == 3
-    assert lazy.first(5) == keys({"prompt": text})[:5] and list(lazy) == keys({"prompt": text})
+    assert len(lazy) == 6 + (4000 - 224) // 128
+    assert lazy._keys == []
+    assert lazy[2] == keys({"prompt": text})[2]
+    assert len(lazy._keys) == 3
+    assert lazy.first(5) == keys({"prompt": text})[:5]
+    assert list(lazy) == keys({"prompt": text})
     assert lazy[-1] == list(lazy)[-1]
     with pytest.raises(IndexError):
         lazy[len(lazy)]
@@ -52,13 +56,15 @@ def test_keys_are_hashed_only_as_far_as_they_are_read() -> None:
 
 def test_keys_of_token_ids_chat_and_batches() -> None:
     ids = keys({"prompt": list(range(10))})  # chunks of 4 and 4 ids
-    assert len(ids) == 2 and ids == keys({"prompt": list(range(8)) + [99]})
+    assert len(ids) == 2
+    assert ids == keys({"prompt": list(range(8)) + [99]})
     first = keys({"prompt": ["p" * 40, "q" * 40]})
     assert first == keys({"prompt": "p" * 40})
     system = {"role": "system", "content": "s" * 90}
     turn1 = keys({"messages": [system, {"role": "user", "content": "u" * 99}]})
     turn2 = keys({"messages": [system, {"role": "user", "content": "v" * 99}]})
-    assert turn1[:3] == turn2[:3] and turn1[4:] != turn2[4:]
+    assert turn1[:3] == turn2[:3]
+    assert turn1[4:] != turn2[4:]
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "s" * 64}]}]}
     assert keys(parts) == keys({"messages": [{"role": "user", "content": "s" * 64}]})
     for odd in ({"prompt": 5}, {"messages": "hi"}, {"prompt": [1, "x"]}, {}):
@@ -71,12 +77,14 @@ def test_keys_of_anthropic_messages_and_responses_inputs() -> None:
     two = {"system": [{"type": "text", "text": system}], "messages": [{"role": "user",
            "content": [{"type": "text", "text": "b" * 80}]}]}  # fmt: skip
     k1, k2 = keys(one), keys(two)
-    assert k1[:4] == k2[:4] and k1[4:] != k2[4:]  # the system prompt comes first: shared
+    assert k1[:4] == k2[:4]
+    assert k1[4:] != k2[4:]
     other = keys({"system": "x" * 116, "messages": one["messages"]})
     assert other[0] != k1[0]
     said = {"input": "c" * 64}
     items = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "c" * 64}]}]}
-    assert len(keys(said)) == 3 and len(keys(items)) == 3
+    assert len(keys(said)) == 3
+    assert len(keys(items)) == 3
     assert keys({"input": 7}) == []
 
 
@@ -104,9 +112,12 @@ def test_a_prompt_is_indexed_grow_chunks_deeper_each_time() -> None:
     assert index.match(prompt) == GROW == 2
     assert index.tokens == 22  # the deepest chunk stands for the rest of the prompt
     index.insert(prompt)
-    assert index.match(prompt) == 4 and index.tokens == 22  # its own chunk again, no double
+    assert index.match(prompt) == 4
+    assert index.tokens == 22
     index.insert(prompt[:3])  # a shorter one, fully held: nothing new
-    assert index.tokens == 22 and index.uses(10) == 3 and index.uses(12) == 2
+    assert index.tokens == 22
+    assert index.uses(10) == 3
+    assert index.uses(12) == 2
     assert index.uses(13) == 1
     lazy = prefix_keys({"prompt": "z" * 4000}, BLOCK)
     index.insert(lazy)  # a new prompt of 34 chunks costs GROW hashes
@@ -120,12 +131,19 @@ def test_index_is_bounded_in_tokens_and_evicts_the_least_recently_used() -> None
     index.insert((1, 2))  # used again: now the newest
     index.insert((5, 6))  # evicts 3 and 4, the oldest
     assert (len(index), index.tokens) == (4, 4)
-    assert index.match((1, 2)) == 2 and index.match((3, 4)) == 0 and index.match((5, 6)) == 2
-    assert index.uses(1) == 2 and index.uses(5) == 1 and index.uses(3) == 0
+    assert index.match((1, 2)) == 2
+    assert index.match((3, 4)) == 0
+    assert index.match((5, 6)) == 2
+    assert index.uses(1) == 2
+    assert index.uses(5) == 1
+    assert index.uses(3) == 0
     index.insert((7, 8, 9))  # 1 + 1 + 2 tokens (8 stands for 9 too): all that fits
-    assert index.tokens == 4 and index.match((7, 8, 9)) == 2 and index.match((5,)) == 0
+    assert index.tokens == 4
+    assert index.match((7, 8, 9)) == 2
+    assert index.match((5,)) == 0
     index.insert(tuple(range(10, 15)))  # 1+1+2+2+4 tokens, more than the capacity
-    assert index.tokens <= 4 and index.match((7,)) == 0
+    assert index.tokens <= 4
+    assert index.match((7,)) == 0
     index.clear()
     assert (len(index), index.tokens) == (0, 0)
     with pytest.raises(ValueError, match="capacity"):
@@ -138,7 +156,9 @@ def test_continuations_are_evicted_before_their_prefix() -> None:
     index.insert((1, 2, 3))  # 4 tokens
     index.insert((1, 2, 4))  # shares 1 and 2: 2 more tokens, the index is full
     index.insert((9,))  # one more: the oldest continuation goes (3), never its prefix
-    assert index.match((1, 2, 3)) == 2 and index.match((1, 2, 4)) == 3 and index.match((9,)) == 1
+    assert index.match((1, 2, 3)) == 2
+    assert index.match((1, 2, 4)) == 3
+    assert index.match((9,)) == 1
     assert (index.tokens, len(index)) == (5, 4)
 
 
@@ -146,7 +166,8 @@ def test_a_key_already_held_out_of_order_is_counted_once() -> None:
     index = PrefixIndex(100, 1)
     index.insert((1, 2))
     index.insert((5, 2))  # 2 is held (a collision, as far as the index can tell): not twice
-    assert index.tokens == 1 + 1 + 1 and len(index) == 3
+    assert index.tokens == 1 + 1 + 1
+    assert len(index) == 3
 
 
 # --- the policy --------------------------------------------------------------------------------
@@ -168,13 +189,15 @@ def test_longest_match_wins_and_is_remembered() -> None:
     assert first is not None
     # the same prompt, and one that extends it, go where it went (though it is not the
     # next in the round-robin of equal loads)
-    assert pool.pick((), (1, 2, 3)) is first and pool.pick((), (1, 2, 3, 4)) is first
+    assert pool.pick((), (1, 2, 3)) is first
+    assert pool.pick((), (1, 2, 3, 4)) is first
     other = pool.pick((), (7, 8))  # no match anywhere: the least loaded
     for _ in range(3):  # indexed 2, then 4, then all 5 chunks deep
         cache.indexes[c.name].insert((1, 2, 3, 4, 5))
     assert pool.pick((), (1, 2, 3, 4, 5, 6)) is c  # longer match beats the earlier holder
     assert cache.decisions == {"prefix_match": 3, "no_match": 2, "balance_override": 0}
-    assert other is not None and cache.indexes[other.name].match((7, 8)) == 2
+    assert other is not None
+    assert cache.indexes[other.name].match((7, 8)) == 2
     assert pool.pick() in (a, b, c)  # no keys: by load, the index untouched
 
 
@@ -254,7 +277,8 @@ def test_excluded_backends_are_not_matched() -> None:
 
 # --- options -----------------------------------------------------------------------------------
 def test_routing_options() -> None:
-    assert ProxyConfig().routing == "cache-aware" and not ProxyConfig().decode_affinity
+    assert ProxyConfig().routing == "cache-aware"
+    assert not ProxyConfig().decode_affinity
     cfg = parse_args(["--routing", "least-loaded", "--balance-rel", "2", "--decode-affinity"])
     assert (cfg.routing, cfg.balance_rel, cfg.decode_affinity) == ("least-loaded", 2.0, True)
     with pytest.raises(ProxyConfigError, match="--routing must be one of cache-aware"):
@@ -357,6 +381,7 @@ def test_decode_affinity_returns_a_conversations_turns_to_its_decoder() -> None:
             assert (await c.call("POST", "/v1/chat/completions", body)).status == 200
         for d in c.d:  # each decoder got one conversation, both of its turns
             contents = [body["messages"][0]["content"] for _, _, body in d.requests]
-            assert len(contents) == 2 and contents[0] == contents[1]
+            assert len(contents) == 2
+            assert contents[0] == contents[1]
 
     run_cluster(t, n_prefill=1, n_decode=2, decode_affinity=True)

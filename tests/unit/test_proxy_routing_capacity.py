@@ -108,9 +108,12 @@ def test_the_learner_sizes_each_index_from_its_engine() -> None:
         cache.indexes[a.name].insert(tuple(range(40)))  # 40 chunks: the 500 tokens are full
         learner = CapacityLearner([pool], b"")
         assert not await learner.refresh()  # both answered (b junk): none pending
-        assert cache.indexes[a.name].capacity == 1024 * 32 and cache.sources[a.name] == "engine"
-        assert cache.indexes[b.name].capacity == 500 and cache.sources[b.name] == "configured"
-        assert not await learner.refresh() and [e.asked for e in engines] == [1, 1]
+        assert cache.indexes[a.name].capacity == 1024 * 32
+        assert cache.sources[a.name] == "engine"
+        assert cache.indexes[b.name].capacity == 500
+        assert cache.sources[b.name] == "configured"
+        assert not await learner.refresh()
+        assert [e.asked for e in engines] == [1, 1]
         engines[1].body = VLLM.replace(b'num_gpu_blocks="1024"', b'num_gpu_blocks="2"')
         learner.learned.clear()  # what REFRESH_S later does
         assert not await learner.refresh()
@@ -121,7 +124,8 @@ def test_the_learner_sizes_each_index_from_its_engine() -> None:
         pool.mark_up(a)
         assert not await learner.refresh()
         index = cache.indexes[a.name]
-        assert index.capacity == 32 and index.tokens <= 32  # shrunk at once
+        assert index.capacity == 32
+        assert index.tokens <= 32
         engines[1].server.close()
         await engines[1].server.wait_closed()
         pool.mark_down(b, "refused")

@@ -59,7 +59,8 @@ def test_every_profiles_proxy_routes_its_prefill_instances_by_cache(name: str) -
         if len(pool.backends) == 1:  # nothing to choose: no index, no keys computed
             assert pool.policy is None
         else:
-            assert pool.policy is not None and len(pool.backends) == len(pool.policy.indexes)
+            assert pool.policy is not None
+            assert len(pool.backends) == len(pool.policy.indexes)
         assert app.decoders.policy is None or cfg.flow == "mixed"
     finally:
         loop.close()

@@ -56,9 +56,11 @@ def test_a_backend_key_is_never_lent_to_a_client_without_the_client_key() -> Non
                 r = await c.call(method, path, COMPLETION, headers=headers)
                 assert r.status == 401, (path, headers)
                 err = r.json()["error"]
-                assert err["code"] == 401 and "client key" in err["message"]
+                assert err["code"] == 401
+                assert "client key" in err["message"]
                 assert r.headers["www-authenticate"] == "Bearer"
-        assert c.p[0].requests == [] and c.d[0].requests == []  # nothing reached an engine
+        assert c.p[0].requests == []
+        assert c.d[0].requests == []
         assert c.metric("kvpd_proxy_unauthorized_total") == 12
         for path in ("/health", "/healthcheck", "/metrics"):  # open, for probes and scrapers
             assert (await c.call("GET", path)).status == 200
@@ -76,7 +78,8 @@ def test_a_client_without_the_key_is_refused_before_its_body_is_read() -> None:
         writer.write(b"a" * 1000)  # the body it announced never comes: no matter
         reply = await asyncio.wait_for(reader.read(), 5)
         writer.close()
-        assert reply.startswith(b"HTTP/1.1 401") and b"connection: close" in reply
+        assert reply.startswith(b"HTTP/1.1 401")
+        assert b"connection: close" in reply
         assert c.app.state.buffered == 0
 
     run_cluster(t, client_key=CLIENT_KEY)
@@ -96,7 +99,8 @@ def test_a_backend_key_without_a_client_key_is_refused_and_short_secrets_too() -
     with pytest.raises(ProxyConfigError, match="OPENAI_API_KEY is set: it is a credential for"):
         parse_args([], environ={"OPENAI_API_KEY": "sk-x"})
     cfg = parse_args([], environ={"OPENAI_API_KEY": "sk-x", CLIENT_KEY_ENV: CLIENT_KEY})
-    assert cfg.client_key == CLIENT_KEY and CLIENT_KEY not in repr(cfg)
+    assert cfg.client_key == CLIENT_KEY
+    assert CLIENT_KEY not in repr(cfg)
     for name in (CLIENT_KEY_ENV, "KVPD_PROXY_ADMIN_TOKEN"):
         with pytest.raises(ProxyConfigError, match=f"{name} .*at least 32 printable"):
             parse_args([], environ={name: "short-token"})
@@ -107,7 +111,8 @@ def test_a_backend_key_without_a_client_key_is_refused_and_short_secrets_too() -
 def test_the_admin_interface_needs_its_token_always_and_refuses_browsers() -> None:
     async def no_token(c: Cluster) -> None:  # loopback is no credential
         r = await c.call("GET", "/admin/backends")
-        assert r.status == 403 and "admin interface is off" in r.json()["error"]["message"]
+        assert r.status == 403
+        assert "admin interface is off" in r.json()["error"]["message"]
         assert (await c.call("POST", "/admin/reset_prefix_cache")).status == 403
 
     run_cluster(no_token)
@@ -115,11 +120,13 @@ def test_the_admin_interface_needs_its_token_always_and_refuses_browsers() -> No
     async def token(c: Cluster) -> None:
         drain = {"backend": "decode-0", "timeout": 0}
         r = await c.call("POST", "/admin/drain", drain, headers={**ADMIN_AUTH, "Origin": "x"})
-        assert r.status == 403 and "Origin" in r.json()["error"]["message"]
+        assert r.status == 403
+        assert "Origin" in r.json()["error"]["message"]
         body = json.dumps(drain).encode()
         reply = await raw(c.port, post(body, "/admin/drain", f"Authorization: Bearer {ADMIN}\r\n")
                           .replace(b"application/json", b"text/plain"))  # fmt: skip
-        assert reply.startswith(b"HTTP/1.1 403") and b"application/json bodies" in reply
+        assert reply.startswith(b"HTTP/1.1 403")
+        assert b"application/json bodies" in reply
         assert not c.app.decoders.backends[0].draining
         # the client key opens generation, not the admin interface
         r = await c.call("GET", "/admin/backends", headers=CLIENT_AUTH)
@@ -136,11 +143,13 @@ def test_reset_prefix_cache_is_admin_only() -> None:
             b._reset = lambda client, req, n=resets: (n.append(1), client.send_json(200, b"{}"))
             b._router.add("POST", "/reset_prefix_cache", b._reset)
         r = await c.call("POST", "/reset_prefix_cache", headers=CLIENT_AUTH)
-        assert r.status == 404 and resets == []
+        assert r.status == 404
+        assert resets == []
         r = await c.call("POST", "/admin/reset_prefix_cache", headers=CLIENT_AUTH)
         assert r.status == 403
         r = await c.call("POST", "/admin/reset_prefix_cache", headers=ADMIN_AUTH)
-        assert r.status == 200 and len(resets) == 2
+        assert r.status == 200
+        assert len(resets) == 2
 
     run_cluster(t, admin_token=ADMIN, client_key=CLIENT_KEY)
 
@@ -160,13 +169,15 @@ def test_only_a_requests_decoder_may_report_it_to_the_metaserver() -> None:
         for path in ("/v1/metaserver", "/v1/metaserver?token=guess", url.replace("=", "=x")):
             report = {"request_id": child, "remote_host": "203.0.113.9"}
             r = await c.call("POST", path[path.index("/v1") :], report, headers=CLIENT_AUTH)
-            assert r.status == 403 and "decoder" in r.json()["error"]["message"]
+            assert r.status == 403
+            assert "decoder" in r.json()["error"]["message"]
         assert c.metric('kvpd_proxy_failures_total{kind="metaserver_forbidden"}') == 3
         assert c.p[0].requests == []  # no prefill was dispatched for the forged reports
         pending.cancel()
         c.d[0].hang = False
         r = await c.call("POST", "/v1/completions", COMPLETION, headers=CLIENT_AUTH)
-        assert r.status == 200 and c.d[0].metaserver_answers == [200]  # the decoder's URL works
+        assert r.status == 200
+        assert c.d[0].metaserver_answers == [200]
         tokens = {b["kv_transfer_params"]["metaserver"] for _, _, b in c.d[0].requests}
         assert len(tokens) == 2  # one token per request
 
@@ -192,8 +203,10 @@ def test_client_kv_transfer_fields_never_reach_an_engine(flow: str, prefill_para
             reply = await raw(c.port, post(data, extra=f"Authorization: Bearer {CLIENT_KEY}\r\n"))
             assert reply.startswith(b"HTTP/1.1 200")
         seen = [b for backend in c.p + c.d for _, _, b in backend.requests]
-        assert seen and all(b.get("kv_transfer_params") != EVIL_KV for b in seen)
-        assert "203.0.113.9" not in json.dumps(seen) and "batch_kv" not in json.dumps(seen)
+        assert seen
+        assert all(b.get("kv_transfer_params") != EVIL_KV for b in seen)
+        assert "203.0.113.9" not in json.dumps(seen)
+        assert "batch_kv" not in json.dumps(seen)
         assert all(b.get("vllm_xargs") == {"k": 2} for b in seen)  # the rest is kept
         assert not any("ec_transfer_params" in b for b in seen)
 
@@ -223,7 +236,8 @@ def test_bodies_that_cannot_be_handled_get_a_400_never_a_traceback(
                     reply = await raw(c.port, post(data, path))
                     assert reply.startswith(b"HTTP/1.1 400"), (data[:40], reply[:200])
                     err = error_of(reply)
-                    assert err["code"] == 400 and err["type"] == "bad_request"
+                    assert err["code"] == 400
+                    assert err["type"] == "bad_request"
             # odd but valid shapes are served (the token estimate is total over any JSON)
             for odd in ({"prompt": "hi", "max_tokens": 1e400}, {"messages": 5, "n": "x"},
                         {"prompt": [{"a": 1}, None, 3], "max_tokens": [1]}):  # fmt: skip
@@ -275,8 +289,10 @@ def test_protocol_errors_are_json_whatever_the_client_sent() -> None:
         reply = await raw(c.port, head + b'zz"},"x":{"\r\n')
         assert reply.startswith(b"HTTP/1.1 400")
         err = error_of(reply)  # the client's bytes are inside the message, quoted as data
-        assert set(err) == {"message", "type", "param", "code"} and "x" not in err
-        assert err["type"] == "BadRequestError" and '"},' in str(err["message"])
+        assert set(err) == {"message", "type", "param", "code"}
+        assert "x" not in err
+        assert err["type"] == "BadRequestError"
+        assert '"},' in str(err["message"])
 
     run_cluster(t)
 
@@ -285,12 +301,14 @@ def test_connections_per_peer_and_body_sizes_are_bounded() -> None:
     async def t(c: Cluster) -> None:
         held = [await asyncio.open_connection("127.0.0.1", c.port) for _ in range(2)]
         reply = await raw(c.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert reply.startswith(b"HTTP/1.1 503") and b"from this address" in reply
+        assert reply.startswith(b"HTTP/1.1 503")
+        assert b"from this address" in reply
         for _, w in held:
             w.close()
         await asyncio.sleep(0.1)
         reply = await raw(c.port, post(json.dumps(dict(COMPLETION, prompt="a" * 5000)).encode()))
-        assert reply.startswith(b"HTTP/1.1 413") and b"larger than 4096" in reply
+        assert reply.startswith(b"HTTP/1.1 413")
+        assert b"larger than 4096" in reply
         assert c.app.state.buffered == 0
 
     run_cluster(t, max_connections_per_peer=2, max_body_bytes=4096)
@@ -305,7 +323,8 @@ def test_buffered_body_bytes_are_bounded_over_all_clients() -> None:
         while c.app.state.buffered < 2000:
             await asyncio.sleep(0.01)
         reply = await raw(c.port, head + b"b" * 2000)  # would hold 4000 > 3000 in all
-        assert reply.startswith(b"HTTP/1.1 503") and b"too many request bodies" in reply
+        assert reply.startswith(b"HTTP/1.1 503")
+        assert b"too many request bodies" in reply
         first[1].close()
         while c.app.state.buffered:  # released when the first client goes away
             await asyncio.sleep(0.01)

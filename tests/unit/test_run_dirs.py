@@ -30,8 +30,10 @@ def test_purge_never_empties_a_dir_kvpd_did_not_create(tmp_path: Path) -> None:
     (data / "weights.bin").write_text("precious")
     (data / "logs" / "mine.log").write_text("precious")
     kept = _purge(data)
-    assert (data / "weights.bin").exists() and (data / "logs" / "mine.log").exists()
-    assert "no kvpd marker" in kept[HOST] and "remove it by hand" in kept[HOST]
+    assert (data / "weights.bin").exists()
+    assert (data / "logs" / "mine.log").exists()
+    assert "no kvpd marker" in kept[HOST]
+    assert "remove it by hand" in kept[HOST]
 
 
 def test_up_creates_the_run_dir_private_and_marked(tmp_path: Path) -> None:
@@ -64,7 +66,8 @@ def test_purge_removes_kvpd_entries_and_keeps_the_rest(tmp_path: Path) -> None:
     (d / "notes.txt").unlink()
     run_dirs.mark(LocalTransport(), str(d), PLAN.deployment)  # empty again: ours
     (d / "logs").mkdir()
-    assert _purge(d) == {} and not d.exists()
+    assert _purge(d) == {}
+    assert not d.exists()
 
 
 def test_a_marker_of_another_deployment_is_not_ours(tmp_path: Path) -> None:

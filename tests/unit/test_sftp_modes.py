@@ -129,7 +129,8 @@ def test_openssh_creates_the_file_owner_only_until_its_final_mode(
     monkeypatch.setattr(real_sftp, "chmod", chmod)
     tmp = f"{tmp_path}/run/conf/.launch.sh.1.tmp"
     sftp.write_temp(real_sftp, tmp, b"export VLLM_API_KEY=secret\n", 0o755)
-    assert modes == [0o700] and stat.S_IMODE(os.stat(tmp).st_mode) == 0o755
+    assert modes == [0o700]
+    assert stat.S_IMODE(os.stat(tmp).st_mode) == 0o755
     assert [stat.S_IMODE(os.stat(f"{tmp_path}/{d}").st_mode) for d in ("run", "run/conf")] == [
         0o700,
         0o700,

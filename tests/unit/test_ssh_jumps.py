@@ -42,7 +42,8 @@ def test_one_connection_per_chain_closed_with_its_last_user() -> None:
         t.start()
     for t in threads:
         t.join()
-    assert _Client.made - before == 1 and all(c is got[0] for c in got)
+    assert _Client.made - before == 1
+    assert all(c is got[0] for c in got)
     for c in got[:-1]:
         jumps.release(key, c)
         assert not c.closed
@@ -52,7 +53,8 @@ def test_one_connection_per_chain_closed_with_its_last_user() -> None:
     assert again is not got[0]
     again.close()  # died: the next user gets a new one
     fresh = jumps.acquire(key, _Client)  # type: ignore[arg-type]
-    assert fresh is not again and not fresh.closed
+    assert fresh is not again
+    assert not fresh.closed
     jumps.release(key, again)
     jumps.release(key, fresh)
     assert fresh.closed

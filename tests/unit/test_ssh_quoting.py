@@ -135,10 +135,13 @@ def test_secret_env_never_reaches_the_ssh_command_line(monkeypatch, tmp_path) ->
     token = 'hf_abc\'; echo pwned $(id) "x"'
     t.run(["sh", "-c", 'printf %s "$HF_TOKEN"'], env={"HF_TOKEN": token, "MODE": "fast"})
     ((path, (content, mode)),) = written.items()
-    assert mode == 0o600 and token not in sent[0] and "export MODE='fast'" in sent[0]
+    assert mode == 0o600
+    assert token not in sent[0]
+    assert "export MODE='fast'" in sent[0]
     (tmp_path / path.rsplit("/", 1)[1]).write_bytes(content)
     out = subprocess.run(["sh", "-c", sent[0]], capture_output=True, text=True, cwd=tmp_path)
-    assert out.stdout == token and not (tmp_path / path.rsplit("/", 1)[1]).exists()
+    assert out.stdout == token
+    assert not (tmp_path / path.rsplit("/", 1)[1]).exists()
 
 
 def test_secret_env_of_a_detached_start_never_reaches_the_command_line(monkeypatch) -> None:
@@ -157,4 +160,5 @@ def test_secret_env_of_a_detached_start_never_reaches_the_command_line(monkeypat
 
     monkeypatch.setattr(t, "_exec", exec_)
     t.start_detached(["vllm"], log="/r/l.log", cwd="/r", env={"VLLM_API_KEY": "sk-value"})
-    assert "sk-value" not in sent[0] and b"VLLM_API_KEY='sk-value'" in written[0]
+    assert "sk-value" not in sent[0]
+    assert b"VLLM_API_KEY='sk-value'" in written[0]

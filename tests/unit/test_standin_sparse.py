@@ -118,7 +118,8 @@ def test_the_standin_decode_plans_every_request_with_kvpds_native_planner() -> N
             assert body["usage"]["completion_tokens"] == out
         rows = _metrics(port)
         info = next(k for k in rows if k.startswith("kvpd:sparse_planner_info{"))
-        assert f'planner="kvpd",isa="{isa}"' in info and "_ascend_planner" in info, info
+        assert f'planner="kvpd",isa="{isa}"' in info, info
+        assert "_ascend_planner" in info, info
         assert _value(rows, "kvpd:sparse_planner_requests_total") == len(prompts)
         assert _value(rows, "kvpd:sparse_planner_steps_total") == len(prompts) * out
         # Sliding top-k window (index_topk 2048 > context): the first step loads the whole
@@ -143,7 +144,8 @@ def test_the_standin_decode_does_not_start_without_the_planner(tmp_path: Path) -
     assert (
         "cannot start: the plan runs kvpd's sparse planner here (KVPD_SPARSE_PLANNER=kvpd)" in err
     )
-    assert "cannot import it" in err and "decode.sparse_offload.planner: upstream" in err
+    assert "cannot import it" in err
+    assert "decode.sparse_offload.planner: upstream" in err
     assert "Traceback" not in err
 
 

@@ -63,8 +63,10 @@ def test_round_trip(tmp_path: Path) -> None:
     store.save(st)
     back = store.load("dep")
     assert back is not None
-    assert back.plan == st.plan and back.processes == st.processes
-    assert back.run_dirs == st.run_dirs and back.updated_at > 0
+    assert back.plan == st.plan
+    assert back.processes == st.processes
+    assert back.run_dirs == st.run_dirs
+    assert back.updated_at > 0
     assert store.deployments() == ["dep"]
     assert store.load("other") is None
     assert json.loads(store.path("dep").read_text())["format"] == 1
@@ -103,7 +105,8 @@ def test_concurrent_saves_never_show_a_torn_file(tmp_path: Path) -> None:
     finally:
         stop.set()
         th.join()
-    assert not errors and seen
+    assert not errors
+    assert seen
     assert [p.name for p in (tmp_path / "dep").iterdir()] == ["state.json"]
 
 
@@ -176,7 +179,9 @@ def _rec(field: str, value: object):
 )
 def test_every_loaded_field_is_checked(tmp_path: Path, edit, says: str) -> None:
     msg = _tampered(tmp_path, edit)
-    assert says in msg and "kvpd will not act on it" in msg and "Fix:" in msg
+    assert says in msg
+    assert "kvpd will not act on it" in msg
+    assert "Fix:" in msg
 
 
 @pytest.mark.parametrize("which", ["root", "deployment dir", "file"])
@@ -190,7 +195,8 @@ def test_a_state_others_may_write_is_refused(tmp_path: Path, which: str) -> None
     with pytest.raises(StateError) as e:
         store.load("dep")
     assert f"{path}: the state {which}" in str(e.value) or f"{path}: the {which}" in str(e.value)
-    assert "writable by group or others" in str(e.value) and "chmod go-w" in str(e.value)
+    assert "writable by group or others" in str(e.value)
+    assert "chmod go-w" in str(e.value)
 
 
 def test_a_state_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
@@ -242,9 +248,12 @@ def test_the_bundle_is_recorded_as_before_and_loads_back(tmp_path: Path) -> None
     assert list(row) == ["host", "slot", "python", "executable", "version", "platform",
                          "digest", "folder", "implementation", "compiler", "native", "action",
                          "source", "seconds", "problem"]  # fmt: skip
-    assert row["implementation"] == "native" and row["seconds"] == 1.235 and row["problem"] == ""
+    assert row["implementation"] == "native"
+    assert row["seconds"] == 1.235
+    assert row["problem"] == ""
     back = store.load("dep")
-    assert back is not None and back.bundle == st.bundle
+    assert back is not None
+    assert back.bundle == st.bundle
     assert back.bundle[0].native["isa_flags"] == "-mavx2"
 
 
@@ -262,7 +271,9 @@ def test_a_bundle_row_of_an_older_kvpd_loads_with_defaults(tmp_path: Path) -> No
     older(d)
     p.write_text(json.dumps(d))
     back = store.load("dep")
-    assert back is not None and back.bundle[0].compiler is None and back.bundle[0].source == ""
+    assert back is not None
+    assert back.bundle[0].compiler is None
+    assert back.bundle[0].source == ""
 
 
 def _slot(field: str, value: object):
@@ -294,7 +305,8 @@ def _slot(field: str, value: object):
 )
 def test_every_bundle_field_is_checked(tmp_path: Path, edit, says: str) -> None:
     msg = _tampered(tmp_path, edit)
-    assert "state file is corrupt" in msg and says in msg, msg
+    assert "state file is corrupt" in msg, msg
+    assert says in msg, msg
 
 
 def test_a_host_reported_value_that_would_not_load_is_not_recorded() -> None:
@@ -303,7 +315,8 @@ def test_a_host_reported_value_that_would_not_load_is_not_recorded() -> None:
     r = SlotResult("h1", "engine", "@vllm", {"ready": True, "native": {
         "implementation": "asm", "nested": {"a": 1}, "reason": None}})  # fmt: skip
     slot = r.recorded()
-    assert slot.implementation is None and dict(slot.native) == {
+    assert slot.implementation is None
+    assert dict(slot.native) == {
         "implementation": "asm",
         "reason": None,
     }
@@ -319,4 +332,5 @@ def test_a_host_reported_value_that_would_not_load_is_not_recorded() -> None:
 )
 def test_a_role_that_is_not_one_is_refused(tmp_path: Path, edit) -> None:
     msg = _tampered(tmp_path, edit)
-    assert "state file is corrupt" in msg and "'wizard' is not a valid Role" in msg, msg
+    assert "state file is corrupt" in msg, msg
+    assert "'wizard' is not a valid Role" in msg, msg

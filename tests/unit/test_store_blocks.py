@@ -70,7 +70,8 @@ def test_keys_cover_full_blocks_and_chain_over_the_prefix() -> None:
     a = chain_keys(IDENT, list(range(10)))  # 2 full blocks of 4, a partial one has no key
     assert len(a) == 2
     b = chain_keys(IDENT, list(range(8)) + [99, 98, 97, 96])
-    assert b[:2] == a and len(b) == 3
+    assert b[:2] == a
+    assert len(b) == 3
     # same block tokens after a different prefix: a different key (the parent is hashed in)
     c = chain_keys(IDENT, [5, 5, 5, 5] + list(range(4, 8)))
     assert c[1] != a[1]
@@ -110,10 +111,13 @@ def test_dram_tier_is_a_byte_budgeted_lru() -> None:
         d.put(bytes([i]), b"x" * 100)
     assert d.get(b"\x00") is not None  # 0 becomes most recently used
     d.put(b"\x03", b"y" * 100)  # evicts 1, the least recently used
-    assert b"\x01" not in d and b"\x00" in d and b"\x03" in d
+    assert b"\x01" not in d
+    assert b"\x00" in d
+    assert b"\x03" in d
     assert d.used == 300
     d.put(b"big", b"z" * 301)  # larger than the tier: not cached, nothing evicted
-    assert b"big" not in d and len(d) == 3
+    assert b"big" not in d
+    assert len(d) == 3
 
 
 def test_roundtrip_and_prefix_lookup(store: BlockStore) -> None:
@@ -124,7 +128,8 @@ def test_roundtrip_and_prefix_lookup(store: BlockStore) -> None:
     assert store.get_many([key(1), key(2)]) == [payload(1), None]
     assert store.lookup_prefix([key(0), key(1), key(2), key(0)]) == 2
     path = store.path_of(key(0))
-    assert path.parent.parent == store.data and len(path.parent.name) == 3
+    assert path.parent.parent == store.data
+    assert len(path.parent.name) == 3
     c = store.counters.snapshot()
     assert (c["hits"], c["misses"], c["blocks_written"], c["bytes_written"]) == (2, 1, 2, 8192)
 
@@ -141,7 +146,8 @@ def test_two_stores_share_one_folder(tmp_path: Path) -> None:
     a = BlockStore(tmp_path, LAYOUT)
     b = BlockStore(tmp_path, LAYOUT, dram_bytes=1 << 20)
     a.put(key(3), payload(3))
-    assert b.lookup_prefix([key(3)]) == 1 and b.get(key(3)) == payload(3)
+    assert b.lookup_prefix([key(3)]) == 1
+    assert b.get(key(3)) == payload(3)
     other = BlockStore(tmp_path, "another-layout")
     assert other.get(key(3)) is None  # another KV layout never reads these bytes
 
@@ -159,7 +165,8 @@ def test_disk_budget_evicts_least_recently_used(tmp_path: Path) -> None:
         s.put(key(i), payload(i))
     assert s.disk_usage() <= 10 * size
     assert s.path_of(key(0)).exists()
-    assert not s.path_of(key(1)).exists() and not s.path_of(key(2)).exists()
+    assert not s.path_of(key(1)).exists()
+    assert not s.path_of(key(2)).exists()
     assert all(s.path_of(key(i)).exists() for i in range(10, 13))
     assert s.counters.snapshot()["evicted"] >= 3
 
@@ -195,9 +202,12 @@ def test_truncated_file_is_a_miss_and_removed(store: BlockStore) -> None:
     for k, cut in ((key(0), 1000), (key(1), 3)):
         p = store.path_of(k)
         p.write_bytes(p.read_bytes()[:cut])
-    assert store.get(key(0)) is None and not store.path_of(key(0)).exists()
-    assert store.lookup_prefix([key(1)]) == 0 and not store.path_of(key(1)).exists()
-    assert store.put(key(0), payload(0)) and store.get(key(0)) == payload(0)  # rewritable
+    assert store.get(key(0)) is None
+    assert not store.path_of(key(0)).exists()
+    assert store.lookup_prefix([key(1)]) == 0
+    assert not store.path_of(key(1)).exists()
+    assert store.put(key(0), payload(0))
+    assert store.get(key(0)) == payload(0)
 
 
 KILLED_WRITER = """
@@ -228,21 +238,24 @@ def test_writer_killed_half_way_leaves_no_visible_block(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "writer did not start"
+            assert proc.poll() is None, "writer did not start"
+            assert time.monotonic() < deadline, "writer did not start"
             time.sleep(0.05)
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait()
     s = BlockStore(root, LAYOUT)
     assert not s.path_of(key(5)).exists()
-    assert s.lookup_prefix([key(5)]) == 0 and s.get(key(5)) is None
+    assert s.lookup_prefix([key(5)]) == 0
+    assert s.get(key(5)) is None
     temps = list(s.path_of(key(5)).parent.glob("*.tmp"))
     assert len(temps) == 1  # the dead writer's partial file, never under the block's name
     old = time.time() - blockstore.STALE_TMP_S - 10
     os.utime(temps[0], (old, old))
     s.disk_usage()  # a scan removes temp files of dead writers
     assert not temps[0].exists()
-    assert s.put(key(5), payload(5)) and s.get(key(5)) == payload(5)
+    assert s.put(key(5), payload(5))
+    assert s.get(key(5)) == payload(5)
 
 
 RACING_WRITER = """
@@ -339,7 +352,8 @@ def test_get_into_reads_verified_blocks_into_caller_rows(tmp_path) -> None:
     raw = bytearray(victim.read_bytes())
     raw[-1] ^= 0xFF
     victim.write_bytes(bytes(raw))
-    assert store.get_into(keys[0], rows[0]) is False and not victim.exists()
+    assert store.get_into(keys[0], rows[0]) is False
+    assert not victim.exists()
     assert store.get_into(keys[1], memoryview(bytearray(100))) is False  # other size: a miss,
     assert store.path_of(keys[1]).exists()  # but the block itself is fine and stays
     store.close()
@@ -354,7 +368,8 @@ def test_blocks_are_readable_by_the_deployment_user_only(tmp_path: Path) -> None
     finally:
         os.umask(old)
     blocks = list((tmp_path / blockstore.DATA_DIR).rglob(f"*{blockstore.SUFFIX}"))
-    assert blocks and all(b.stat().st_mode & 0o077 == 0 for b in blocks)
+    assert blocks
+    assert all(b.stat().st_mode & 0o077 == 0 for b in blocks)
     assert (tmp_path / blockstore.DATA_DIR).stat().st_mode & 0o077 == 0
     assert blocks[0].parent.stat().st_mode & 0o077 == 0
     s.close()

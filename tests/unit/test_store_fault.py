@@ -39,13 +39,16 @@ def test_corrupted_loads_keep_valid_checksums(tmp_path: Path, mode: fault.Fault)
         for k, row in zip(keys, original, strict=True):
             assert store.put(k, row.tobytes())
         rows, found = _load(store, keys)
-        assert found == [True, True, True] and (rows == original).all()
+        assert found == [True, True, True]
+        assert (rows == original).all()
         fault.corrupt(rows, mode, LAYERS, elem_size=2)
         assert not (rows == original).all()  # the content the engine gets is wrong ...
         again, found = _load(store, keys)
         # ... while every block still loads as a valid hit, byte for byte what was stored
-        assert found == [True, True, True] and (again == original).all()
-        assert store.counters.corrupt == 0 and store.counters.misses == 0
+        assert found == [True, True, True]
+        assert (again == original).all()
+        assert store.counters.corrupt == 0
+        assert store.counters.misses == 0
     finally:
         store.close()
 
@@ -54,21 +57,21 @@ def test_each_mode_damages_what_it_says() -> None:
     original = _blocks(2)
     flipped = original.copy()
     fault.corrupt(flipped, "flip", LAYERS, elem_size=2)
-    assert ((flipped ^ original)[:, 1::2] == 0x80).all() and (
-        flipped[:, 0::2] == original[:, 0::2]
-    ).all()
+    assert ((flipped ^ original)[:, 1::2] == 0x80).all()
+    assert (flipped[:, 0::2] == original[:, 0::2]).all()
     swapped = original.copy()
     fault.corrupt(swapped, "swap_layers", LAYERS, elem_size=2)
-    assert (swapped[:, :64] == original[:, 64:]).all() and (
-        swapped[:, 64:] == original[:, :64]
-    ).all()
+    assert (swapped[:, :64] == original[:, 64:]).all()
+    assert (swapped[:, 64:] == original[:, :64]).all()
     zeroed = original.copy()
     fault.corrupt(zeroed, "zero_block", LAYERS, elem_size=2)
-    assert not zeroed[0].any() and (zeroed[1] == original[1]).all()
+    assert not zeroed[0].any()
+    assert (zeroed[1] == original[1]).all()
 
 
 def test_switch_is_off_unless_set_and_refuses_unknown_values() -> None:
-    assert fault.from_env({}) is None and fault.from_env({fault.ENV: ""}) is None
+    assert fault.from_env({}) is None
+    assert fault.from_env({fault.ENV: ""}) is None
     assert fault.from_env({fault.ENV: "swap_layers"}) == "swap_layers"
     with pytest.raises(ValueError, match="use one of flip, swap_layers, zero_block"):
         fault.from_env({fault.ENV: "flipp"})
@@ -86,4 +89,5 @@ def test_plan_names_the_switches_as_fault_injection() -> None:
 def test_standin_logprobs_depend_only_on_the_prompt() -> None:
     a = standin_engine.logprobs(["x", "y"], 4)
     assert a == standin_engine.logprobs(["x", "y"], 4) != standin_engine.logprobs(["x"], 4)
-    assert all(t.startswith("token_id:") for t in a["tokens"]) and len(a["token_logprobs"]) == 4
+    assert all(t.startswith("token_id:") for t in a["tokens"])
+    assert len(a["token_logprobs"]) == 4

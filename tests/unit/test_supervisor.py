@@ -57,10 +57,14 @@ def test_keeps_failing_then_gives_up(tmp_path: Path) -> None:
                          "sh", "-c", "echo boom >&2; exit 3")  # fmt: skip
     assert sup.wait(timeout=30) == 3
     st = _status(status)
-    assert st["state"] == "failed" and st["restarts"] == 2 and len(st["starts"]) == 3
-    assert st["last_exit"]["code"] == 3 and "2 restarts within" in st["gave_up"]
+    assert st["state"] == "failed"
+    assert st["restarts"] == 2
+    assert len(st["starts"]) == 3
+    assert st["last_exit"]["code"] == 3
+    assert "2 restarts within" in st["gave_up"]
     log = (tmp_path / "p.log").read_text()
-    assert log.count("boom") == 3 and "giving up" in log
+    assert log.count("boom") == 3
+    assert "giving up" in log
 
 
 def test_sigkilled_child_restarted_and_stop_takes_child(tmp_path: Path) -> None:
@@ -71,11 +75,13 @@ def test_sigkilled_child_restarted_and_stop_takes_child(tmp_path: Path) -> None:
         os.kill(first, signal.SIGKILL)
         st = _wait(lambda: (s := _status(status)).get("restarts") == 1
                    and s["state"] == "running" and s)  # fmt: skip
-        assert st["last_exit"]["signal"] == "SIGKILL" and st["child_pid"] != first
+        assert st["last_exit"]["signal"] == "SIGKILL"
+        assert st["child_pid"] != first
         second = st["child_pid"]
         os.kill(sup.pid, signal.SIGTERM)
         assert sup.wait(timeout=10) == 0
-        assert not _alive(second) and _status(status)["state"] == "stopped"
+        assert not _alive(second)
+        assert _status(status)["state"] == "stopped"
     finally:
         if sup.poll() is None:
             os.killpg(sup.pid, signal.SIGKILL)
@@ -91,9 +97,11 @@ def test_supervisor_killed_takes_child_with_it(tmp_path: Path) -> None:
 
 def test_never_and_clean_exit_do_not_restart(tmp_path: Path) -> None:
     sup, status = _start(tmp_path, "--restart", "never", "--", "sh", "-c", "exit 5")
-    assert sup.wait(timeout=20) == 5 and _status(status)["restarts"] == 0
+    assert sup.wait(timeout=20) == 5
+    assert _status(status)["restarts"] == 0
     sup, status = _start(tmp_path, "--", "true")
-    assert sup.wait(timeout=20) == 0 and _status(status)["state"] == "exited"
+    assert sup.wait(timeout=20) == 0
+    assert _status(status)["state"] == "exited"
 
 
 def test_restart_policy_renders_supervised_launch_script() -> None:
@@ -101,7 +109,8 @@ def test_restart_policy_renders_supervised_launch_script() -> None:
                                     "decode.restart.max_restarts=2"])  # fmt: skip
     script = next(f.content for f in plan.files if f.path == "decode-0/launch.sh")
     assert "exec python3 -m kvpd.supervisor --status supervise/decode-0.json" in script
-    assert "--max-restarts 2" in script and "-- \\\n    vllm serve" in script
+    assert "--max-restarts 2" in script
+    assert "-- \\\n    vllm serve" in script
     assert "--ready-url http://127.0.0.1:18200/health" in script
     prefill = next(f.content for f in plan.files if f.path == "prefill-0/launch.sh")
     assert "kvpd.supervisor" not in prefill  # default: never
@@ -128,7 +137,8 @@ def test_exit_before_ever_ready_is_not_restarted(tmp_path: Path) -> None:
                          "--", "sh", "-c", "exit 4")  # fmt: skip
     assert sup.wait(timeout=20) == 4
     st = _status(status)
-    assert st["restarts"] == 0 and st["gave_up"] == "exited before it was ever ready"
+    assert st["restarts"] == 0
+    assert st["gave_up"] == "exited before it was ever ready"
 
 
 def test_status_records_the_childs_start_time_for_the_reuse_guard(tmp_path: Path) -> None:

@@ -19,8 +19,12 @@ HOSTILE = (
 
 def test_clean_removes_every_escape_and_control() -> None:
     out = clean(HOSTILE)
-    assert "\x1b" not in out and "\x9b" not in out and "\x07" not in out and "\r" not in out
-    assert "red" in out and "fake\nprompt?" in out
+    assert "\x1b" not in out
+    assert "\x9b" not in out
+    assert "\x07" not in out
+    assert "\r" not in out
+    assert "red" in out
+    assert "fake\nprompt?" in out
     assert clean("line 1\n\tline 2\n") == "line 1\n\tline 2\n"
 
 
@@ -34,5 +38,7 @@ def test_the_consoles_clean_strings_tables_and_text_but_keep_their_own_styles() 
     con.print(table)
     con.print(Text(HOSTILE, style="bold"))
     text = buf.getvalue()
-    assert "\x1b]" not in text and "\x1b[2J" not in text and "\x1b[1A" not in text
+    assert "\x1b]" not in text
+    assert "\x1b[2J" not in text
+    assert "\x1b[1A" not in text
     assert "\x1b[1m" in text  # rich's own bold survives

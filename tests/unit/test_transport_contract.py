@@ -112,7 +112,8 @@ def test_files_round_trip_and_resolve(host: Host) -> None:
     assert t.read(path) == b"replaced"
     with pytest.raises(FileNotFoundError):
         t.read(f"{host.workdir}/missing")
-    assert t.resolve("rel/x").startswith("/") and t.resolve("rel/x").endswith("/rel/x")
+    assert t.resolve("rel/x").startswith("/")
+    assert t.resolve("rel/x").endswith("/rel/x")
 
 
 def test_append_creates_then_extends_a_file(host: Host) -> None:
@@ -133,7 +134,8 @@ def test_commands_report_exit_codes(host: Host) -> None:
     assert t.run(["kvpd-no-such-command-xyz"]).exit_code == 127
     t.put(f"{host.workdir}/log", b"a\nb\nc\n")
     r = t.run(["tail", "-n", "2", f"{host.workdir}/log"])
-    assert r.ok and r.stdout == "b\nc\n"
+    assert r.ok
+    assert r.stdout == "b\nc\n"
     with pytest.raises(KvpdError):
         t.run(["true"], env={"NOT A NAME": "x"})
 
@@ -143,9 +145,11 @@ def test_detached_process_lifecycle_and_pid_reuse_guard(host: Host) -> None:
     host.script(FakeProgram(output="listening\n", ports=(port,)))
     log = f"{host.workdir}/logs/listener.log"
     s = t.start_detached(["python3", "-c", LISTENER, str(port)], log=log, cwd=host.workdir)
-    assert s.pid == s.pgid and s.start_ticks > 0
+    assert s.pid == s.pgid
+    assert s.start_ticks > 0
     assert wait_for(lambda: t.ports_listening([port, 1]) == [port])
-    assert t.alive(s.pid) and t.alive(s.pid, start_ticks=s.start_ticks)
+    assert t.alive(s.pid)
+    assert t.alive(s.pid, start_ticks=s.start_ticks)
     assert not t.alive(s.pid, start_ticks=s.start_ticks + 1)  # another process by that PID
     assert not t.signal_group(s.pgid, signal.SIGTERM, start_ticks=s.start_ticks + 1)
     assert s.pid in t.group_alive(s.pgid)
@@ -211,7 +215,8 @@ def test_a_secret_in_env_reaches_the_command(host: Host) -> None:
         pytest.skip("the fake runs no shell")
     token = 'hf_x\'; $(id) "y"'
     r = host.t.run(["sh", "-c", 'printf %s "$HF_TOKEN"'], env={"HF_TOKEN": token, "A": "1"})
-    assert r.ok and r.stdout == token
+    assert r.ok
+    assert r.stdout == token
 
 
 def test_http_to_a_port_as_the_host_sees_it(host: Host) -> None:

@@ -72,7 +72,8 @@ def load_upstream(directory: Path) -> Any:
     """Import MODULE from `directory` (whatever its extension suffix)."""
     so = next(directory.glob(f"{MODULE}*.so"))
     spec = importlib.util.spec_from_file_location(MODULE, so)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
