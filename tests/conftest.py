@@ -26,6 +26,9 @@ import pytest
 from kvpd.testing.termination import stop_on_termination
 from tests.unit.upstream_equivalence import NO_SOURCE
 
+# The SSH test bed's session fixture, one for the e2e tests and the unit transport contract.
+pytest_plugins = ("tests.testbed",)
+
 # Skip reasons that hold on every machine, CI included (compared with the skip's message).
 DELIBERATE_SKIPS: dict[str, str] = {
     # test_proxy_security: the (flow, prefill_params) grid has cells that do not exist

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 import pytest
 
 from kvpd.exec import cross_build
-from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_rehearsal import (
     SHARED,
     Rehearsal,
@@ -32,6 +31,7 @@ from tests.e2e.test_ssh_rehearsal import (
     metric,
     write_inventory,
 )
+from tests.testbed import Testbed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

@@ -31,7 +31,6 @@ import yaml
 
 from kvpd.exec.ssh import SSHTransport
 from kvpd.plan.value import HostSpec
-from tests.e2e.conftest import REPO, TESTBED_SH, testbed_unavailable
 from tests.e2e.test_ssh_rehearsal import (
     MODEL,
     MOONCAKE,
@@ -42,6 +41,7 @@ from tests.e2e.test_ssh_rehearsal import (
     kvpd_env,
     processes_on,
 )
+from tests.testbed import REPO, TESTBED_SH, testbed_unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.conftest import Testbed, other_python
 from tests.e2e.test_ssh_rehearsal import PROMPT, REPO, fetch, metric
 from tests.e2e.test_ssh_rehearsal import kvpd as kvpd_cli
+from tests.testbed import Testbed, other_python
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_rehearsal import (
     PROMPT,
     SHARED,
@@ -30,6 +29,7 @@ from tests.e2e.test_ssh_rehearsal import (
     rehearse,
     write_inventory,
 )
+from tests.testbed import Testbed
 from tests.unit.standin import STANDIN, can_unshare
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from kvpd.exec.ssh import SSHTransport
-from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_faults import (
     PROFILE,
     SPREAD,
@@ -29,6 +28,7 @@ from tests.e2e.test_ssh_faults import (
     wait_for_records,
 )
 from tests.e2e.test_ssh_rehearsal import SHARED, UCM4_HOSTS, kvpd
+from tests.testbed import Testbed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import TESTBED_HOSTS, TESTBED_SH, Testbed
 from tests.e2e.test_ssh_rehearsal import (
     SHARED,
     UCM4_HOSTS,
@@ -30,6 +29,7 @@ from tests.e2e.test_ssh_rehearsal import (
     processes_on,
     write_inventory,
 )
+from tests.testbed import TESTBED_HOSTS, TESTBED_SH, Testbed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from kvpd.exec.ssh import SSHTransport
-from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_faults import PROFILE, busy, fake_engine_in, inventory, up_args
 from tests.e2e.test_ssh_faults import wait_for_records as recorded
 from tests.e2e.test_ssh_rehearsal import SHARED, UCM4_HOSTS, kvpd, kvpd_cmd, kvpd_env
+from tests.testbed import Testbed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

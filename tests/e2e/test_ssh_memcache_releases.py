@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_rehearsal import rehearse
+from tests.testbed import Testbed
 
 pytestmark = pytest.mark.ssh
 

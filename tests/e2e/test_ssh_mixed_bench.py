@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_rehearsal import (
     Rehearsal,
     assert_down_leaves_nothing,
     rehearse,
 )
+from tests.testbed import Testbed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

@@ -20,10 +20,10 @@ import pytest
 
 from kvpd.exec.records.model import RECORD_FILE
 from kvpd.exec.ssh import SSHTransport
-from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_day2 import fakes  # noqa: F401  (fixture)
 from tests.e2e.test_ssh_faults import PROFILE, SPREAD, busy, inventory
 from tests.e2e.test_ssh_rehearsal import UCM4_HOSTS, kvpd
+from tests.testbed import Testbed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

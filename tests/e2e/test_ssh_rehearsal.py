@@ -24,7 +24,7 @@ from typing import Any, Literal
 import pytest
 import yaml
 
-from tests.e2e.conftest import Testbed
+from tests.testbed import Testbed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import Testbed
 from tests.e2e.test_ssh_rehearsal import (
     SHARED,
     Rehearsal,
@@ -27,6 +26,7 @@ from tests.e2e.test_ssh_rehearsal import (
     metric,
     write_inventory,
 )
+from tests.testbed import Testbed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ssh]
 

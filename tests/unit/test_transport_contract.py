@@ -18,7 +18,6 @@ from kvpd.exec.local import LocalTransport
 from kvpd.exec.transport import ChannelError, HttpRequest, HttpResponse, Transport
 from kvpd.testing.clock import free_port, wait_for
 from kvpd.testing.transport import Answer, FakeProgram, FakeTransport
-from tests.e2e.conftest import testbed  # noqa: F401  (session fixture, for the ssh case)
 
 # Listens on argv[1] and says so; with argv[2] == "stubborn" it ignores SIGTERM.
 LISTENER = (
