@@ -314,6 +314,20 @@ def start_sparse(engine: Engine, role: str, real: list[str], a: argparse.Namespa
     print(f"kvpd stand-in engine {role} on {a.host}:{a.port}: {line}", flush=True)
 
 
+class _Server(ThreadingHTTPServer):
+    """The engine's HTTP server. A client that resets its connection (the proxy cancelling a
+    request, a benchmark stopping) is an ordinary event for an engine: it is not printed as a
+    traceback, which is what socketserver does with every handler error."""
+
+    daemon_threads = True
+    request_queue_size = 256  # the proxy fans many connections in
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     real: list[str] = []
@@ -337,10 +351,8 @@ def main(argv: list[str] | None = None) -> None:
     engine = Engine(a.role, model, a.block_size, a.host, a.port, a.cache_blocks)
     start_sparse(engine, a.role, real, a)
     handler = type("BoundHandler", (Handler,), {"engine": engine})
-    ThreadingHTTPServer.address_family = socket.AF_INET6 if ":" in a.host else socket.AF_INET
-    ThreadingHTTPServer.daemon_threads = True
-    ThreadingHTTPServer.request_queue_size = 256  # the proxy fans many connections in
-    server = ThreadingHTTPServer((a.host, a.port), handler)
+    _Server.address_family = socket.AF_INET6 if ":" in a.host else socket.AF_INET
+    server = _Server((a.host, a.port), handler)
     held = hold(a.host, a.hold_port)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(
