@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the KV services that run on CPU (for rehearsals and their tests) into one venv:
 # memcache-hybrid + memfabric-hybrid (the memcache MetaService) and the non-CUDA Mooncake wheel
-# (mooncake_master). Idempotent: skips when the stamp matches this script.
+# (mooncake_master), and NumPy: `--rehearse-with standin` runs kvpd's stand-in engines with this
+# Python, and a stand-in sparse decode plans with kvpd's native planner, which needs NumPy as a
+# real engine's venv has it. Idempotent: skips when the stamp matches this script.
 #   KVPD_SERVICES_VENV  where (default: <repo>/.venv-services)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +27,7 @@ fi
 "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q -U pip 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/pip" install -q 'memcache-hybrid>=1.3,<1.4' 'memfabric-hybrid>=1.3,<1.4' \
-  'mooncake-transfer-engine-non-cuda>=0.3.13' 2>&1 | grep -v "^WARNING: Location" || true
+  'mooncake-transfer-engine-non-cuda>=0.3.13' 'numpy>=1.24' 2>&1 | grep -v "^WARNING: Location" || true
 "$VENV/bin/python" -c "import memcache_hybrid" >/dev/null
 "$VENV/bin/mooncake_master" --version >/dev/null 2>&1 || \
   echo "warning: mooncake_master --version failed (missing libibverbs1?)" >&2
