@@ -11,12 +11,10 @@
 // late finds no rows and goes back to sleep. Between calls helpers poll for 100 us (the next
 // layer's call usually comes sooner) and then sleep, instead of spinning for milliseconds on a
 // core the engine's own threads need; a second caller (another Python thread) while the pool is
-// busy plans alone. A helper the kernel runs on the caller's own CPU (the other one taken by
-// other processes) takes no rows and sleeps until the next job (see RowPool::on_caller_cpu).
+// busy plans alone.
 #pragma once
 
 #include <pthread.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -55,7 +53,6 @@ struct RowJob {
   std::atomic<int64_t> next{0};
   std::atomic<int> joined{0};  // helpers that took part (at most `wanted`)
   int wanted = 0;
-  int caller_cpu = -1;  // the CPU the caller published the job from (-1: unknown)
   // Two ends (threads == 2): the front in the low 32 bits, the back (one past the last row
   // still free) in the high 32 bits; the rows left are [front, back).
   std::atomic<uint64_t> ends{0};
@@ -128,7 +125,6 @@ class RowPool {
     }
     start_helpers(helpers);
     job.wanted = helpers;
-    job.caller_cpu = sched_getcpu();
     job_.store(&job);
     gen_.fetch_add(1);
     if (sleepers_.load() > 0) {  // someone sleeps: wake it through the mutex (no lost wake-up)
@@ -196,10 +192,9 @@ class RowPool {
   // Until a job newer than `seen` is published: poll for up to kPoll (the planner is called
   // twice per layer and layer after layer, and a sleeping helper takes tens of microseconds to
   // wake, a sizeable share of a ~0.4 ms layer), then sleep instead of spinning for milliseconds
-  // on a core the engine's own threads need, as OpenMP's threads do. With `poll` false, sleep
-  // at once.
-  uint64_t next_gen(uint64_t seen, bool poll) {
-    const auto until = std::chrono::steady_clock::now() + (poll ? kPoll : kNoPoll);
+  // on a core the engine's own threads need, as OpenMP's threads do.
+  uint64_t next_gen(uint64_t seen) {
+    const auto until = std::chrono::steady_clock::now() + kPoll;
     for (int i = 1; gen_.load() == seen; ++i) {
       cpu_relax();
       if ((i & 63) == 0 && std::chrono::steady_clock::now() > until) break;
@@ -214,13 +209,11 @@ class RowPool {
   }
 
   void helper_loop() {
-    bool poll = true;
     for (uint64_t seen = 0;;) {
-      seen = next_gen(seen, poll);
+      seen = next_gen(seen);
       active_.fetch_add(1);  // counted before looking at the job (see run)
       RowJob* job = job_.load();
-      poll = job == nullptr || !on_caller_cpu(*job);
-      if (job != nullptr && poll && job->joined.fetch_add(1) < job->wanted) {
+      if (job != nullptr && job->joined.fetch_add(1) < job->wanted) {
         job->claim_all(/*from_back=*/true);
       }
       if (active_.fetch_sub(1) == 1 && caller_sleeps_.load()) {
@@ -230,19 +223,7 @@ class RowPool {
     }
   }
 
-  // Whether this helper runs on the CPU the caller published the job from: then the other CPU
-  // is taken by other processes, and the two would only share one CPU, where the helper's rows
-  // cost the caller as much time as planning them itself, plus the switches and the risk of
-  // waiting for a row the helper is preempted in. Such a helper leaves the rows to the caller
-  // and sleeps until the next job instead of polling on that CPU. Measured side by side under
-  // load 9-11 (others using ~90% of the 2 CPUs; 5 pairs, benchmarks/ascend_planner_phases.py's
-  // layer split): with it, 2 threads took 0.88-1.04x the 1-thread layer in 4 of 5 runs
-  // (1.48x in one); without it 1.11-1.48x in all 5. On free cores the helper is never there.
-  static bool on_caller_cpu(const RowJob& job) {
-    return job.caller_cpu >= 0 && sched_getcpu() == job.caller_cpu;
-  }
-
-  static constexpr std::chrono::microseconds kPoll{100}, kNoPoll{0};
+  static constexpr std::chrono::microseconds kPoll{100};
   // A few rows' time (rows take ~10 us; descriptor claims of 8 rows about as long).
   static constexpr std::chrono::microseconds kJoinPoll{30};
 
