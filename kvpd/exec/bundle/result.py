@@ -8,7 +8,7 @@ grammar of the digest, platform and wheel origin, and refuses a field kvpd never
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, get_args
 
@@ -118,9 +118,9 @@ class BundleSlot:
         for name in ("host", "slot", "python"):
             if name not in d:
                 raise ValueError(f"{where}: missing field {name!r}")
-        for name, ok in _CHECKS.items():
+        for name, (ok, what) in _FIELDS.items():
             if name in d and not ok(d[name]):
-                raise ValueError(f"{where}.{name}: {d[name]!r} is not {_WHAT[name]}")
+                raise ValueError(f"{where}.{name}: {d[name]!r} is not {what}")
         return BundleSlot(**{**d, "native": dict(d.get("native", {}))})
 
 
@@ -138,39 +138,44 @@ def _native(v: object) -> bool:
     )
 
 
-_CHECKS = {
-    "host": lambda v: isinstance(v, str) and re.fullmatch(PATH_NAME, v) is not None,
-    "slot": lambda v: v in get_args(BundleSlotName),
-    "python": _text,
-    "executable": _text_or_none,
-    "version": _text_or_none,
-    "platform": lambda v: v is None or platform_ok(v),
-    "digest": lambda v: v is None or (isinstance(v, str) and _DIGEST.fullmatch(v) is not None),
-    "folder": _text_or_none,
-    "implementation": lambda v: v is None or v in get_args(Implementation),
-    "compiler": lambda v: v is None or isinstance(v, bool),
-    "native": _native,
-    "action": lambda v: v in get_args(BundleAction),
-    "source": lambda v: isinstance(v, str) and _SOURCE.fullmatch(v) is not None,
-    "seconds": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
-    "problem": _text,
-}
-_WHAT = {
-    "host": "a host name",
-    "slot": f"one of {', '.join(get_args(BundleSlotName))}",
-    "python": "text",
-    "executable": "text or null",
-    "version": "text or null",
-    "platform": "a Python platform key or null",
-    "digest": "a sha256 (64 hex digits) or null",
-    "folder": "text or null",
-    "implementation": f"one of {', '.join(get_args(Implementation))} or null",
-    "compiler": "true, false or null",
-    "native": "an object of plain values",
-    "action": f"one of {', '.join(get_args(BundleAction))}",
-    "source": "where a wheel comes from (local, cross, any, earlier, host:NAME, cache:host:NAME)",
-    "seconds": "a number of seconds",
-    "problem": "text",
+# Each field's check and what the message says it must be: one table, so they cannot drift.
+_FIELDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "host": (
+        lambda v: isinstance(v, str) and re.fullmatch(PATH_NAME, v) is not None,
+        "a host name",
+    ),
+    "slot": (
+        lambda v: v in get_args(BundleSlotName),
+        f"one of {', '.join(get_args(BundleSlotName))}",
+    ),
+    "python": (_text, "text"),
+    "executable": (_text_or_none, "text or null"),
+    "version": (_text_or_none, "text or null"),
+    "platform": (lambda v: v is None or platform_ok(v), "a Python platform key or null"),
+    "digest": (
+        lambda v: v is None or (isinstance(v, str) and _DIGEST.fullmatch(v) is not None),
+        "a sha256 (64 hex digits) or null",
+    ),
+    "folder": (_text_or_none, "text or null"),
+    "implementation": (
+        lambda v: v is None or v in get_args(Implementation),
+        f"one of {', '.join(get_args(Implementation))} or null",
+    ),
+    "compiler": (lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    "native": (_native, "an object of plain values"),
+    "action": (
+        lambda v: v in get_args(BundleAction),
+        f"one of {', '.join(get_args(BundleAction))}",
+    ),
+    "source": (
+        lambda v: isinstance(v, str) and _SOURCE.fullmatch(v) is not None,
+        "where a wheel comes from (local, cross, any, earlier, host:NAME, cache:host:NAME)",
+    ),
+    "seconds": (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+        "a number of seconds",
+    ),
+    "problem": (_text, "text"),
 }
 
 
