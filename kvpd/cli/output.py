@@ -229,17 +229,39 @@ def status_json(deployment: str, rows: list[ProcessStatus]) -> dict[str, Any]:
                 "log": s.log,
                 "detail": s.detail,
                 "supervisor": dataclasses.asdict(s.supervisor) if s.supervisor else None,
+                **_planner_json(s),
             }
             for s in rows
         ],
     }
 
 
+def _planner_json(s: ProcessStatus) -> dict[str, Any]:
+    if s.planner_planned is None:
+        return {}
+    said = {"planner": s.planner.planner, "isa": s.planner.isa} if s.planner else None
+    return {"planner": {"planned": s.planner_planned, "reported": said}}
+
+
+def _planner_cell(s: ProcessStatus) -> Text:
+    """The planner the process's own log names, red where it is not the one planned."""
+    if s.planner_planned is None:
+        return Text("-", style="dim")
+    if s.planner is None:
+        return Text("not reported" if s.alive else "-", style="dim")
+    wrong = s.planner_planned in ("kvpd", "upstream") and s.planner.planner != s.planner_planned
+    if wrong:
+        return Text(f"{s.planner.label} (planned: {s.planner_planned})", style="bold red")
+    return Text(s.planner.label)
+
+
 def status_table(deployment: str, rows: list[ProcessStatus]) -> Table:
     t = Table(title=f"{deployment}")
     supervised = any(s.supervisor for s in rows)
+    planners = any(s.planner_planned is not None for s in rows)
     cols = ["Process", "Host", "PID", "Alive", "Healthy", "Uptime", "Ports"]
-    for col in cols + (["Restarts", "Last exit"] if supervised else []) + ["Detail"]:
+    cols += ["Restarts", "Last exit"] if supervised else []
+    for col in cols + (["Planner (its log)"] if planners else []) + ["Detail"]:
         t.add_column(col)
 
     def yn(v: bool | None) -> Text:
@@ -258,6 +280,7 @@ def status_table(deployment: str, rows: list[ProcessStatus]) -> Table:
             fmt_duration(s.uptime_s),
             ports or "-",
             *(_supervision_cells(s) if supervised else []),
+            *([_planner_cell(s)] if planners else []),
             s.detail,
         )
     return t

@@ -9,7 +9,8 @@ SSH and verifies it there (native core, NEON row planner). The decode process th
 qemu, imports kvpd's native planner from its node bundle (the plan says `KVPD_SPARSE_PLANNER=kvpd`;
 it would not start without it) and plans every request the proxy sends it, one call per
 generated token: checked from that process's own /metrics and log, not from the bundle check.
-`kvpd status` shows the NEON planner for both slots; `down` leaves nothing.
+`kvpd status` shows the NEON planner for both slots, and for the decode what its own log says
+it loaded; `down` leaves nothing.
 """
 
 from __future__ import annotations
@@ -154,7 +155,13 @@ def test_status_shows_the_neon_planner_for_both_slots(arm: Rehearsal) -> None:
     for key in (("d1", "engine"), ("p1", "proxy")):
         assert rows[key]["native"]["ascend_planner"] == "neon", rows[key]
     assert all(p["alive"] and p["healthy"] for p in st["processes"]), st["processes"]
-    assert "planner neon" in arm.kvpd("status", PROFILE).stdout
+    # The decode's own word, from its log on d1: the planner it loaded, with the NEON path.
+    decode = next(p for p in st["processes"] if p["name"] == "decode-0")
+    assert decode["planner"] == {"planned": "kvpd",
+                                 "reported": {"planner": "kvpd", "isa": "neon"}}, decode  # fmt: skip
+    text = arm.kvpd("status", PROFILE).stdout
+    assert "planner neon" in text
+    assert "kvpd neon" in text
 
 
 def test_down_leaves_nothing(arm: Rehearsal) -> None:
