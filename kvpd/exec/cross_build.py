@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,10 +111,10 @@ def find_toolchain(
     return CrossToolchain(target, python, Path(compiler), extra + includes)
 
 
-def compile_command(chain: CrossToolchain, source_root: Path, module: str, out: Path) -> list[str]:
-    """The compiler's argv for one extension module (setup.py's flags, the target's -march)."""
+def compile_flags(chain: CrossToolchain) -> list[str]:
+    """The compiler's argv for one source of an extension module, without the source (setup.py's
+    flags, the target's -march)."""
     march = f"-march={chain.target.march}"
-    srcs = [str(source_root / s) for s in sources.EXTENSIONS[module]]
     incs = [f"-I{p}" for p in chain.includes]
     return [
         str(chain.compiler),
@@ -123,12 +124,7 @@ def compile_command(chain: CrossToolchain, source_root: Path, module: str, out: 
         *sources.EXTRA_FLAGS,
         sources.isa_define(march),
         "-fPIC",
-        "-shared",
         *incs,
-        *srcs,
-        *sources.LINK_FLAGS,
-        "-o",
-        str(out),
     ]
 
 
@@ -141,23 +137,29 @@ def build_native(
     """Compile the native extensions for the toolchain's target into `out_dir`/kvpd/native.
 
     `source_root` is the folder holding the `kvpd` package whose sources are built (default:
-    this kvpd). Returns the built module files; raises CrossBuildError on a failed compile.
+    this kvpd). Every source compiles on its own, as many at once as this controller has CPUs,
+    then each module links. Returns the built module files; raises CrossBuildError on a failed
+    compile.
     """
     root = source_root or Path(__file__).resolve().parents[2]
-    built: list[Path] = []
-    for module in modules or list(sources.EXTENSIONS):
+    names = list(modules or sources.EXTENSIONS)
+    built, jobs = [], []
+    for module in names:
         rel = Path(*module.split("."))
         out = out_dir / rel.parent / f"{rel.name}{chain.target.suffix(chain.python)}"
         out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = compile_command(chain, root, module, out)
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-            raise CrossBuildError(
-                f"cross-compiling {module} for {chain.target.machine} failed "
-                f"(exit {done.returncode}):\n{tail}"
-            )
+        files = [str(root / s) for s in sources.EXTENSIONS[module]]
+        tail = [*sources.LINK_FLAGS, "-o", str(out)]
+        jobs.append((files, [str(chain.compiler), "-shared"], tail))
         built.append(out)
+    with tempfile.TemporaryDirectory(prefix="kvpd-cross-") as objs:
+        code, text = sources.compile_and_link(compile_flags(chain), jobs, objs)
+    if code != 0:
+        tail_text = "\n".join(text.strip().splitlines()[-15:])
+        raise CrossBuildError(
+            f"cross-compiling {', '.join(names)} for {chain.target.machine} failed "
+            f"(exit {code}):\n{tail_text}"
+        )
     return built
 
 

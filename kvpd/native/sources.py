@@ -1,10 +1,14 @@
 """The native core's extensions and compile flags: one list for setup.py and the cross-build.
 
-Imports nothing, so that setup.py can load this file by path at build time (the package itself
-imports NumPy, which a build environment may not have).
+Imports only the standard library, so that setup.py and the node's wheel builder can load this
+file by path at build time (the package itself imports NumPy, which a build environment may not
+have).
 """
 
 from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
 
 # Extension module -> its C++ sources, in link order.
 EXTENSIONS: dict[str, tuple[str, ...]] = {
@@ -46,3 +50,53 @@ LINK_FLAGS: tuple[str, ...] = ("-fopenmp", "-s")
 def isa_define(march: str) -> str:
     """The -D flag that records the ISA flags in the build (`kvpd native info`)."""
     return f'-DKVPD_ISA_FLAGS="{march or "compiler default"}"'
+
+
+# One module to link: its sources, then the linker's argv before and after the objects.
+LinkJob = tuple[Sequence[str], Sequence[str], Sequence[str]]
+
+
+def compile_and_link(
+    compile_argv: Sequence[str], modules: Sequence[LinkJob], obj_dir: str, *, jobs: int = 0
+) -> tuple[int, str]:
+    """Build extension modules: every source of every module compiled on its own
+    (`compile_argv` + `-c`), up to `jobs` compilers at once (0: the CPUs this process may use),
+    then each module linked (head + its objects + tail). The same modules as one compiler call
+    per module over its sources (which compiles them one after another), in about the time of
+    the slowest source where there are CPUs to spare. Returns (exit code, the failing step's
+    output); (0, "") when every module is built."""
+    import os
+
+    os.makedirs(obj_dir, exist_ok=True)
+    objects = [
+        [os.path.join(obj_dir, f"{m}-{i}-{os.path.basename(f)}.o") for i, f in enumerate(files)]
+        for m, (files, _, _) in enumerate(modules)
+    ]
+    steps = [
+        [*compile_argv, "-c", f, "-o", o]
+        for (files, _, _), objs in zip(modules, objects, strict=True)
+        for f, o in zip(files, objs, strict=True)
+    ]
+    affinity = getattr(os, "sched_getaffinity", None)
+    width = jobs or (len(affinity(0)) if affinity is not None else 1)
+    running: list[subprocess.Popen[str]] = []
+    failed: tuple[int, str] | None = None
+    for argv in steps:
+        if len(running) >= width:
+            failed = failed or _finish(running.pop(0))
+        out = subprocess.PIPE
+        running.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True))
+    for proc in running:
+        failed = failed or _finish(proc)
+    if failed is not None:
+        return failed
+    for (_, head, tail), objs in zip(modules, objects, strict=True):
+        done = subprocess.run([*head, *objs, *tail], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return done.returncode, done.stdout + done.stderr
+    return 0, ""
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, str] | None:
+    out, _ = proc.communicate()
+    return (proc.returncode, out or "") if proc.returncode != 0 else None

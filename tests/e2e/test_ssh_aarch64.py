@@ -157,8 +157,8 @@ def test_status_shows_the_neon_planner_for_both_slots(arm: Rehearsal) -> None:
     assert all(p["alive"] and p["healthy"] for p in st["processes"]), st["processes"]
     # The decode's own word, from its log on d1: the planner it loaded, with the NEON path.
     decode = next(p for p in st["processes"] if p["name"] == "decode-0")
-    assert decode["planner"] == {"planned": "kvpd",
-                                 "reported": {"planner": "kvpd", "isa": "neon"}}, decode  # fmt: skip
+    said = {"planner": "kvpd", "isa": "neon"}
+    assert decode["planner"] == {"planned": "kvpd", "reported": said}, decode
     text = arm.kvpd("status", PROFILE).stdout
     assert "planner neon" in text
     assert "kvpd neon" in text

@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -93,20 +92,22 @@ def compile_native(src: str, out_dir: str) -> tuple[list[str] | None, str]:
     errors = []
     for flags in ([f"-march={march}"] if march else [], []):
         isa = " ".join(flags)
-        built = []
-        for module, files in srcs["EXTENSIONS"].items():
-            target = os.path.join(out_dir, module.rsplit(".", 1)[1] + suffix)
-            argv = [cxx, *srcs["BASE_FLAGS"], *flags, *srcs["TAIL_FLAGS"], *srcs["EXTRA_FLAGS"]]
-            argv += ["-shared", "-fPIC", srcs["isa_define"](isa), "-I", include]
-            argv += ["-I", os.path.join(src, "pybind11")]
-            argv += [os.path.join(src, f) for f in files] + ["-o", target]
-            link = list(srcs["LINK_FLAGS"])
-            argv += link if sys.platform == "linux" else [f for f in link if f != "-s"]
-            r = subprocess.run(argv, capture_output=True, text=True)
-            if r.returncode != 0:
-                errors.append(r.stderr.strip().splitlines()[-1:] or [f"exit {r.returncode}"])
-                break
-            built.append(target)
+        argv = [cxx, *srcs["BASE_FLAGS"], *flags, *srcs["TAIL_FLAGS"], *srcs["EXTRA_FLAGS"]]
+        argv += ["-fPIC", srcs["isa_define"](isa), "-I", include]
+        argv += ["-I", os.path.join(src, "pybind11")]
+        link = list(srcs["LINK_FLAGS"])
+        link = link if sys.platform == "linux" else [f for f in link if f != "-s"]
+        built = [
+            os.path.join(out_dir, module.rsplit(".", 1)[1] + suffix)
+            for module in srcs["EXTENSIONS"]
+        ]
+        jobs = [
+            ([os.path.join(src, f) for f in files], [cxx, "-shared"], [*link, "-o", target])
+            for files, target in zip(srcs["EXTENSIONS"].values(), built, strict=True)
+        ]
+        code, out = srcs["compile_and_link"](argv, jobs, os.path.join(out_dir, "obj"))
+        if code != 0:
+            errors.append(out.strip().splitlines()[-1:] or [f"exit {code}"])
         else:
             return built, f"built with {cxx} {isa or 'compiler default'}"
     return None, f"{cxx} failed: {errors[-1][0][:300]}"
