@@ -1,8 +1,9 @@
 """kvpd's native core cross-built for aarch64 on this controller, tested under qemu.
 
 The cross-build (kvpd/exec/cross_build.py) compiles both extensions with the aarch64 cross
-compiler; an arm64 CPython with NumPy (scripts/install-aarch64.sh) then runs the native unit
-tests (test_native.py, test_ascend_planner.py) under qemu-aarch64-static, unchanged: the same
+compiler and packs the node wheel (once for the module); an arm64 CPython with NumPy
+(scripts/install-aarch64.sh) then runs the native unit tests (test_native.py,
+test_ascend_planner.py) from that wheel under qemu-aarch64-static, unchanged: the same
 reference checks as on x86, on every row-planner path the emulated CPU offers (NEON, baseline).
 Only correctness is measured under emulation, never time.
 
@@ -66,20 +67,41 @@ def _need_toolchain() -> cross_build.CrossToolchain:
 
 
 @pytest.fixture(scope="module")
-def aarch64_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A kvpd tree with the aarch64 native modules and the native tests, for the emulator."""
+def cross_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object]]:
+    """The node wheel an aarch64 host gets from this controller, cross-built once for the
+    module: (its file, wheel_build's result)."""
+    from kvpd.exec.bundle import wheel
+
     chain = _need_toolchain()
+    work = tmp_path_factory.mktemp("cross-wheel")
+    wheel.write_source(work / "src")
+    res = cross_build.build_wheel(chain, work / "src", work / "out")
+    return Path(str(res["wheel"])), res
+
+
+@pytest.fixture(scope="module")
+def aarch64_tree(
+    tmp_path_factory: pytest.TempPathFactory, cross_wheel: tuple[Path, dict[str, object]]
+) -> Path:
+    """A kvpd tree with the aarch64 native modules (from the cross-built wheel) and the native
+    tests, for the emulator."""
+    import zipfile
+
     tree = tmp_path_factory.mktemp("aarch64")
-    built = cross_build.build_native(chain, tree)
-    assert {p.name for p in built} == {
+    native = tree / "kvpd" / "native"
+    native.mkdir(parents=True)
+    with zipfile.ZipFile(cross_wheel[0]) as z:
+        for name in z.namelist():
+            if name.startswith("kvpd/native/") and name.endswith(".so"):
+                (native / Path(name).name).write_bytes(z.read(name))
+    assert {p.name for p in native.glob("*.so")} == {
         "_sparse_lru.cpython-311-aarch64-linux-gnu.so",
         "_ascend_planner.cpython-311-aarch64-linux-gnu.so",
     }
-    (tree / "kvpd" / "native").mkdir(parents=True, exist_ok=True)
     for py in ("__init__.py", "errors.py"):  # errors: kvpd.native.trace's one kvpd import
         shutil.copy(REPO / "kvpd" / py, tree / "kvpd" / py)
     for py in (REPO / "kvpd" / "native").glob("*.py"):
-        shutil.copy(py, tree / "kvpd" / "native" / py.name)
+        shutil.copy(py, native / py.name)
     for rel in TEST_FILES:
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / rel, tree / rel)
@@ -153,17 +175,14 @@ def test_missing_toolchain_says_how_to_install(
     assert "install-aarch64.sh" in why
 
 
-def test_cross_built_wheel_runs_on_aarch64(tmp_path: Path) -> None:
+def test_cross_built_wheel_runs_on_aarch64(
+    tmp_path: Path, cross_wheel: tuple[Path, dict[str, object]]
+) -> None:
     # The node wheel an aarch64 host gets from this controller: both extensions, tagged for
     # linux_aarch64, importable by an arm64 CPython with the NEON planner.
     import zipfile
 
-    from kvpd.exec.bundle import wheel
-
-    chain = _need_toolchain()
-    wheel.write_source(tmp_path / "src")
-    res = cross_build.build_wheel(chain, tmp_path / "src", tmp_path / "out")
-    path = Path(str(res["wheel"]))
+    path, res = cross_wheel
     assert path.name == "kvpd-0.1.0-cp311-cp311-linux_aarch64.whl"
     assert res["native"] is True
     assert "cross-built on the controller" in str(res["why"])
