@@ -265,6 +265,7 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
   const uint64_t bs = static_cast<uint64_t>(block_size);
   const uint32_t bs32 = static_cast<uint32_t>(block_size);  // checked <= INT32_MAX
   const int shift = (bs32 & (bs32 - 1)) == 0 ? __builtin_ctz(bs32) : -1;
+  const int32_t size_k = static_cast<int32_t>(tok_k), size_v = static_cast<int32_t>(tok_v);
   auto plan = [&](int64_t begin, int64_t end, int64_t /*after*/) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t n = start[r + 1] - start[r];
@@ -275,6 +276,8 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
       uint64_t* gv = gvas + total + start[r];
       uint64_t* ak = addr + start[r];
       uint64_t* av = addr + total + start[r];
+      int32_t* sk = size + start[r];
+      int32_t* sv = size + total + start[r];
       const uint64_t slot0 = static_cast<uint64_t>(r) * static_cast<uint64_t>(capacity);
       int64_t j = 0;
       for (int64_t i = 0; i < n; ++i) {
@@ -296,6 +299,10 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
         ++j;
       }
       valid[r] = j;
+      // The sizes where the entries stay when every entry is valid (the manager's inputs):
+      // on the row's own thread, in the same pass; otherwise rewritten after packing.
+      std::fill(sk, sk + j, size_k);
+      std::fill(sv, sv + j, size_v);
     }
   };
   // Claims of 2 rows (~1 us each): the two threads finish within ~1 us of each other, where
@@ -303,7 +310,7 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
   parallel_rows(threads, rows, 2, plan);
   int64_t kept = 0;
   for (int64_t r = 0; r < rows; ++r) kept += valid[r];
-  if (kept != total) {  // pack out the invalid entries: K of all rows, then V
+  if (kept != total) {  // pack out the invalid entries: K of all rows, then V; sizes again
     int64_t w = 0;
     for (int half = 0; half < 2; ++half) {
       for (int64_t r = 0; r < rows; ++r) {
@@ -313,19 +320,10 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
         w += valid[r];
       }
     }
+    // The rows' sizes past 2 * kept stay within [0, 2 * total), which upstream fills too.
+    std::fill(size, size + kept, size_k);  // K entries first
+    std::fill(size + kept, size + 2 * kept, size_v);
   }
-  // The sizes on the rows' threads too, in blocks of 4096: one thread filling 2 x ~25k of them
-  // takes a tenth of the descriptor pass. Only [0, 2 * kept) is written (the rest is the
-  // caller's, as upstream leaves it).
-  constexpr int64_t kFill = 4096;
-  auto fill = [&](int64_t begin, int64_t end, int64_t /*after*/) {
-    for (int64_t b = begin * kFill; b < std::min(end * kFill, 2 * kept); b += kFill) {
-      const int64_t e = std::min(b + kFill, 2 * kept), mid = std::clamp(kept, b, e);
-      std::fill(size + b, size + mid, static_cast<int32_t>(tok_k));  // K entries first
-      std::fill(size + mid, size + e, static_cast<int32_t>(tok_v));
-    }
-  };
-  parallel_rows(threads, (2 * kept + kFill - 1) / kFill, 1, fill);
   num[0] = static_cast<int32_t>(2 * kept);
   return kept;
 }
