@@ -186,9 +186,15 @@ def compare(args, trace, bt, upstream, isas: list[str]) -> None:
         configs.append((upstream_name, upstream, None))
     per_threads = {}
     for threads in (1, 2):
+        before = kvpd_mod.pool_stats()
         times, digests, others = run_block(args, trace, bt, configs, threads)
+        after = kvpd_mod.pool_stats()
         kvpd_mod.set_isa(isas[0])
         print_block(threads, times, digests, others, upstream_name)
+        if threads > 1:  # a stall: the caller waited for a helper it took to be preempted
+            jobs, stalls, solo = (after[k] - before[k] for k in ("jobs", "stalls", "solo"))
+            print(f"  kvpd's threads: {jobs} calls shared with the helper, {stalls} stalled by "
+                  f"it, {solo} planned alone after a stall")  # fmt: skip
         per_threads[threads] = times
     print("\n1 -> 2 threads (time at 1 / time at 2):")
     for name, _, _ in configs:

@@ -371,6 +371,15 @@ py::dict isa_info() {
   return d;
 }
 
+py::dict pool_stats() {
+  const RowPool::Stats st = pool_slot()->stats();
+  py::dict d;
+  d["jobs"] = st.jobs;
+  d["stalls"] = st.stalls;
+  d["solo"] = st.solo;
+  return d;
+}
+
 bool set_isa(const std::string& name) {
   if (!cpu_has(name)) return false;
   g_isa = isa_named(name);
@@ -395,6 +404,9 @@ PYBIND11_MODULE(_ascend_planner, m) {
       "The row planner the load-time dispatch picks among `available` (path names a CPU has), "
       "with KVPD_NATIVE_ISA=`cap` if given.");
   m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
+  m.def("pool_stats", &pool_stats,
+        "This process's planner threads: jobs shared with helpers, how many a preempted helper "
+        "stalled, and calls planned alone after a stall.");
   m.def("set_isa", &set_isa, py::arg("name"),
         "Use the named row planner (baseline|neon|sve|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "
         "tests and benchmarks. Returns whether it switched.");

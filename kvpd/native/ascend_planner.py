@@ -45,6 +45,7 @@ try:
         isa_choice,
         isa_info,
         lru_resident_compact,
+        pool_stats,
         set_isa,
     )
 except ImportError as e:  # the plugin reports this and leaves vLLM-Ascend's own planner
@@ -58,6 +59,7 @@ __all__ = [
     "isa_choice",
     "isa_info",
     "lru_resident_compact",
+    "pool_stats",
     "set_isa",
 ]
 

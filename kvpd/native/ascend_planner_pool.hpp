@@ -62,29 +62,30 @@ struct RowJob {
     ends.store(static_cast<uint64_t>(n) << 32, std::memory_order_relaxed);
   }
 
-  void claim_all(bool from_back = false) {
-    if (two_ends) {
-      claim_ends(from_back);
-      return;
-    }
+  // Plans rows until none is left; returns how many this thread planned.
+  int64_t claim_all(bool from_back = false) {
+    if (two_ends) return claim_ends(from_back);
+    int64_t done = 0;
     int64_t b = next.load(std::memory_order_relaxed);
     for (;;) {
-      if (b >= n) return;
+      if (b >= n) return done;
       const int64_t take = std::max(chunk, (n - b) / (4 * threads));
       const int64_t e = std::min(b + take, n);
       if (!next.compare_exchange_weak(b, e, std::memory_order_relaxed)) continue;  // b reloaded
       run(ctx, b, e, e < n ? e : -1);
+      done += e - b;
       b = next.load(std::memory_order_relaxed);
     }
   }
 
  private:
-  void claim_ends(bool from_back) {
+  int64_t claim_ends(bool from_back) {
+    int64_t done = 0;
     uint64_t cur = ends.load(std::memory_order_relaxed);
     for (;;) {
       const int64_t front = static_cast<int64_t>(cur & 0xffffffffu);
       const int64_t back = static_cast<int64_t>(cur >> 32);
-      if (front >= back) return;
+      if (front >= back) return done;
       const int64_t take = std::min(chunk, back - front);
       const int64_t b = from_back ? back - take : front, e = b + take;
       const uint64_t want = from_back ? cur - (static_cast<uint64_t>(take) << 32)
@@ -92,6 +93,7 @@ struct RowJob {
       if (!ends.compare_exchange_weak(cur, want, std::memory_order_relaxed)) continue;
       const int64_t after = from_back ? b - 1 : e;
       run(ctx, b, e, after >= front && after < back ? after : -1);
+      done += take;
       cur = ends.load(std::memory_order_relaxed);
     }
   }
@@ -120,6 +122,7 @@ class RowPool {
     std::lock_guard<std::mutex> one_caller(call_, std::adopt_lock);
     const auto now = std::chrono::steady_clock::now();
     if (now < solo_until_) {  // a helper stalled a recent layer: plan alone for a while
+      ++stats_.solo;
       job.claim_all();
       return;
     }
@@ -131,20 +134,39 @@ class RowPool {
       { std::lock_guard<std::mutex> lk(mu_); }
       wake_.notify_all();
     }
-    job.claim_all();
+    const auto began = std::chrono::steady_clock::now();
+    const int64_t own = job.claim_all();
     job_.store(nullptr);  // every row is claimed: a helper joining from now on finds nothing
-    back_off(wait_for_helpers());
+    // A helper still planning may simply hold a long row (a new request's row takes about
+    // twice a usual one): wait for it as long as two of the caller's own claims took on
+    // average before taking it for preempted.
+    const auto spent = std::chrono::steady_clock::now() - began;
+    const auto claim = own > 0 ? spent / own : kJoinPoll;
+    const bool stalled = wait_for_helpers(std::max<std::chrono::nanoseconds>(kJoinPoll, 2 * claim));
+    ++stats_.jobs;
+    stats_.stalls += stalled ? 1 : 0;
+    back_off(stalled);
+  }
+
+  // Jobs the helpers shared, how many of them stalled the caller, and how many calls the
+  // caller planned alone because of an earlier stall (benchmarks report them).
+  struct Stats {
+    uint64_t jobs = 0, stalls = 0, solo = 0;
+  };
+  Stats stats() {
+    std::lock_guard<std::mutex> one_caller(call_);
+    return stats_;
   }
 
  private:
   // Rows a helper took and is still planning. Poll first (it is usually finishing one right
-  // now), but only for a few rows' time: a helper still busy after that has been preempted
+  // now), but only for `poll` (a couple of claims' time): a helper still busy after that has been preempted
   // (its core is held by another process), and sleeping frees this core, to which the kernel
   // then moves the preempted helper (an idle core pulls runnable threads), instead of the
   // whole layer waiting for its core's scheduler slice.
   // Returns whether the helpers stalled the caller (it had to sleep for them).
-  bool wait_for_helpers() {
-    const auto until = std::chrono::steady_clock::now() + kJoinPoll;
+  bool wait_for_helpers(std::chrono::nanoseconds poll) {
+    const auto until = std::chrono::steady_clock::now() + poll;
     for (int i = 1; active_.load() != 0; ++i) {
       cpu_relax();
       if ((i & 15) == 0 && std::chrono::steady_clock::now() > until) break;
@@ -224,7 +246,8 @@ class RowPool {
   }
 
   static constexpr std::chrono::microseconds kPoll{100};
-  // A few rows' time (rows take ~10 us; descriptor claims of 8 rows about as long).
+  // The least time to poll for a helper's last claim (rows take ~10 us; descriptor claims of
+  // 2 rows ~2 us); longer when the caller's own claims took longer.
   static constexpr std::chrono::microseconds kJoinPoll{30};
 
   static constexpr std::chrono::microseconds kNoBackoff{0}, kFirstBackoff{1000};
@@ -235,6 +258,7 @@ class RowPool {
   std::chrono::microseconds backoff_{0};
   int on_time_ = 0;  // calls in a row the helpers finished on time
   std::chrono::steady_clock::time_point solo_until_{};
+  Stats stats_;
   std::mutex mu_;    // only for sleeping and waking
   std::condition_variable wake_, idle_;
   std::atomic<RowJob*> job_{nullptr};
