@@ -19,7 +19,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from kvpd.plan.rehearsal_mode import Rehearsal
+from kvpd.plan.rehearsal_mode import CPU_VLLM, Rehearsal
 from kvpd.plan.supervision import policy_for
 from kvpd.profile.roles import ENGINE_ROLES, Role
 
@@ -108,6 +108,8 @@ def _reasons(
     group: Group = profile.engine_group(p.role)
     if not rehearsal.on and "kvpd_store" in group.kv_connectors:
         return ENGINE_SLOT, "kv connector kvpd_store"
+    if rehearsal.engine == CPU_VLLM and group.kv_connectors:
+        return ENGINE_SLOT, "rehearsal KV connector (kvpd's ExampleConnector)"
     planner = sparse_planner(group) if p.role == Role.DECODE else None
     if planner in ("kvpd", "auto"):
         return ENGINE_SLOT, f"sparse planner {planner}"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kvpd.plan.engine_argv import addr
 from kvpd.plan.processes import ProcessDraft, StatedNeeds
-from kvpd.plan.rehearsal_mode import STANDIN
+from kvpd.plan.rehearsal_mode import CPU_VLLM, STANDIN
 from kvpd.plan.requirements import python_of
 from kvpd.plan.sparse_planner import planner_env, sparse_planner
 from kvpd.profile.roles import Role
@@ -58,6 +58,9 @@ CPU_ENV = (
 # them, and ZMQ cannot bind an IPC socket in a missing folder. The host's /tmp serves (socket
 # names are UUIDs); the caches above are created on demand.
 ROLE = {"prefill": "kv_producer", "decode": "kv_consumer", "mixed": "kv_both"}
+# vLLM's ExampleConnector without its negative hit count (from the node bundle: the rehearsal's
+# CPU engines with a KV connector import kvpd).
+REHEARSAL_CONNECTOR_MODULE = "kvpd.connectors.example_rehearsal"
 
 
 def endpoint(profile: Profile, real: ProcessDraft) -> tuple[str, int]:
@@ -68,7 +71,7 @@ def endpoint(profile: Profile, real: ProcessDraft) -> tuple[str, int]:
 class CpuVllm:
     """CPU vLLM of the rehearsal's tiny model, ExampleConnector for every KV connector."""
 
-    name = "vllm"
+    name = CPU_VLLM
 
     def substitute(
         self, profile: Profile, group: Group, real: ProcessDraft, index: int
@@ -83,7 +86,8 @@ class CpuVllm:
             argv += ["--data-parallel-size", str(dp)]
         if group.kv_connectors:
             kv = {
-                "kv_connector": "ExampleConnector",
+                "kv_connector": "KvpdExampleConnector",
+                "kv_connector_module_path": REHEARSAL_CONNECTOR_MODULE,
                 "kv_role": ROLE[real.role],
                 "kv_connector_extra_config": {"shared_storage_path": rh.storage},
             }
@@ -121,7 +125,8 @@ class CpuVllm:
         comps = "+".join(group.kv_connectors) or "no KV connector"
         return (
             f"CPU vllm serve of {profile.rehearsal.model} instead of {profile.model.path} "
-            f"(dp {group.dp} tp {group.tp}); {comps} -> ExampleConnector"
+            f"(dp {group.dp} tp {group.tp}); {comps} -> ExampleConnector (kvpd's, no "
+            "negative hit count)"
         )
 
 

@@ -46,6 +46,7 @@ class Rehearsal:
 
 
 STANDIN = "standin"  # the name of kvpd's stand-in rehearsal engine (`--rehearse-with standin`)
+CPU_VLLM = "vllm"  # the CPU vLLM rehearsal engine's name (`--rehearse-with vllm`)
 
 
 REAL = Rehearsal()

@@ -58,9 +58,18 @@ def test_vllm_ascend_proxy_and_no_kvpd_store_means_no_bundle() -> None:
     assert plan.bundle == ()
 
 
-def test_rehearsal_engines_use_example_connector_so_only_the_proxy_is_bundled() -> None:
+def test_rehearsal_engines_with_a_kv_connector_get_kvpds_example_connector_from_the_bundle() -> (
+    None
+):
     plan = load_plan("local", rehearse=True, base_dir="/srv")
-    assert [u.slot for u in plan.bundle] == ["proxy"]
+    assert [u.slot for u in plan.bundle] == ["engine", "proxy"]
+    engine = next(u for u in plan.bundle if u.slot == "engine")
+    assert all("rehearsal KV connector" in why for why in engine.why), engine.why
+    argv = " ".join(plan.process("prefill-0").command)
+    assert '"kv_connector_module_path": "kvpd.connectors.example_rehearsal"' in argv
+    # The stand-in engine needs no connector of kvpd's.
+    standin = load_plan("local", rehearse="standin", base_dir="/srv")
+    assert [u.slot for u in standin.bundle] == ["proxy"]
 
 
 def test_proxy_python_from_the_profile() -> None:
