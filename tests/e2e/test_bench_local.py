@@ -48,8 +48,6 @@ def test_prefix_protocol_hits_the_seeded_prefixes(
     # the store connector's per-request `hit ... hit external` lines were read from the log
     assert any("store log lines of 1 engine(s)" in n for n in run["notes"]), run["notes"]
     # the saved run reads back: compared with itself nothing changed, so a 0 % gate passes.
-    # (A second bench of the same prompts is not run here: with ExampleConnector on vLLM 0.32
-    # repeated prompts can crash the engines' metrics loop, see the bench report.)
     r = kvpd("bench", "--compare", str(out), str(out), "--max-regression", "0%")
     assert "TTFT mean" in r.stdout
     assert "+0.0%" in r.stdout

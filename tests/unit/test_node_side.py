@@ -123,3 +123,37 @@ def test_node_side_with_the_engine_python() -> None:
     result = run(py, node_modules())
     bad = {m: r for m, r in result.items() if r != "ok"}
     assert not bad, bad
+
+
+REHEARSAL_CONNECTOR_CHECK = """
+import json
+from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+from kvpd.connectors.example_rehearsal import KvpdExampleConnector
+
+seen = []
+def parent(self, request, num_computed_tokens):
+    seen.append(num_computed_tokens)
+    return PARENT[num_computed_tokens]
+PARENT = {64: (-32, False), 32: (32, False), 0: (None, False)}
+ExampleConnector.get_num_new_matched_tokens = parent
+c = KvpdExampleConnector.__new__(KvpdExampleConnector)
+print(json.dumps([c.get_num_new_matched_tokens(None, n) for n in (64, 32, 0)]))
+"""
+
+
+def test_the_rehearsal_connector_never_reports_a_negative_hit() -> None:
+    # vLLM's ExampleConnector gives -32 for a 129-token prompt (block 32) whose first 128 tokens
+    # the engine's own prefix cache holds; kvpd's subclass gives no external hit instead, and
+    # passes every other answer through.
+    py = engine_python()
+    if py is None:
+        pytest.skip("no engine venv (make engine): vLLM-side modules not imported")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([py, "-c", REHEARSAL_CONNECTOR_CHECK], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [
+        [0, False],
+        [32, False],
+        [None, False],
+    ]
