@@ -141,8 +141,8 @@ class RowPool {
     // twice a usual one): wait for it as long as two of the caller's own claims took on
     // average before taking it for preempted.
     const auto spent = std::chrono::steady_clock::now() - began;
-    const auto claim = own > 0 ? spent / own : kJoinPoll;
-    const bool stalled = wait_for_helpers(std::max<std::chrono::nanoseconds>(kJoinPoll, 2 * claim));
+    const std::chrono::nanoseconds claim = own > 0 ? spent / own : kJoinPoll;
+    const bool stalled = wait_for_helpers(std::max(std::chrono::nanoseconds{kJoinPoll}, 2 * claim));
     ++stats_.jobs;
     stats_.stalls += stalled ? 1 : 0;
     back_off(stalled);
@@ -160,10 +160,10 @@ class RowPool {
 
  private:
   // Rows a helper took and is still planning. Poll first (it is usually finishing one right
-  // now), but only for `poll` (a couple of claims' time): a helper still busy after that has been preempted
-  // (its core is held by another process), and sleeping frees this core, to which the kernel
-  // then moves the preempted helper (an idle core pulls runnable threads), instead of the
-  // whole layer waiting for its core's scheduler slice.
+  // now), but only for `poll` (a couple of claims' time): a helper still busy after that has
+  // been preempted (its core is held by another process), and sleeping frees this core, to
+  // which the kernel then moves the preempted helper (an idle core pulls runnable threads),
+  // instead of the whole layer waiting for its core's scheduler slice.
   // Returns whether the helpers stalled the caller (it had to sleep for them).
   bool wait_for_helpers(std::chrono::nanoseconds poll) {
     const auto until = std::chrono::steady_clock::now() + poll;

@@ -7,6 +7,7 @@ have).
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Sequence
 
@@ -65,8 +66,6 @@ def compile_and_link(
     per module over its sources (which compiles them one after another), in about the time of
     the slowest source where there are CPUs to spare. Returns (exit code, the failing step's
     output); (0, "") when every module is built."""
-    import os
-
     os.makedirs(obj_dir, exist_ok=True)
     objects = [
         [os.path.join(obj_dir, f"{m}-{i}-{os.path.basename(f)}.o") for i, f in enumerate(files)]
@@ -84,8 +83,8 @@ def compile_and_link(
     for argv in steps:
         if len(running) >= width:
             failed = failed or _finish(running.pop(0))
-        out = subprocess.PIPE
-        running.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True))
+        pipe, merged = subprocess.PIPE, subprocess.STDOUT
+        running.append(subprocess.Popen(argv, stdout=pipe, stderr=merged, text=True))
     for proc in running:
         failed = failed or _finish(proc)
     if failed is not None:

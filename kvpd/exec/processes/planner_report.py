@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
 
 from kvpd.exec.transport import Transport
+from kvpd.plan.sparse_planner import ENV as PLANNER_ENV
+from kvpd.plan.sparse_planner import Planner
 from kvpd.plan.value import ProcessSpec
 
-# The decode environment variable through which the plan chooses the planner
-# (kvpd/plan/sparse_planner.py renders it; kvpd/ascend_planner_plugin.py reads it).
-PLANNER_ENV = "KVPD_SPARSE_PLANNER"
 MARKER = "sparse kv offload planner:"  # compared case-insensitively
 ROW_PLANNERS = ("avx512_vpopcnt", "avx512", "avx2", "sve", "neon", "baseline")
 _LINE = re.compile(r"sparse kv offload planner: (kvpd's native core|vllm-ascend's own)", re.I)
@@ -28,14 +26,12 @@ _ISA = re.compile(r"\(([^()]{0,200}?)\b([a-z0-9_]{1,20}) row planner\b")
 # Only the end of a long grep result is looked at: the last start is the current process.
 _MAX_TEXT = 64 * 1024
 
-PlannerName = Literal["kvpd", "upstream"]
-
 
 @dataclass(frozen=True)
 class PlannerReport:
     """What the process logged: whose planner, and kvpd's row-planner path if kvpd's."""
 
-    planner: PlannerName
+    planner: Planner
     isa: str | None = None
 
     @property
