@@ -303,6 +303,24 @@ def test_preflight_checks_each_slot_python(cache: Path, tmp_path: Path) -> None:
     assert "full path" in c.fix
 
 
+def test_preflight_reports_a_host_it_cannot_reach_as_a_failed_check(
+    cache: Path, tmp_path: Path
+) -> None:
+    # Reaching the host (its transport, its host key, its run dir) is part of the check: the
+    # failure is that host's check, with the transport's words, not an error out of preflight.
+    from kvpd.exec.bundle.preflight import preflight_checks
+
+    plan = one_host_plan(tmp_path / "run")
+
+    def unreachable(host: str) -> LocalTransport:
+        raise RuntimeError(f"host {host}: unknown host key ssh-ed25519 SHA256:abc")
+
+    checks = {c.name: c for c in preflight_checks(plan, unreachable)}
+    c = checks["bundle python (proxy)"]
+    assert not c.ok
+    assert "unknown host key ssh-ed25519 SHA256:abc" in c.detail
+
+
 def test_install_removes_unlinked_bundles_of_other_sources(cache: Path, tmp_path: Path) -> None:
     base = tmp_path / "run" / "bundle"
     for name in ("old-unlinked", "old-linked"):

@@ -36,7 +36,7 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
         reports = dict(
             zip(
                 by_host,
-                pool.map(lambda h: _facts(plan, transports(h), h, by_host[h]), by_host),
+                pool.map(lambda h: _facts(plan, transports, h, by_host[h]), by_host),
                 strict=True,
             )
         )
@@ -61,13 +61,18 @@ def preflight_checks(plan: Plan, transports: Callable[[str], Transport]) -> list
     return checks
 
 
-def _facts(plan: Plan, t: Transport, host: str, uses: list[BundleUse]) -> list[dict[str, Any]]:
-    """The node script's facts of each slot of `host`, vetted."""
-    run_dir = t.resolve(plan.host(host).run_dir)
-    args = ["bash", "-c", CHECK_SH, "kvpd-bundle", run_dir, "-", NODE_SCRIPT, "facts"]
-    for u in uses:
-        args += [u.slot, u.python]
+def _facts(
+    plan: Plan, transports: Callable[[str], Transport], host: str, uses: list[BundleUse]
+) -> list[dict[str, Any]]:
+    """The node script's facts of each slot of `host`, vetted. Reaching the host at all (its
+    transport, its host key, its run dir) is part of the check: a host that cannot be reached
+    is a failed check of its own, not an error that hides every other host's checks."""
     try:
+        t = transports(host)
+        run_dir = t.resolve(plan.host(host).run_dir)
+        args = ["bash", "-c", CHECK_SH, "kvpd-bundle", run_dir, "-", NODE_SCRIPT, "facts"]
+        for u in uses:
+            args += [u.slot, u.python]
         r = t.run(args, timeout_s=120)
     except Exception as e:  # noqa: BLE001 - reported as a failed check
         return [{"slot": u.slot, "problem": f"host unreachable: {e}"} for u in uses]
