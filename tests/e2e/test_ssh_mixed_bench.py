@@ -1,5 +1,6 @@
 """`ucm-pd-mixed` rehearsed with CPU vLLM on a bed host and benched twice (cold, then warm): the
-warm run finds the prompts in the prefix cache (about 70 s on 2 shared cores).
+warm run finds the prompts cached, in a rank's own prefix cache or in the connector's store (about
+70 s on 2 shared cores).
 
 The guide's DP2 x TP4 is one `vllm serve --data-parallel-size 2` process (vLLM starts one engine
 core per rank); the rehearsal runs it the same way: a CPU `vllm serve --data-parallel-size 2` of
@@ -47,8 +48,15 @@ def test_mixed_bench_twice_hits_on_the_second_run(mixed: Rehearsal, tmp_path: Pa
     cold, warm = run["records"]
     assert warm["result"]["completed"] == 4
     assert warm["result"]["failed"] == 0
-    hits = sum(t["prefix_cache_hits"] for t in warm["metrics"]["per_target"].values())
-    assert hits > 0, warm["metrics"]["per_target"]
+    # Each DP rank has its own prefix cache, and vLLM's balancer, not kvpd, picks the rank: a
+    # warm request may land on the rank that did not serve it cold (in one run all four did).
+    # That rank finds the prompt in the connector's shared folder instead, an external hit.
+    per_target = warm["metrics"]["per_target"]
+    cached = sum(
+        t["prefix_cache_hits"] + t["external_prefix_cache_hits"] for t in per_target.values()
+    )
+    prompt = sum(t["prompt_tokens"] for t in per_target.values())
+    assert cached >= prompt / 2, per_target  # whole 16-token blocks of ~128-token prompts
     # the output check ran after each phase (on by default in rehearsals): the proxy's
     # completions equal those of mixed-0 asked directly, DP ranks and all
     for rec in (cold, warm):
