@@ -73,14 +73,14 @@ def pinned_checks(
                 "major.minor; the guide builds it with memfabric release/1.2)",
             ))  # fmt: skip
         if any(r.npu for n, r in plan.requirements.items() if n == h):
-            checks.append(_driver(h, transports(h)))
+            checks.append(_driver(h, transports))
     return checks
 
 
-def _driver(host: str, t: Transport) -> Check:
+def _driver(host: str, transports: Callable[[str], Transport]) -> Check:
     want = ".".join(map(str, DRIVER_MIN))
-    try:
-        r = t.run(["cat", DRIVER_INFO], timeout_s=30)
+    try:  # obtaining the transport may fail too (host key, connection): no driver read
+        r = transports(host).run(["cat", DRIVER_INFO], timeout_s=30)
         text = r.stdout if r.ok else ""
     except Exception:  # noqa: BLE001 - reachability is its own check
         text = ""
