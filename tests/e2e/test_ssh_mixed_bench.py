@@ -51,12 +51,10 @@ def test_mixed_bench_twice_hits_on_the_second_run(mixed: Rehearsal, tmp_path: Pa
     # Each DP rank has its own prefix cache, and vLLM's balancer, not kvpd, picks the rank: a
     # warm request may land on the rank that did not serve it cold (in one run all four did).
     # That rank finds the prompt in the connector's shared folder instead, an external hit.
-    per_target = warm["metrics"]["per_target"]
-    cached = sum(
-        t["prefix_cache_hits"] + t["external_prefix_cache_hits"] for t in per_target.values()
-    )
-    prompt = sum(t["prompt_tokens"] for t in per_target.values())
-    assert cached >= prompt / 2, per_target  # whole 16-token blocks of ~128-token prompts
+    total = warm["metrics"]["summary"]  # summed over the engines
+    cached = total["prefix_cache_hits"] + total["external_prefix_cache_hits"]
+    # a prompt's whole 32-token blocks (the rehearsal's block size): 96 of a 128-token prompt
+    assert cached >= total["prompt_tokens"] / 2, warm["metrics"]["per_target"]
     # the output check ran after each phase (on by default in rehearsals): the proxy's
     # completions equal those of mixed-0 asked directly, DP ranks and all
     for rec in (cold, warm):
