@@ -48,12 +48,12 @@ using namespace kvpd_ascend;
 static void plan_row(const RowIO& io, Workspace& ws) {
   g_last = __rdtsc();
   uint32_t n_valid = 0;
-  RowMarks marks = mark_row(io, ws, &n_valid);
+  RowMarks marks = mark_row<uint64_t>(io, ws, &n_valid);
   STAMP(kMark)
-  begin_ranks(ws, &marks, n_valid, rank_prefix_scalar(ws, marks.last_word));
+  begin_ranks(ws, &marks, n_valid, rank_prefix_scalar<uint64_t>(ws, marks.last_word));
   STAMP(kPrefix)
   int32_t ne = 0, nh = 0, m = 0;
-  walk_checked(io, ws, marks.stable, &ne, &nh);
+  walk_checked<uint64_t>(io, ws, marks.stable, &ne, &nh);
   STAMP(kWalkRanks)
 #ifdef BRANCHY_RESOLVE
   const bool branchy = true;
@@ -61,12 +61,12 @@ static void plan_row(const RowIO& io, Workspace& ws) {
   const bool branchy = marks.duplicates;
 #endif
   if (branchy) {
-    resolve_scalar(io, ws, 0, io.k, ne, &m);
+    resolve_scalar<uint64_t>(io, ws, 0, io.k, ne, &m);
   } else {
-    resolve_distinct(io, ws, n_valid < static_cast<uint32_t>(io.k), ne, &m);
+    resolve_distinct<uint64_t>(io, ws, n_valid < static_cast<uint32_t>(io.k), ne, &m);
   }
   STAMP(kResolve)
-  finish_row(io, ws, m, ne, nh, marks.last_word);
+  finish_row<uint64_t>(io, ws, m, ne, nh, marks.last_word);
   STAMP(kFinish)
 }
 

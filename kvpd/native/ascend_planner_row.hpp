@@ -43,28 +43,37 @@ struct RowIO {
   const int32_t* next_ms = nullptr;
 };
 
-// Per-thread scratch. `bits()` is a bitmap over token ids (all-zero between rows); `rank_base[w]`
-// counts marked tokens in words before w, so a marked token's rank among the row's distinct
-// top-k tokens is rank_base[w] + popcount(lower bits of word w), and `slot_of_rank` maps a rank
-// to its slot (-1: not resident). 16 KiB of bitmap for 128k tokens stays in L1, where upstream's
-// two max_token-sized int32 tables (1 MiB) do not. Buffers carry 16 entries of slack so SIMD
-// code may store whole vectors.
+// Per-thread scratch. `bits<W>()` is a bitmap over token ids in words of type W (all-zero between
+// rows); `rank_base[w]` counts marked tokens in words before w, so a marked token's rank among
+// the row's distinct top-k tokens is rank_base[w] + popcount(lower bits of word w), and
+// `slot_of_rank` maps a rank to its slot (-1: not resident). 16 KiB of bitmap for 128k tokens
+// stays in L1, where upstream's two max_token-sized int32 tables (1 MiB) do not. Buffers carry
+// 16 entries of slack so SIMD code may store whole vectors.
 //
-// The bitmap starts one word into `mark_words`: that word stays zero, so an empty slot's token
+// Two bitmaps of the same tokens, each used by its own row planners: 64-bit words on the
+// portable paths (baseline, AVX2, NEON, SVE): half the words of 32-bit ones, so the rank prefix
+// runs half as many steps (1,800 instead of 2,800 ticks a row on Zen 4) and the part of
+// rank_base a row uses takes half the L1; 32-bit words on the AVX-512 paths, whose gathers read
+// 32-bit lanes.
+//
+// A bitmap starts one word into its vector: that word stays zero, so an empty slot's token
 // (-1, shifted right arithmetically to word -1) tests as "not in the set" with no test of its own.
 struct Workspace {
   std::vector<uint32_t> mark_words, rank_base;
+  std::vector<uint64_t> mark_words64;
   std::vector<int32_t> slot_of_rank, hits;
   std::vector<uint32_t> hit_tokens;  // walk_scalar: the tokens of `hits`
   std::vector<uint16_t> hit_slots;  // a bit per slot, 16 per entry
   std::vector<int32_t> miss_pos;     // resolve_distinct: positions that missed
 
-  uint32_t* bits() { return mark_words.data() + 1; }
+  template <typename W>
+  W* bits();
 
   void fit(int64_t max_token, int64_t topk, int64_t capacity) {
-    const size_t words = static_cast<size_t>(max_token >> 5) + 2;
+    const size_t words = static_cast<size_t>(max_token >> 5) + 2;  // rank_base: either width
     if (rank_base.size() < words) {
       mark_words.assign(words + 1, 0);
+      mark_words64.assign(static_cast<size_t>(max_token >> 6) + 3, 0);
       rank_base.assign(words, 0);
     }
     if (slot_of_rank.size() < static_cast<size_t>(topk) + 16) {
@@ -79,9 +88,30 @@ struct Workspace {
   }
 };
 
-// n + bit b (mod 32) of w. On x86 BT and ADC: a shift by a variable count is two or three
-// micro-ops on Intel cores without BMI2 (the baseline path), and BT's result as a value would
-// take a SETC and a zero extension before the add. Elsewhere the compiler's shift is as good.
+template <>
+inline uint32_t* Workspace::bits<uint32_t>() {
+  return mark_words.data() + 1;
+}
+template <>
+inline uint64_t* Workspace::bits<uint64_t>() {
+  return mark_words64.data() + 1;
+}
+
+// log2 of a bitmap word's bits: token t is bit t % bits of word t >> kWordShift<W>.
+template <typename W>
+constexpr uint32_t kWordShift = sizeof(W) == 8 ? 6 : 5;
+template <typename W>
+constexpr uint32_t kBitMask = (1u << kWordShift<W>) - 1;
+
+KVPD_INLINE uint32_t popcount(uint32_t w) { return static_cast<uint32_t>(__builtin_popcount(w)); }
+KVPD_INLINE uint32_t popcount(uint64_t w) {
+  return static_cast<uint32_t>(__builtin_popcountll(w));
+}
+
+// n + bit b (mod the word's bits) of w. On x86 BT and ADC: a shift by a variable count is two or
+// three micro-ops on Intel cores without BMI2 (the baseline path), and BT's result as a value
+// would take a SETC and a zero extension before the add. Elsewhere the compiler's shift is as
+// good.
 KVPD_INLINE int64_t add_bit(int64_t n, uint32_t w, uint32_t b) {
 #if defined(__x86_64__)
   asm("btl %2, %1\n\tadcq $0, %0" : "+r"(n) : "r"(w), "r"(b) : "cc");
@@ -90,8 +120,16 @@ KVPD_INLINE int64_t add_bit(int64_t n, uint32_t w, uint32_t b) {
   return n + ((w >> (b & 31)) & 1);
 #endif
 }
+KVPD_INLINE int64_t add_bit(int64_t n, uint64_t w, uint64_t b) {
+#if defined(__x86_64__)
+  asm("btq %2, %1\n\tadcq $0, %0" : "+r"(n) : "r"(w), "r"(b) : "cc");
+  return n;
+#else
+  return n + static_cast<int64_t>((w >> (b & 63)) & 1);
+#endif
+}
 
-// w with bit b (mod 32) set: one BTS on x86 (see add_bit).
+// w with bit b (mod the word's bits) set: one BTS on x86 (see add_bit).
 KVPD_INLINE uint32_t with_bit(uint32_t w, uint32_t b) {
 #if defined(__x86_64__)
   asm("btsl %1, %0" : "+r"(w) : "r"(b) : "cc");
@@ -100,10 +138,19 @@ KVPD_INLINE uint32_t with_bit(uint32_t w, uint32_t b) {
   return w | (1u << (b & 31));
 #endif
 }
+KVPD_INLINE uint64_t with_bit(uint64_t w, uint64_t b) {
+#if defined(__x86_64__)
+  asm("btsq %1, %0" : "+r"(w) : "r"(b) : "cc");
+  return w;
+#else
+  return w | (uint64_t{1} << (b & 63));
+#endif
+}
 
-KVPD_INLINE uint32_t rank_of(const uint32_t* mark, const uint32_t* rank_base, uint32_t t) {
-  const uint32_t w = t >> 5;
-  return rank_base[w] + static_cast<uint32_t>(__builtin_popcount(mark[w] & ((1u << (t & 31)) - 1)));
+template <typename W>
+KVPD_INLINE uint32_t rank_of(const W* mark, const uint32_t* rank_base, uint32_t t) {
+  const uint32_t w = t >> kWordShift<W>;
+  return rank_base[w] + popcount(static_cast<W>(mark[w] & ((W{1} << (t & kBitMask<W>)) - 1)));
 }
 
 // What begin_row learns about the row's top-k set.
@@ -123,10 +170,11 @@ KVPD_INLINE void reset_on_new_request(const RowIO& io) {
   }
 }
 
+template <typename W>
 KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid) {
   reset_on_new_request(io);
-  // Locals, so that the bitmap stores (uint32) cannot alias them in the compiler's eyes.
-  uint32_t* __restrict__ mark = ws.bits();
+  // Locals, so that the bitmap stores cannot alias them in the compiler's eyes.
+  W* __restrict__ mark = ws.bits<W>();
   const int32_t* __restrict__ topk = io.topk;
   const int32_t k = io.k;
   const uint32_t umax = static_cast<uint32_t>(io.max_token);
@@ -134,8 +182,9 @@ KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid)
   for (int32_t p = 0; p < k; ++p) {
     const uint32_t t = static_cast<uint32_t>(topk[p]);
     if (t < umax) {
-      mark[t >> 5] = with_bit(mark[t >> 5], t);
-      last_word = std::max(last_word, t >> 5);
+      const uint32_t w = t >> kWordShift<W>;
+      mark[w] = with_bit(mark[w], static_cast<W>(t));
+      last_word = std::max(last_word, w);
       ++valid;
     }
   }
@@ -144,13 +193,14 @@ KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid)
 }
 
 // rank_base[w] = marked tokens in words before w, for w <= last_word; returns the total.
+template <typename W>
 KVPD_INLINE uint32_t rank_prefix_scalar(Workspace& ws, uint32_t last_word) {
-  const uint32_t* __restrict__ mark = ws.bits();
+  const W* __restrict__ mark = ws.bits<W>();
   uint32_t* __restrict__ rank_base = ws.rank_base.data();
   uint32_t distinct = 0;
   for (uint32_t w = 0; w <= last_word; ++w) {
     rank_base[w] = distinct;
-    distinct += static_cast<uint32_t>(__builtin_popcount(mark[w]));
+    distinct += popcount(mark[w]);
   }
   return distinct;
 }
@@ -169,7 +219,7 @@ KVPD_INLINE void begin_ranks(Workspace& ws, RowMarks* marks, uint32_t n_valid, u
 // the scalar forms, for its tails.
 KVPD_INLINE void classify_slots_scalar(const RowIO& io, Workspace& ws, int32_t stable,
                                        int32_t s) {
-  const uint32_t* __restrict__ mark = ws.bits();
+  const uint32_t* __restrict__ mark = ws.bits<uint32_t>();
   const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   int32_t* __restrict__ sor = ws.slot_of_rank.data();
   uint16_t* __restrict__ hit_slots = ws.hit_slots.data();
@@ -232,9 +282,10 @@ KVPD_INLINE void split_lru_scalar(const RowIO& io, Workspace& ws, int32_t i, int
 // Branch-free on purpose: about 40% of the slots hit in no predictable pattern, and a branch on
 // the hit mispredicts often enough to cost more than the rest of the loop. The rank is computed
 // in a second loop over the hits only (~40% of the slots), whose tokens the walk lists.
+template <typename W>
 KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int32_t i,
                              int32_t* n_evict, int32_t* n_hit) {
-  const uint32_t* __restrict__ mark = ws.bits();
+  const W* __restrict__ mark = ws.bits<W>();
   int32_t* __restrict__ hits = ws.hits.data();
   uint32_t* __restrict__ hit_tokens = ws.hit_tokens.data();
   int32_t* __restrict__ lru = io.lru;
@@ -252,7 +303,8 @@ KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int
     if (t < umax && t >= ustable) stt[s] = -1;  // rare: one token per row and step
     const uint32_t valid = static_cast<uint32_t>(t < ustable);  // ustable <= umax
     const uint32_t ti = t & (0u - valid);                      // 0 when not valid
-    const uint32_t hit = valid & (mark[ti >> 5] >> (ti & 31)) & 1;
+    const uint32_t hit =
+        valid & static_cast<uint32_t>((mark[ti >> kWordShift<W>] >> (ti & kBitMask<W>)) & 1);
     hit_tokens[nh] = ti;
     hits[nh] = s;
     lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
@@ -271,6 +323,7 @@ KVPD_INLINE void walk_scalar(const RowIO& io, Workspace& ws, int32_t stable, int
 // tokens at or past the stable prefix and checks the entries and tokens; then the walk needs
 // neither the range checks nor the drop (about a fifth of its work per slot). Corrupt entries
 // or tokens: walk_scalar from the start (the drop it repeats changes nothing).
+template <typename W>
 KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, int32_t* n_evict,
                               int32_t* n_hit) {
   int32_t* __restrict__ stt = io.slot_to_token;
@@ -293,10 +346,10 @@ KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, in
   }
   KVPD_PHASE(5)
   if (bad) {
-    walk_scalar(io, ws, stable, 0, n_evict, n_hit);
+    walk_scalar<W>(io, ws, stable, 0, n_evict, n_hit);
     return;
   }
-  const uint32_t* __restrict__ mark = ws.bits();
+  const W* __restrict__ mark = ws.bits<W>();
   int32_t* __restrict__ hits = ws.hits.data();
   // 64-bit cursors: no sign extension per store.
   int64_t nh = 0;
@@ -305,7 +358,7 @@ KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, in
     const int64_t t = stt[s];  // -1 (empty: word -1 is the guard, zero) or below stable
     hits[nh] = s;
     lru[i - nh] = s;  // i - nh <= i: never overwrites an entry not yet read
-    nh = add_bit(nh, mark[t >> 5], static_cast<uint32_t>(t));  // a hit (BT takes b mod 32)
+    nh = add_bit(nh, mark[t >> kWordShift<W>], static_cast<W>(t));  // a hit (BT: b mod bits)
   };
   int64_t i = 0;
   if (io.next_stt != nullptr) {
@@ -350,11 +403,12 @@ KVPD_INLINE void walk_checked(const RowIO& io, Workspace& ws, int32_t stable, in
 // Resolve top-k positions from p: a hit takes its slot; a token's first miss takes the oldest
 // evictable slot and later duplicates share it. Misses beyond the evictable slots (only when
 // capacity < topk, which the configuration forbids) stay unplaced (-1).
+template <typename W>
 KVPD_INLINE void resolve_scalar(const RowIO& io, Workspace& ws, int32_t p, int32_t end,
                                 int32_t n_evict, int32_t* n_miss) {
   // Locals with __restrict__: stores through int32 pointers could otherwise alias io's int32
   // fields in the compiler's eyes, and it would reload them every position.
-  const uint32_t* __restrict__ mark = ws.bits();
+  const W* __restrict__ mark = ws.bits<W>();
   const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   int32_t* __restrict__ sor = ws.slot_of_rank.data();
   const int32_t* __restrict__ topk = io.topk;
@@ -395,9 +449,10 @@ KVPD_INLINE void resolve_scalar(const RowIO& io, Workspace& ws, int32_t p, int32
 // misses only, gives them the oldest evictable slots in order. With no repeats no token misses
 // twice, so slot_of_rank needs no update for later positions (a repeated token must share its
 // first miss's slot: that is resolve_scalar's work).
+template <typename W>
 KVPD_INLINE void resolve_distinct(const RowIO& io, Workspace& ws, bool padded, int32_t n_evict,
                                   int32_t* n_miss) {
-  const uint32_t* __restrict__ mark = ws.bits();
+  const W* __restrict__ mark = ws.bits<W>();
   const uint32_t* __restrict__ rank_base = ws.rank_base.data();
   const int32_t* __restrict__ sor = ws.slot_of_rank.data();
   const int32_t* __restrict__ topk = io.topk;
@@ -452,32 +507,35 @@ KVPD_INLINE void finish_lists(const RowIO& io, const Workspace& ws, int32_t m, i
 }
 
 // finish_lists, and leave the bitmap all-zero for the next row.
+template <typename W>
 KVPD_INLINE void finish_row(const RowIO& io, Workspace& ws, int32_t m, int32_t n_evict,
                             int32_t n_hit, uint32_t last_word) {
   finish_lists(io, ws, m, n_evict, n_hit);
-  std::memset(ws.bits(), 0, sizeof(uint32_t) * (static_cast<size_t>(last_word) + 1));
+  std::memset(ws.bits<W>(), 0, sizeof(W) * (static_cast<size_t>(last_word) + 1));
 }
 
-// One row: mark, rank prefix (`prefix(ws, last_word)`, scalar or an ISA's), walk, resolve,
-// finish. Rows with a repeated token take resolve_scalar, which shares the first miss's slot.
+// One row on the 64-bit bitmap: mark, rank prefix (`prefix(ws, last_word)`, scalar or an
+// ISA's), walk, resolve, finish. Rows with a repeated token take resolve_scalar, which shares
+// the first miss's slot.
 template <typename Prefix>
 KVPD_INLINE void plan_row_with(const RowIO& io, Workspace& ws, Prefix prefix) {
+  using W = uint64_t;
   uint32_t n_valid = 0;
-  RowMarks marks = mark_row(io, ws, &n_valid);
+  RowMarks marks = mark_row<W>(io, ws, &n_valid);
   begin_ranks(ws, &marks, n_valid, prefix(ws, marks.last_word));
   int32_t ne = 0, nh = 0, m = 0;
-  walk_checked(io, ws, marks.stable, &ne, &nh);
+  walk_checked<W>(io, ws, marks.stable, &ne, &nh);
   if (marks.duplicates) {
-    resolve_scalar(io, ws, 0, io.k, ne, &m);
+    resolve_scalar<W>(io, ws, 0, io.k, ne, &m);
   } else {
-    resolve_distinct(io, ws, n_valid < static_cast<uint32_t>(io.k), ne, &m);
+    resolve_distinct<W>(io, ws, n_valid < static_cast<uint32_t>(io.k), ne, &m);
   }
-  finish_row(io, ws, m, ne, nh, marks.last_word);
+  finish_row<W>(io, ws, m, ne, nh, marks.last_word);
 }
 
 KVPD_INLINE void plan_row_generic(const RowIO& io, Workspace& ws) {
   plan_row_with(io, ws, [](Workspace& w, uint32_t last) KVPD_LAMBDA_INLINE {
-    return rank_prefix_scalar(w, last);
+    return rank_prefix_scalar<uint64_t>(w, last);
   });
 }
 
