@@ -248,6 +248,113 @@ void lru_resident_compact(uintptr_t req_ids, uintptr_t last_req_ids, uintptr_t t
 
 // ======  compute_lru_resident_addrs over raw pointers (checked in ascend_planner_args.cpp)  ======
 
+// One call's constants: what every row's descriptors are computed from.
+struct AddrConsts {
+  uint64_t bs, tok_k, tok_v, src_k, src_v, dst_k, dst_v;
+  uint32_t bs32;
+  int shift;  // log2 of the block size when it is a power of two, else -1
+  int64_t blocks_per_row, capacity;
+};
+
+// One row's misses: tokens and slots, their number, the row's block table and first slot.
+template <typename BlockT>
+struct AddrRow {
+  const int32_t* toks;
+  const int32_t* slots;
+  int64_t n;
+  const BlockT* bt;
+  uint64_t slot0;
+};
+
+// One row's descriptors, written packed from the row's start; returns how many were valid.
+// Taken by value and through __restrict__ locals: reached through the closure's references,
+// every constant was reloaded from memory for each entry (the stores through uint64_t* might
+// alias them in the compiler's eyes).
+template <typename BlockT>
+KVPD_INLINE int64_t addrs_row_checked(const AddrRow<BlockT> row, const AddrConsts k,
+                                      uint64_t* __restrict__ gk, uint64_t* __restrict__ gv,
+                                      uint64_t* __restrict__ ak, uint64_t* __restrict__ av) {
+  const int32_t* __restrict__ toks = row.toks;
+  const int32_t* __restrict__ slots = row.slots;
+  const BlockT* __restrict__ row_bt = row.bt;
+  const int64_t n = row.n;
+  const uint64_t slot0 = row.slot0;
+  const uint64_t dst_k = k.dst_k + slot0 * k.tok_k, dst_v = k.dst_v + slot0 * k.tok_v;
+  const uint64_t ucap = static_cast<uint64_t>(k.capacity);
+  const uint64_t ublocks = static_cast<uint64_t>(k.blocks_per_row);
+  int64_t j = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = toks[i], s = slots[i];
+    if (t < 0 || static_cast<uint32_t>(s) >= ucap) continue;  // s < 0 wraps past capacity
+    // One 32-bit division (a shift for the usual power-of-two block size), not two 64-bit.
+    const uint32_t ut = static_cast<uint32_t>(t);
+    const uint32_t q = k.shift >= 0 ? ut >> k.shift : ut / k.bs32;
+    if (q >= ublocks) continue;
+    const int64_t blk = static_cast<int64_t>(row_bt[q]);
+    if (blk < 0) continue;
+    // All in uint64: block ids past 2^14 and bases near 2^50 are normal here.
+    const uint64_t src_tok = static_cast<uint64_t>(blk) * k.bs + (ut - q * k.bs32);
+    const uint64_t us = static_cast<uint32_t>(s);
+    gk[j] = k.src_k + src_tok * k.tok_k;
+    gv[j] = k.src_v + src_tok * k.tok_v;
+    ak[j] = dst_k + us * k.tok_k;
+    av[j] = dst_v + us * k.tok_v;
+    ++j;
+  }
+  return j;
+}
+
+// The same on the assumption that every entry is valid (the manager's inputs), in two passes
+// with no branch per entry: the first finds each entry's source token (the block table read,
+// the range checks folded into one flag; an index past the table is clamped, so nothing outside
+// it is read) and keeps it in gk; the second, which the compiler vectorises, computes the four
+// addresses, by shifts when both token sizes are powers of two (bf16 MLA: 1024 and 128 bytes).
+// One pass holding every constant needs more registers than x86-64 has (it spilled, ~55
+// instructions an entry). Measured on Zen 5, 64 rows with 15,744 misses: 28 us a call against
+// 36 us for the single checked pass of before. Returns -1 for a flagged row, which the caller
+// redoes with addrs_row_checked.
+template <bool kShift, typename BlockT>
+KVPD_INLINE int64_t addrs_row_unchecked(const AddrRow<BlockT> row, const AddrConsts k,
+                                        uint64_t* __restrict__ gk, uint64_t* __restrict__ gv,
+                                        uint64_t* __restrict__ ak, uint64_t* __restrict__ av) {
+  const int32_t* slots = row.slots;  // read by both passes
+  const int64_t n = row.n;
+  const uint32_t ucap = static_cast<uint32_t>(k.capacity);
+  const uint64_t ublocks = static_cast<uint64_t>(k.blocks_per_row);
+  uint64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t ut = static_cast<uint32_t>(row.toks[i]);
+    const uint32_t q = k.shift >= 0 ? ut >> k.shift : ut / k.bs32;
+    const uint64_t in_range = uint64_t{q} < ublocks;
+    const int64_t blk = static_cast<int64_t>(row.bt[q & (0u - static_cast<uint32_t>(in_range))]);
+    const uint64_t bad_slot = static_cast<uint32_t>(slots[i]) >= ucap;  // also s < 0
+    bad |= (in_range ^ 1) | (ut >> 31) | bad_slot | (static_cast<uint64_t>(blk) >> 63);
+    gk[i] = static_cast<uint64_t>(blk) * k.bs + (ut - q * k.bs32);
+  }
+  if (bad) return -1;
+  const uint64_t dst_k = k.dst_k + row.slot0 * k.tok_k, dst_v = k.dst_v + row.slot0 * k.tok_v;
+  if constexpr (kShift) {
+    const uint32_t sk = static_cast<uint32_t>(__builtin_ctzll(k.tok_k));
+    const uint32_t sv = static_cast<uint32_t>(__builtin_ctzll(k.tok_v));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t src = gk[i], us = static_cast<uint32_t>(slots[i]);
+      gk[i] = k.src_k + (src << sk);
+      gv[i] = k.src_v + (src << sv);
+      ak[i] = dst_k + (us << sk);
+      av[i] = dst_v + (us << sv);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t src = gk[i], us = static_cast<uint32_t>(slots[i]);
+      gk[i] = k.src_k + src * k.tok_k;
+      gv[i] = k.src_v + src * k.tok_v;
+      ak[i] = dst_k + us * k.tok_k;
+      av[i] = dst_v + us * k.tok_v;
+    }
+  }
+  return n;
+}
+
 template <typename BlockT>
 int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int64_t rows,
                    int64_t k, const BlockT* bt, int64_t blocks_per_row, int64_t block_size,
@@ -262,47 +369,30 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
     start[r + 1] = start[r] + std::min<int64_t>(std::max<int32_t>(mc[r], 0), k);
   }
   const int64_t total = start[rows];
-  const uint64_t bs = static_cast<uint64_t>(block_size);
   const uint32_t bs32 = static_cast<uint32_t>(block_size);  // checked <= INT32_MAX
-  const int shift = (bs32 & (bs32 - 1)) == 0 ? __builtin_ctz(bs32) : -1;
+  const AddrConsts consts{static_cast<uint64_t>(block_size), tok_k, tok_v, src_k, src_v, dst_k,
+                          dst_v, bs32, (bs32 & (bs32 - 1)) == 0 ? __builtin_ctz(bs32) : -1,
+                          blocks_per_row, capacity};
   const int32_t size_k = static_cast<int32_t>(tok_k), size_v = static_cast<int32_t>(tok_v);
+  auto is_pow2 = [](uint64_t v) { return v != 0 && (v & (v - 1)) == 0; };
+  const bool pow2 = is_pow2(tok_k) && is_pow2(tok_v);  // tok_k, tok_v >= 1 (checked)
   auto plan = [&](int64_t begin, int64_t end, int64_t /*after*/) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = start[r + 1] - start[r];
-      const int32_t* toks = mt + r * k;
-      const int32_t* slots = ms + r * k;
-      const BlockT* row_bt = bt + r * blocks_per_row;
       uint64_t* gk = gvas + start[r];
       uint64_t* gv = gvas + total + start[r];
       uint64_t* ak = addr + start[r];
       uint64_t* av = addr + total + start[r];
-      int32_t* sk = size + start[r];
-      int32_t* sv = size + total + start[r];
-      const uint64_t slot0 = static_cast<uint64_t>(r) * static_cast<uint64_t>(capacity);
-      int64_t j = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        const int32_t t = toks[i], s = slots[i];
-        if (t < 0 || s < 0 || s >= capacity) continue;
-        // One 32-bit division (a shift for the usual power-of-two block size), not two 64-bit.
-        const uint32_t q = shift >= 0 ? static_cast<uint32_t>(t) >> shift
-                                      : static_cast<uint32_t>(t) / bs32;
-        if (q >= static_cast<uint64_t>(blocks_per_row)) continue;
-        const int64_t blk = static_cast<int64_t>(row_bt[q]);
-        if (blk < 0) continue;
-        // All in uint64: block ids past 2^14 and bases near 2^50 are normal here.
-        const uint64_t src_tok = static_cast<uint64_t>(blk) * bs + (static_cast<uint32_t>(t) - q * bs32);
-        const uint64_t dst_tok = slot0 + static_cast<uint64_t>(s);
-        gk[j] = src_k + src_tok * tok_k;
-        gv[j] = src_v + src_tok * tok_v;
-        ak[j] = dst_k + dst_tok * tok_k;
-        av[j] = dst_v + dst_tok * tok_v;
-        ++j;
-      }
+      const AddrRow<BlockT> row{mt + r * k, ms + r * k, start[r + 1] - start[r],
+                                bt + r * blocks_per_row,
+                                static_cast<uint64_t>(r) * static_cast<uint64_t>(capacity)};
+      int64_t j = pow2 ? addrs_row_unchecked<true>(row, consts, gk, gv, ak, av)
+                       : addrs_row_unchecked<false>(row, consts, gk, gv, ak, av);
+      if (j < 0) j = addrs_row_checked(row, consts, gk, gv, ak, av);
       valid[r] = j;
-      // The sizes where the entries stay when every entry is valid (the manager's inputs):
-      // on the row's own thread, in the same pass; otherwise rewritten after packing.
-      std::fill(sk, sk + j, size_k);
-      std::fill(sv, sv + j, size_v);
+      // The sizes where the entries stay when every entry is valid (the manager's inputs): on
+      // the row's own thread, in the same pass; otherwise rewritten after packing.
+      std::fill(size + start[r], size + start[r] + j, size_k);
+      std::fill(size + total + start[r], size + total + start[r] + j, size_v);
     }
   };
   // Claims of 2 rows (~1 us each): the two threads finish within ~1 us of each other, where

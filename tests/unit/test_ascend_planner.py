@@ -324,8 +324,12 @@ def descriptor_buffers(rows: int, k: int):
     block_size=st.sampled_from([1, 16, 128]),
     invalid=st.booleans(),
     max_threads=st.sampled_from([1, 2, 8]),
+    # token bytes: both powers of two (the shift path, bf16 MLA), one not, neither
+    tok=st.sampled_from([(1024, 128), (1024, 96), (1152, 128), (1152, 96)]),
 )
-def test_descriptors_match_reference(seed, rows, k, capacity, block_size, invalid, max_threads):
+def test_descriptors_match_reference(
+    seed, rows, k, capacity, block_size, invalid, max_threads, tok
+):
     rng = np.random.default_rng(seed)
     blocks = 8
     mt = rng.integers(0, blocks * block_size, (rows, k)).astype(np.int32)
@@ -340,7 +344,7 @@ def test_descriptors_match_reference(seed, rows, k, capacity, block_size, invali
         mc[rng.random(rows) < 0.2] = k + 4
         mt[rng.random(mt.shape) < 0.05] = blocks * block_size + 1
     bases = [int(2**50 - x) for x in rng.integers(1, 2**30, 4)]
-    tok_k, tok_v = 1152, 128
+    tok_k, tok_v = tok
     gvas, addr, size, num = descriptor_buffers(rows, k)
     s = ap.compute_lru_resident_addrs(
         mc, mt, ms, bt, block_size, tok_k, tok_v, *bases, capacity, max_threads,
