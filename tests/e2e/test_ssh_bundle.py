@@ -44,8 +44,8 @@ def profile(bed: Testbed, proxy_python: str) -> dict[str, Any]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CACHE_ROOT": "cache/vllm",
-        "TORCHINDUCTOR_CACHE_DIR": "cache/inductor",
+        "VLLM_CACHE_ROOT": "${HOME}/.cache/kvpd/vllm",
+        "TORCHINDUCTOR_CACHE_DIR": "${HOME}/.cache/kvpd/inductor",
         "XDG_CACHE_HOME": "cache/xdg",
     }
     return {
