@@ -254,6 +254,7 @@ struct AddrConsts {
   uint32_t bs32;
   int shift;  // log2 of the block size when it is a power of two, else -1
   int64_t blocks_per_row, capacity;
+  uint32_t shift_k, shift_v;  // log2 of tok_k and tok_v (used when both are powers of two)
 };
 
 // One row's misses: tokens and slots, their number, the row's block table and first slot.
@@ -265,6 +266,29 @@ struct AddrRow {
   const BlockT* bt;
   uint64_t slot0;
 };
+
+// v * bytes, as a shift when kShift (bytes == 1 << shift).
+template <bool kShift>
+KVPD_INLINE uint64_t scaled(uint64_t v, uint64_t bytes, uint32_t shift) {
+  if constexpr (kShift) {
+    return v << shift;
+  } else {
+    (void)shift;
+    return v * bytes;
+  }
+}
+
+// Entry i's four addresses from its source token and its slot.
+template <bool kShift>
+KVPD_INLINE void put_addrs(int64_t i, uint64_t src, uint64_t us, const AddrConsts& k,
+                           uint64_t dst_k, uint64_t dst_v, uint64_t* __restrict__ gk,
+                           uint64_t* __restrict__ gv, uint64_t* __restrict__ ak,
+                           uint64_t* __restrict__ av) {
+  gk[i] = k.src_k + scaled<kShift>(src, k.tok_k, k.shift_k);
+  gv[i] = k.src_v + scaled<kShift>(src, k.tok_v, k.shift_v);
+  ak[i] = dst_k + scaled<kShift>(us, k.tok_k, k.shift_k);
+  av[i] = dst_v + scaled<kShift>(us, k.tok_v, k.shift_v);
+}
 
 // One row's descriptors, written packed from the row's start; returns how many were valid.
 // Taken by value and through __restrict__ locals: reached through the closure's references,
@@ -294,11 +318,7 @@ KVPD_INLINE int64_t addrs_row_checked(const AddrRow<BlockT> row, const AddrConst
     if (blk < 0) continue;
     // All in uint64: block ids past 2^14 and bases near 2^50 are normal here.
     const uint64_t src_tok = static_cast<uint64_t>(blk) * k.bs + (ut - q * k.bs32);
-    const uint64_t us = static_cast<uint32_t>(s);
-    gk[j] = k.src_k + src_tok * k.tok_k;
-    gv[j] = k.src_v + src_tok * k.tok_v;
-    ak[j] = dst_k + us * k.tok_k;
-    av[j] = dst_v + us * k.tok_v;
+    put_addrs<false>(j, src_tok, static_cast<uint32_t>(s), k, dst_k, dst_v, gk, gv, ak, av);
     ++j;
   }
   return j;
@@ -333,24 +353,8 @@ KVPD_INLINE int64_t addrs_row_unchecked(const AddrRow<BlockT> row, const AddrCon
   }
   if (bad) return -1;
   const uint64_t dst_k = k.dst_k + row.slot0 * k.tok_k, dst_v = k.dst_v + row.slot0 * k.tok_v;
-  if constexpr (kShift) {
-    const uint32_t sk = static_cast<uint32_t>(__builtin_ctzll(k.tok_k));
-    const uint32_t sv = static_cast<uint32_t>(__builtin_ctzll(k.tok_v));
-    for (int64_t i = 0; i < n; ++i) {
-      const uint64_t src = gk[i], us = static_cast<uint32_t>(slots[i]);
-      gk[i] = k.src_k + (src << sk);
-      gv[i] = k.src_v + (src << sv);
-      ak[i] = dst_k + (us << sk);
-      av[i] = dst_v + (us << sv);
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) {
-      const uint64_t src = gk[i], us = static_cast<uint32_t>(slots[i]);
-      gk[i] = k.src_k + src * k.tok_k;
-      gv[i] = k.src_v + src * k.tok_v;
-      ak[i] = dst_k + us * k.tok_k;
-      av[i] = dst_v + us * k.tok_v;
-    }
+  for (int64_t i = 0; i < n; ++i) {
+    put_addrs<kShift>(i, gk[i], static_cast<uint32_t>(slots[i]), k, dst_k, dst_v, gk, gv, ak, av);
   }
   return n;
 }
@@ -370,12 +374,14 @@ int64_t addrs_impl(const int32_t* mc, const int32_t* mt, const int32_t* ms, int6
   }
   const int64_t total = start[rows];
   const uint32_t bs32 = static_cast<uint32_t>(block_size);  // checked <= INT32_MAX
+  // block_size, tok_k and tok_v are checked >= 1.
+  auto is_pow2 = [](uint64_t v) { return (v & (v - 1)) == 0; };
+  auto log2 = [](uint64_t v) { return static_cast<uint32_t>(__builtin_ctzll(v)); };
   const AddrConsts consts{static_cast<uint64_t>(block_size), tok_k, tok_v, src_k, src_v, dst_k,
-                          dst_v, bs32, (bs32 & (bs32 - 1)) == 0 ? __builtin_ctz(bs32) : -1,
-                          blocks_per_row, capacity};
+                          dst_v, bs32, is_pow2(bs32) ? static_cast<int>(log2(bs32)) : -1,
+                          blocks_per_row, capacity, log2(tok_k), log2(tok_v)};
   const int32_t size_k = static_cast<int32_t>(tok_k), size_v = static_cast<int32_t>(tok_v);
-  auto is_pow2 = [](uint64_t v) { return v != 0 && (v & (v - 1)) == 0; };
-  const bool pow2 = is_pow2(tok_k) && is_pow2(tok_v);  // tok_k, tok_v >= 1 (checked)
+  const bool pow2 = is_pow2(tok_k) && is_pow2(tok_v);
   auto plan = [&](int64_t begin, int64_t end, int64_t /*after*/) {
     for (int64_t r = begin; r < end; ++r) {
       uint64_t* gk = gvas + start[r];

@@ -184,8 +184,9 @@ KVPD_INLINE RowMarks mark_row(const RowIO& io, Workspace& ws, uint32_t* n_valid)
     if (t < umax) {
       const uint32_t w = t >> kWordShift<W>;
       // An OR into memory (one instruction, a shift by BMI2's SHLX on the AVX2 path) rather
-      // than a load, BTS and a store: AVX2 layers 3-10% faster on Zen 5 in A/B runs, the
-      // baseline path within their spread.
+      // than a load, BTS and a store. Measured on Zen 5 with the descriptor pass of the same
+      // commit: both paths faster together; alone, its effect on either path moved with where
+      // the loops were placed (docs/native-planner.md).
       mark[w] |= W{1} << (t & kBitMask<W>);
       last_word = std::max(last_word, w);
       ++valid;
