@@ -51,10 +51,11 @@ def test_mixed_bench_twice_hits_on_the_second_run(mixed: Rehearsal, tmp_path: Pa
     # Each DP rank has its own prefix cache, and vLLM's balancer, not kvpd, picks the rank: a
     # warm request may land on the rank that did not serve it cold (in one run all four did).
     # That rank finds the prompt in the connector's shared folder instead, an external hit.
+    # Either way a warm prompt finds all its whole 32-token blocks (the rehearsal's block size)
+    # but of its last token, at any length: at most 32 tokens short of the prompt.
     total = warm["metrics"]["summary"]  # summed over the engines
     cached = total["prefix_cache_hits"] + total["external_prefix_cache_hits"]
-    # a prompt's whole 32-token blocks (the rehearsal's block size): 96 of a 128-token prompt
-    assert cached >= total["prompt_tokens"] / 2, warm["metrics"]["per_target"]
+    assert cached >= total["prompt_tokens"] - 4 * 32, warm["metrics"]["per_target"]
     # the output check ran after each phase (on by default in rehearsals): the proxy's
     # completions equal those of mixed-0 asked directly, DP ranks and all
     for rec in (cold, warm):

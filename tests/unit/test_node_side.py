@@ -126,25 +126,38 @@ def test_node_side_with_the_engine_python() -> None:
 
 
 REHEARSAL_CONNECTOR_CHECK = """
-import json
-from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ExampleConnector
+import json, tempfile, types
+from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ReqMeta
 from kvpd.connectors.example_rehearsal import KvpdExampleConnector
 
-seen = []
-def parent(self, request, num_computed_tokens):
-    seen.append(num_computed_tokens)
-    return PARENT[num_computed_tokens]
-PARENT = {64: (-32, False), 32: (32, False), 0: (None, False)}
-ExampleConnector.get_num_new_matched_tokens = parent
 c = KvpdExampleConnector.__new__(KvpdExampleConnector)
-print(json.dumps([c.get_num_new_matched_tokens(None, n) for n in (64, 32, 0)]))
+c._block_size = 32
+c._storage_path = tempfile.mkdtemp()
+rows = []
+for n in (33, 95, 96, 97, 128, 129, 130, 161):
+    tokens = list(range(1000 + n, 1000 + 2 * n))  # another prompt for each length
+    req = types.SimpleNamespace(prompt_token_ids=tokens, mm_features=[])
+    before = c.get_num_new_matched_tokens(req, 0)[0]
+    # what ExampleConnector's store of this prompt writes: the file of its first layer
+    meta = ReqMeta.make_meta(tokens, list(range(8)), 32, True, [])
+    c._generate_filename_debug("layer.0", meta.token_ids, [])
+    stored = len(meta.token_ids)
+    rows.append({
+        "len": n, "stored": stored, "before": before,
+        "cold": c.get_num_new_matched_tokens(req, 0)[0],
+        "half": c.get_num_new_matched_tokens(req, 32)[0],
+        "local": c.get_num_new_matched_tokens(req, stored)[0],
+        "found": c._found_match_for_prompt(tokens, []),
+    })
+print(json.dumps(rows))
 """
 
 
-def test_the_rehearsal_connector_never_reports_a_negative_hit() -> None:
-    # vLLM's ExampleConnector gives -32 for a 129-token prompt (block 32) whose first 128 tokens
-    # the engine's own prefix cache holds; kvpd's subclass gives no external hit instead, and
-    # passes every other answer through.
+def test_the_rehearsal_connector_finds_a_prompt_under_the_key_it_stored_it() -> None:
+    # vLLM's ExampleConnector stores a 129-token prompt (block 32) under its first 128 tokens but
+    # looks it up under its first 96: another engine or DP rank never finds it, and an engine
+    # holding it in its own prefix cache got a negative count (-32), on which vLLM's metrics
+    # logger stops the API server. kvpd's subclass looks up, counts and stores by one key.
     py = engine_python()
     if py is None:
         pytest.skip("no engine venv (make engine): vLLM-side modules not imported")
@@ -152,8 +165,15 @@ def test_the_rehearsal_connector_never_reports_a_negative_hit() -> None:
     done = subprocess.run([py, "-c", REHEARSAL_CONNECTOR_CHECK], env=env, capture_output=True,
                           text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [
-        [0, False],
-        [32, False],
-        [None, False],
-    ]
+    rows = json.loads(done.stdout.strip().splitlines()[-1])
+    for row in rows:
+        whole = (row["len"] - 1) // 32 * 32  # whole blocks of all tokens but the last
+        assert row == {
+            "len": row["len"],
+            "stored": whole,
+            "before": 0,
+            "cold": whole,
+            "half": whole - 32,
+            "local": 0,
+            "found": True,
+        }, row
