@@ -14,7 +14,7 @@ from kvpd.exec.containers.life import remove_containers, start_containers
 from kvpd.exec.diagnose import causes as diagnose
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.pool import TransportPool
-from kvpd.exec.processes import readiness
+from kvpd.exec.processes import readiness, sweep
 from kvpd.exec.processes.health import ProbeResult, probe
 from kvpd.exec.processes.status import ProcessStatus, query_status
 from kvpd.exec.processes.stop import DownResult, Stopper, StopResult, is_running
@@ -192,7 +192,7 @@ class Executor:
             t.append(log, header + "\n")
         except (KvpdError, OSError) as e:
             raise _ProcessFailed(p, f"could not create its log {log}: {e}") from e
-        env = dict(p.env) | {"KVPD_DEPLOYMENT": state.deployment, "KVPD_PROCESS": p.name}
+        env = dict(p.env) | {sweep.DEPLOYMENT_ENV: state.deployment, sweep.PROCESS_ENV: p.name}
         try:
             s = t.start_detached(
                 ["bash", posixpath.join(run_dir, p.script)], log=log, cwd=run_dir, env=env
@@ -354,7 +354,9 @@ class Executor:
     def _stop_all(self, state: DeploymentState, pool: Fanout) -> StopResult:
         """Stop every recorded process; those gone are `stopped` (a `failed` one keeps its
         word), and each host's record then names only what is left (none: removed)."""
-        result = self._stopper(pool).stop(list(state.processes))
+        stopper = self._stopper(pool)
+        result = stopper.stop(list(state.processes))
+        sweep.stop_unrecorded(stopper, state, result)  # sessions a killed `up` left unrecorded
         for o in result.outcomes:
             rec = state.record(o.name)
             if rec is not None and o.gone and rec.status != "failed":

@@ -15,12 +15,13 @@ from kvpd.errors import DeployError, StateError
 from kvpd.exec import admin_token, client_key, rolling
 from kvpd.exec.containers.life import remove_containers, start_containers
 from kvpd.exec.executor import DEFAULT_GRACE_S, Executor
+from kvpd.exec.fanout import Fanout
 from kvpd.exec.interrupts import sigterm_as_interrupt
 from kvpd.exec.lease.scope import Leasing, leased
 from kvpd.exec.pool import TransportPool
 from kvpd.exec.preflight.checks import Check
 from kvpd.exec.preflight.run import run_checks
-from kvpd.exec.processes import supervised
+from kvpd.exec.processes import supervised, sweep
 from kvpd.exec.processes.stop import DownResult
 from kvpd.exec.processes.supervised import Supervised
 from kvpd.exec.proxy_admin import ProxyAdmin
@@ -199,7 +200,10 @@ class Deployments(Inspecting, Leasing):
         else:
             cur = self.current(plan)
             state, refused = cur.state, list(cur.refused.values())
-            if not state.processes and not refused:
+            # A host no record names may still run a start a killed `up` left unrecorded: its
+            # run dir is looked at too (never a host whose record was refused).
+            self._plan_run_dirs(state, skip=set(cur.refused) | set(cur.unreachable))
+            if not state.processes and not refused and not self._any_unrecorded(state):
                 state = None
         if state is None:
             return None
@@ -211,6 +215,22 @@ class Deployments(Inspecting, Leasing):
             "down", "clean" if result.clean else "incomplete: " + "; ".join(problems(result))
         )
         return result
+
+    def _plan_run_dirs(self, state: DeploymentState, skip: set[str]) -> None:
+        """Add the plan's run dir (as its transport resolves it) of each process host that has
+        none in `state` and is not in `skip`; a host that cannot resolve it is left out."""
+        pool = self.transports(state.plan)
+        for h in sorted({p.host for p in state.plan.processes} - set(state.run_dirs) - skip):
+            try:
+                state.run_dirs[h] = pool[h].resolve(state.plan.host(h).run_dir)
+            except Exception:  # noqa: BLE001 - unreachable: its records were not read either
+                continue
+
+    def _any_unrecorded(self, state: DeploymentState) -> bool:
+        pool = self.transports(state.plan)
+        with Fanout(8) as fan:
+            found, _ = sweep.find_unrecorded(pool, fan.map, state)
+        return bool(found)
 
     def _reap_children(
         self, state: DeploymentState, children: dict[str, Supervised], result: DownResult

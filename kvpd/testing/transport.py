@@ -25,6 +25,7 @@ from kvpd.exec import procfs, run_dirs
 from kvpd.exec.channel_errors import CONNECT_FAILED, PROHIBITED, refusal, unreachable
 from kvpd.exec.command_words import check_env
 from kvpd.exec.lease.host import LEASE_SH
+from kvpd.exec.processes import sweep
 from kvpd.exec.transport import (
     CommandResult,
     HttpRequest,
@@ -63,6 +64,7 @@ class FakeProcess:
     program: FakeProgram
     env: dict[str, str] = field(default_factory=dict)
     state: str = "S"
+    cwd: str = "/"
 
     @property
     def stat(self) -> procfs.ProcStat:
@@ -173,8 +175,9 @@ class FakeTransport:
             program = self._program(argv)
             pid = next(self._pids)
             proc = FakeProcess(
-                pid, pid, pid, next(self._ticks), tuple(argv), program, dict(env or {})
-            )
+                pid, pid, pid, next(self._ticks), tuple(argv), program, dict(env or {}),
+                cwd=self.resolve(cwd),
+            )  # fmt: skip
             log_path = self.resolve(log)
             self.append(log_path, program.output)
             if program.exit_code is None:
@@ -301,6 +304,8 @@ def _sh(t: FakeTransport, argv: list[str]) -> CommandResult:
     # and its lease snippet (kvpd.testing.lease_sh)
     if argv[1:3] == ["-c", LEASE_SH]:
         return lease_sh.run(t, argv)
+    if argv[1:3] == ["-c", sweep.SWEEP_SH]:
+        return _sweep(t, argv)
     if argv[1:2] != ["-c"] or argv[2] not in (run_dirs.MARK_SH, run_dirs.PURGE_SH):
         return _fail(argv, "sh: this script is not scripted in the fake", NOT_FOUND)
     d, marker, text = t.resolve(argv[4]), argv[5], (argv[6] + "\n").encode()
@@ -317,6 +322,21 @@ def _sh(t: FakeTransport, argv: list[str]) -> CommandResult:
         _rm(t, ["rm", "-rf", "--", posixpath.join(d, name)])
     left = sorted({f[len(d) + 1 :].split("/", 1)[0] for f in _under(t, d)})
     return CommandResult(tuple(argv), 5, "\n".join(left), "") if left else _ok(argv)
+
+
+def _sweep(t: FakeTransport, argv: list[str]) -> CommandResult:
+    """sweep.SWEEP_SH: sh -c SCRIPT NAME KVPD_DEPLOYMENT=<name> RUN_DIR."""
+    key, _, value = argv[4].partition("=")
+    d = t.resolve(argv[5]).rstrip("/")
+    lines = []
+    for p in sorted(t.processes.values(), key=lambda p: p.pid):
+        if p.env.get(key) != value or not (p.cwd == d or p.cwd.startswith(d + "/")):
+            continue
+        st = p.stat
+        fields = ["0"] * 15 + [str(st.start_ticks)]  # fields 7-22
+        stat = f"{st.pid} (fake) {st.state} 1 {st.pgid} {st.sid} {' '.join(fields)}"
+        lines.append(f"{p.env.get(sweep.PROCESS_ENV, '')}\t{stat}\n")
+    return _ok(argv, "".join(lines))
 
 
 _BUILTINS: dict[str, Builtin] = {

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from kvpd.exec.records.model import RECORD_FILE
+from kvpd.exec.ssh import SSHTransport
 from tests.e2e.test_ssh_rehearsal import (
     SHARED,
     UCM4_HOSTS,
@@ -118,6 +120,17 @@ def wait_for_records(
     raise AssertionError(f"{n} processes were not recorded within {within_s}s")
 
 
+def killed_once_recorded(state_dir: Path, inv: Path, n: int) -> dict:
+    """`up`, SIGKILLed once it has recorded `n` processes (no rollback, no goodbye: only the
+    state file and the host records remain); the state it had saved."""
+    proc = start_up(state_dir, inv)
+    try:
+        return wait_for_records(state_dir, n, proc)
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
 def busy(bed: Testbed, hosts: list[str]) -> dict[str, list[str]]:
     return {h: ps for h, ps in processes_on(bed, hosts).items() if ps}
 
@@ -214,16 +227,42 @@ def test_down_from_the_state_file_after_kvpd_was_killed(
 ) -> None:
     inv = inventory(tmp_path, bed, fake_engine, UCM4_HOSTS)
     state_dir = tmp_path / "state"
-    proc = start_up(state_dir, inv)
-    try:
-        state = wait_for_records(state_dir, 4, proc)
-    finally:
-        proc.kill()  # SIGKILL: no rollback, no goodbye; only the state file remains
-        proc.communicate()
+    state = killed_once_recorded(state_dir, inv, 4)
     assert state["status"] == "starting"
     hosts = list(UCM4_HOSTS.values())
     assert set(busy(bed, hosts)) == set(hosts)  # one fake engine per host, orphaned
     r = kvpd(state_dir, "down", PROFILE, "--json", "--grace", "5")  # a fresh kvpd process
     result = json.loads(r.stdout)
     assert {p["result"] for p in result["processes"]} == {"stopped"}, result
+    assert busy(bed, hosts) == {}
+
+
+def test_down_stops_a_start_the_killed_up_never_recorded(
+    bed: Testbed, fake_engine: Path, tmp_path: Path
+) -> None:
+    """`up` SIGKILLed between starting a process and recording it (the window is a round trip
+    wide; here it is widened by taking one process out of both records afterwards): `down`
+    finds it by the deployment's environment and run dir on its host, and stops it too."""
+    inv = inventory(tmp_path, bed, fake_engine, UCM4_HOSTS)
+    state_dir = tmp_path / "state"
+    state = killed_once_recorded(state_dir, inv, 4)
+    lost = state["processes"][0]
+    host = lost["host"]
+    # fault injection: neither the local cache nor the host's record names `lost`
+    path = state_dir / PROFILE / "state.json"
+    state["processes"] = [p for p in state["processes"] if p["name"] != lost["name"]]
+    path.write_text(json.dumps(state))
+    t = SSHTransport(bed.spec(UCM4_HOSTS[host], name=host))
+    try:
+        record = state["run_dirs"][host] + "/" + RECORD_FILE
+        assert t.run(["rm", "-f", "--", record]).ok
+    finally:
+        t.close()
+    hosts = list(UCM4_HOSTS.values())
+    assert set(busy(bed, hosts)) == set(hosts)
+    r = kvpd(state_dir, "down", PROFILE, "--json", "--grace", "5", "--inventory", str(inv),
+             "--rehearse", *SPREAD)  # fmt: skip
+    result = json.loads(r.stdout)
+    outcomes = {p["name"]: p["result"] for p in result["processes"]}
+    assert outcomes.get(f"{lost['name']} (unrecorded)") == "stopped", result
     assert busy(bed, hosts) == {}

@@ -218,6 +218,25 @@ def test_down_removes_records_and_a_cache_catches_up(started, tmp_path: Path, ho
     assert StateStore(tmp_path / "state").require("demo").status == "down"
 
 
+def test_down_with_no_record_left_still_stops_what_runs_in_the_run_dir(
+    started, tmp_path: Path, home: Path
+) -> None:
+    """An `up` killed before any record was written: neither a record nor a cache names its
+    processes, and `down` finds them by the deployment's environment in the plan's run dir."""
+    plan, state, t = started
+    (tmp_path / "run" / RECORD_FILE).unlink()
+    with Deployments(StateStore(tmp_path / "elsewhere"), transports={HOST: t}, grace_s=2) as svc:
+        result = svc.down("demo", plan=plan)
+    assert result is not None
+    assert sorted((o.name, o.how) for o in result.stop.outcomes) == [
+        ("kv (unrecorded)", "stopped"),
+        ("proxy (unrecorded)", "stopped"),
+    ]
+    assert not any(t.alive(r.pid, start_ticks=r.start_ticks) for r in state.processes)
+    with Deployments(StateStore(tmp_path / "elsewhere"), transports={HOST: t}, grace_s=2) as svc:
+        assert svc.down("demo", plan=plan) is None  # nothing left: nothing to stop
+
+
 def test_conflicts_name_the_deployment_and_owner(started, tmp_path: Path) -> None:
     plan, state, t = started
     import dataclasses

@@ -15,7 +15,8 @@ import pytest
 
 from kvpd.errors import KvpdError
 from kvpd.exec.local import LocalTransport
-from kvpd.exec.transport import ChannelError, HttpRequest, HttpResponse, Transport
+from kvpd.exec.processes import sweep
+from kvpd.exec.transport import ChannelError, HttpRequest, HttpResponse, Started, Transport
 from kvpd.testing.clock import free_port, wait_for
 from kvpd.testing.transport import Answer, FakeProgram, FakeTransport
 
@@ -242,3 +243,37 @@ def test_http_to_a_port_as_the_host_sees_it(host: Host) -> None:
     with pytest.raises(ChannelError) as e:
         t.http(HttpRequest("GET", "127.0.0.1", port, "/health", timeout_s=5))
     assert e.value.kind == "refused"
+
+
+def test_a_started_process_is_found_by_its_deployment_marks(host: Host) -> None:
+    """What `down` finds when no record names a process: the sessions whose environment names
+    the deployment and that run in its run dir; not another deployment's, nor one elsewhere."""
+    t = host.t
+    host.script(FakeProgram(output="sleeping\n"))
+    dep = f"dep-{uuid.uuid4().hex[:6]}"
+    run_dir, other = f"{host.workdir}/run", f"{host.workdir}/other"
+    assert t.run(["mkdir", "-p", run_dir, other]).ok
+
+    def start(cwd: str, env: dict[str, str]) -> Started:
+        argv = ["python3", "-c", "import time; time.sleep(600)"]
+        return t.start_detached(argv, log=f"{host.workdir}/sleep.log", cwd=cwd, env=env)
+
+    marks = {sweep.DEPLOYMENT_ENV: dep, sweep.PROCESS_ENV: "prefill-0"}
+    started = [
+        start(run_dir, marks),
+        start(other, marks),  # the deployment's name, another directory
+        start(run_dir, {**marks, sweep.DEPLOYMENT_ENV: dep + "x"}),  # another deployment
+        start(run_dir, {}),
+    ]
+    try:
+        found = sweep.list_marked(t, dep, run_dir)
+        ours = started[0]
+        # its session only (a container runtime's wrapper may be its leader, with a child)
+        assert {(m.name, m.stat.pgid, m.stat.sid) for m in found} == {
+            ("prefill-0", ours.pgid, ours.pgid)
+        }
+        assert (ours.pid, ours.start_ticks) in {(m.stat.pid, m.stat.start_ticks) for m in found}
+        assert sweep.list_marked(t, dep, f"{host.workdir}/missing") == []
+    finally:
+        for s in started:
+            t.signal_group(s.pgid, signal.SIGKILL, start_ticks=s.start_ticks)
