@@ -162,3 +162,28 @@ def test_secret_env_of_a_detached_start_never_reaches_the_command_line(monkeypat
     t.start_detached(["vllm"], log="/r/l.log", cwd="/r", env={"VLLM_API_KEY": "sk-value"})
     assert "sk-value" not in sent[0]
     assert b"VLLM_API_KEY='sk-value'" in written[0]
+
+
+def test_a_start_keeps_the_identity_of_a_process_that_exits_at_once(tmp_path) -> None:
+    """The started process reports its own stat line before it execs: a command that exits at
+    once (a launcher that forks and leaves) still gets its start time, in every run."""
+    from kvpd.exec.ssh.processes import started
+
+    for _ in range(20):
+        line = detached_command_line(["true"], log=str(tmp_path / "l.log"), cwd=str(tmp_path))
+        out = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=10)
+        s = started(out.stdout.splitlines(), "l.log")
+        assert s.start_ticks > 0, out.stdout
+
+
+def test_start_output_is_read_in_either_order() -> None:
+    from kvpd.errors import TransportError
+    from kvpd.exec.ssh.processes import started
+
+    stat = "4242 (sh) S 1 4242 4242 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 777 0 0"
+    assert started(["4242", stat], "/l").start_ticks == 777
+    assert started([stat, "4242"], "/l").start_ticks == 777
+    assert started(["4242"], "/l").start_ticks == 0  # unknown: never signalled (may_signal_group)
+    assert started(["4242", stat.replace("4242 (", "4243 (")], "/l").start_ticks == 0
+    with pytest.raises(TransportError, match="no PID"):
+        started([stat], "/l")

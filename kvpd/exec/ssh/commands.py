@@ -100,8 +100,17 @@ def detached_command_line(
         f"{{ echo {quote_word('command not found: ' + argv[0])} >&2; exit {NOT_FOUND}; }}"
     )
     cmd = " ".join(quote_word(a) for a in argv)
-    parts.append(f"setsid {cmd} >>{quote_word(log)} 2>&1 </dev/null &")
-    # `&` already ends the statement; what follows runs in the foreground shell.
+    # The new process prints its own stat line (its start time, the PID-reuse guard) on fd 3,
+    # the channel, closes it and only then execs the command, which keeps PID and start time:
+    # the foreground's `cat` after `$!` finds nothing when the process has already exited and
+    # the shell reaped it (a launcher that forks and exits; seen under load).
+    report = 'cat "/proc/$$/stat" >&3 2>/dev/null; exec 3>&-; exec "$@"'
+    parts.append(
+        f"setsid sh -c {quote_word(report)} kvpd-start {cmd} 3>&1 >>{quote_word(log)} 2>&1 "
+        "</dev/null &"
+    )
+    # `&` already ends the statement; what follows runs in the foreground shell. The two
+    # outputs may come in either order (see processes.started).
     line = "; ".join(parts[:-1]) + "; " + parts[-1]
     return line + ' p=$!; echo "$p"; cat "/proc/$p/stat" 2>/dev/null; exit 0'
 

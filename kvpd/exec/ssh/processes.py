@@ -58,12 +58,20 @@ class ShellProcesses:
         return [p for p in ports if p in listening]
 
 
+def started_pid(lines: list[str]) -> int | None:
+    """The PID line of `detached_command_line`'s output (the only line of digits alone)."""
+    return next((int(x) for x in lines if x.strip().isdigit()), None)
+
+
 def started(lines: list[str], log_path: str) -> Started:
-    """The process `detached_command_line` started, from its output: the PID on the first
-    line, then its stat line (for the start time that guards against PID reuse)."""
-    pid = int(lines[0])
+    """The process `detached_command_line` started, from its output: its PID on a line of its
+    own and its stat line (for the start time that guards against PID reuse), as the process
+    itself and the shell that started it printed them, in either order."""
+    pid = started_pid(lines)
+    if pid is None:
+        raise TransportError("the host reported no PID for the process it started")
     if not procfs.signalable(pid):  # node output: kvpd would later signal this number's group
         raise TransportError(f"the host reported PID {pid} for the process it started")
-    st = procfs.parse_stat("\n".join(lines[1:])) if len(lines) > 1 else None
-    ticks = st.start_ticks if st is not None and st.pid == pid else 0
+    stats = (procfs.parse_stat(x) for x in lines if not x.strip().isdigit())
+    ticks = next((st.start_ticks for st in stats if st is not None and st.pid == pid), 0)
     return Started(pid=pid, pgid=pid, start_ticks=ticks, log=log_path)

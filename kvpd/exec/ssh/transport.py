@@ -17,7 +17,7 @@ from kvpd.exec.channel_errors import unreachable
 from kvpd.exec.ssh import channels, commands, sftp
 from kvpd.exec.ssh.config import Route, load_ssh_config, route
 from kvpd.exec.ssh.connect import LINK_ERRORS, Connection, Unstarted, connect
-from kvpd.exec.ssh.processes import ShellProcesses, started
+from kvpd.exec.ssh.processes import ShellProcesses, started, started_pid
 from kvpd.exec.ssh.timed import drive
 from kvpd.exec.transport import (
     ChannelError,
@@ -293,7 +293,7 @@ class SSHTransport(ShellProcesses):
         code, out, err, timed_out = self._exec(script, 30.0)
         text = out.decode(errors="replace")
         lines = text.splitlines()
-        if timed_out or code != 0 or not lines or not lines[0].strip().isdigit():
+        if timed_out or code != 0 or started_pid(lines) is None:
             why = "timed out" if timed_out else f"exit {code}"
             raise TransportError(
                 f"host {self.host}: starting {argv[0]!r} in {cwd_path} failed ({why}): "
