@@ -103,7 +103,9 @@ def start_up(state_dir: Path, inv: Path) -> subprocess.Popen[str]:
 def wait_for_records(
     state_dir: Path, n: int, proc: subprocess.Popen[str], within_s: float = 120
 ) -> dict:
-    """The saved state once it records `n` started processes."""
+    """The saved state once it records `n` started processes, and their hosts' records do too:
+    `up` saves each start locally first and then writes its host's record, the one `status`,
+    `diagnose` and `down` read, so a kill between the two would leave the host silent."""
     path = state_dir / PROFILE / "state.json"
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
@@ -112,12 +114,18 @@ def wait_for_records(
             raise AssertionError(f"kvpd up exited early ({proc.returncode}):\n{out}\n{err}")
         try:
             state = json.loads(path.read_text())
-            if len(state["processes"]) >= n:
+            if len(state["processes"]) >= n and _hosts_record(state_dir) >= n:
                 return state
         except (FileNotFoundError, ValueError, KeyError):
             pass
         time.sleep(0.2)
     raise AssertionError(f"{n} processes were not recorded within {within_s}s")
+
+
+def _hosts_record(state_dir: Path) -> int:
+    """How many processes `kvpd status` (the hosts' records) names."""
+    r = kvpd(state_dir, "status", PROFILE, "--json", check=False)
+    return len(json.loads(r.stdout)["processes"]) if r.returncode == 0 else 0
 
 
 def killed_once_recorded(state_dir: Path, inv: Path, n: int) -> dict:
