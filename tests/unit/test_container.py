@@ -337,3 +337,19 @@ def test_secret_env_is_passed_by_name_not_on_the_runtime_command_line() -> None:
         assert not any(value in w for w in argv)
         assert argv[argv.index("-e") + 1] == name
         assert env == {name: value}
+
+
+@pytest.mark.parametrize("out", ["4242\n{stat}\n", "{stat}\n4242\n", "{stat}\n4242\n{stat}\n"])
+def test_a_start_takes_the_pid_and_its_stat_line_in_either_order(out: str) -> None:
+    """The started process prints its own stat line while the shell that started it prints its
+    PID: either may reach the channel first."""
+    from kvpd.exec.transport import CommandResult
+
+    stat = "4242 (sh) S 1 4242 4242 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 987654 0 0"
+
+    class Host(LocalTransport):
+        def run(self, argv, **opts):
+            return CommandResult(tuple(argv), 0, out.format(stat=stat), "")
+
+    s = ContainerTransport(Host(), spec("c")).start_detached(["vllm"], log="/r/l.log", cwd="/r")
+    assert (s.pid, s.pgid, s.start_ticks) == (4242, 4242, 987654)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvpd.errors import TransportError
 from kvpd.exec.ssh import commands
-from kvpd.exec.ssh.processes import ShellProcesses, started
+from kvpd.exec.ssh.processes import ShellProcesses, started, started_pid
 from kvpd.exec.transport import (
     CommandResult,
     HttpRequest,
@@ -147,7 +147,8 @@ class ContainerTransport(ShellProcesses):
         line = commands.detached_command_line(list(argv), log=log_path, cwd=cwd_path, env=rest)
         r = self._inside(line, 30.0, secret)
         lines = r.stdout.splitlines()
-        if not r.ok or not lines or not lines[0].strip().isdigit():
+        # The PID and the process's own stat line come in either order (processes.started).
+        if not r.ok or started_pid(lines) is None:
             why = runtime_failure(self.spec, self.host, r)
             raise TransportError(
                 why
