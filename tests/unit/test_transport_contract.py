@@ -266,13 +266,21 @@ def test_a_started_process_is_found_by_its_deployment_marks(host: Host) -> None:
         start(run_dir, {}),
     ]
     try:
-        found = sweep.list_marked(t, dep, run_dir)
         ours = started[0]
-        # its session only (a container runtime's wrapper may be its leader, with a child)
-        assert {(m.name, m.stat.pgid, m.stat.sid) for m in found} == {
-            ("prefill-0", ours.pgid, ours.pgid)
-        }
-        assert (ours.pid, ours.start_ticks) in {(m.stat.pid, m.stat.start_ticks) for m in found}
+        found: list[sweep.Marked] = []
+
+        def named() -> bool:
+            # A launcher (pyenv's python3 shim) execs and forks short-lived children before
+            # the command runs: a process read mid-exec, or that exits while listed, keeps its
+            # stat but not its name ("?"). Listed again until the leader is named.
+            found[:] = sweep.list_marked(t, dep, run_dir)
+            return ("prefill-0", ours.pid, ours.start_ticks) in {
+                (m.name, m.stat.pid, m.stat.start_ticks) for m in found
+            }
+
+        assert wait_for(named)
+        # Its session only (a container runtime's wrapper may be its leader, with a child).
+        assert {(m.stat.pgid, m.stat.sid) for m in found} == {(ours.pgid, ours.pgid)}
         assert sweep.list_marked(t, dep, f"{host.workdir}/missing") == []
     finally:
         for s in started:

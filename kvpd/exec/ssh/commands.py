@@ -102,9 +102,14 @@ def detached_command_line(
     cmd = " ".join(quote_word(a) for a in argv)
     # The new process prints its own stat line (its start time, the PID-reuse guard) on fd 3,
     # the channel, closes it and only then execs the command, which keeps PID and start time:
-    # the foreground's `cat` after `$!` finds nothing when the process has already exited and
-    # the shell reaped it (a launcher that forks and exits; seen under load).
-    report = 'cat "/proc/$$/stat" >&3 2>/dev/null; exec 3>&-; exec "$@"'
+    # the foreground's read after `$!` finds nothing when the process has already exited and
+    # the shell reaped it (a launcher that forks and exits; seen under load). Both read the
+    # line with the shell's own `read`, not `cat`: a child would be a second process in the
+    # new session carrying the deployment's marks, which a sweep running meanwhile would list.
+    report = (
+        '{ read -r _kvpd_s </proc/$$/stat && printf "%s\\n" "$_kvpd_s" >&3; } 2>/dev/null; '
+        'exec 3>&-; exec "$@"'
+    )
     parts.append(
         f"setsid sh -c {quote_word(report)} kvpd-start {cmd} 3>&1 >>{quote_word(log)} 2>&1 "
         "</dev/null &"
@@ -112,7 +117,10 @@ def detached_command_line(
     # `&` already ends the statement; what follows runs in the foreground shell. The two
     # outputs may come in either order (see processes.started).
     line = "; ".join(parts[:-1]) + "; " + parts[-1]
-    return line + ' p=$!; echo "$p"; cat "/proc/$p/stat" 2>/dev/null; exit 0'
+    return line + (
+        ' p=$!; echo "$p"; { read -r _kvpd_s </proc/$p/stat && printf "%s\\n" "$_kvpd_s"; } '
+        "2>/dev/null; exit 0"
+    )
 
 
 def stat_snippet(pid: int) -> str:
