@@ -24,6 +24,11 @@ def records_json(state: DeploymentState, seen: Current | None) -> dict[str, Any]
         },
         "refused_records": seen.refused,
         "unreachable": seen.unreachable,
+        # Sessions with the deployment's marks that no record names (not in "processes").
+        "unrecorded": [
+            {"host": r.host, "pgid": r.pgid, "name": r.name.removesuffix(" (unrecorded)")}
+            for r in seen.unrecorded
+        ],
     }
 
 
@@ -38,7 +43,18 @@ def records_lines(plan: Plan, state: DeploymentState, seen: Current | None) -> l
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(state.created_at))
         out.append(f"started by {state.started_by} at {when} (plan {state.profile_digest})")
     if not state.processes and not seen.refused and not seen.unreachable:
-        out.append(f"{plan.deployment}: stopped (no host records a process of it)")
+        out.append(
+            f"{plan.deployment}: stopped (no host records a process of it)"
+            if not seen.unrecorded
+            else f"{plan.deployment}: no host records a process of it, but some still run"
+        )
+    out += [
+        f"{r.host}: process group {r.pgid} ({r.name.removesuffix(' (unrecorded)')}) runs in "
+        "this deployment's run dir with its environment, but no record names it (an `up` "
+        "stopped between a start and its record). Fix: `kvpd down` with this profile stops it"
+        for r in seen.unrecorded
+    ]
+    out += seen.unasked
     if seen.drift:
         out.append(seen.drift.line(plan))
     out += [f"refused: {why}" for why in seen.refused.values()]

@@ -216,16 +216,6 @@ class Deployments(Inspecting, Leasing):
         )
         return result
 
-    def _plan_run_dirs(self, state: DeploymentState, skip: set[str]) -> None:
-        """Add the plan's run dir (as its transport resolves it) of each process host that has
-        none in `state` and is not in `skip`; a host that cannot resolve it is left out."""
-        pool = self.transports(state.plan)
-        for h in sorted({p.host for p in state.plan.processes} - set(state.run_dirs) - skip):
-            try:
-                state.run_dirs[h] = pool[h].resolve(state.plan.host(h).run_dir)
-            except Exception:  # noqa: BLE001 - unreachable: its records were not read either
-                continue
-
     def _any_unrecorded(self, state: DeploymentState) -> bool:
         pool = self.transports(state.plan)
         with Fanout(8) as fan:

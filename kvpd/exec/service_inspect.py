@@ -4,6 +4,7 @@ which provides the transport pool, the store and the executor."""
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -13,7 +14,8 @@ from kvpd.exec import logs
 from kvpd.exec.diagnose import gather
 from kvpd.exec.events import Event, EventLog, note_restarts
 from kvpd.exec.executor import Executor
-from kvpd.exec.processes import supervised
+from kvpd.exec.fanout import Fanout
+from kvpd.exec.processes import supervised, sweep
 from kvpd.exec.processes.status import ProcessStatus
 from kvpd.exec.processes.supervised import Supervised
 from kvpd.exec.records.conflicts import conflicts
@@ -121,6 +123,8 @@ class Inspecting(ClientHosts):
         cache had that no host records any more are shown stopped."""
         state = self._state(deployment, plan)
         rows = self._executor().status(state) + self._gone_rows(state)
+        if plan is not None:
+            self._note_unrecorded(state)
         for row in rows:
             run_dir = state.run_dirs.get(row.host)
             if run_dir and row.alive is not None:
@@ -150,6 +154,33 @@ class Inspecting(ClientHosts):
             return None
         rows = self._executor().status(state)
         return state if any(r.alive is not False for r in rows) else None
+
+    def _plan_run_dirs(self, state: DeploymentState, skip: set[str]) -> None:
+        """Add the plan's run dir (as its transport resolves it) of each process host that has
+        none in `state` and is not in `skip`; a host that cannot resolve it is left out."""
+        pool = self.transports(state.plan)
+        for h in sorted({p.host for p in state.plan.processes} - set(state.run_dirs) - skip):
+            try:
+                state.run_dirs[h] = pool[h].resolve(state.plan.host(h).run_dir)
+            except Exception:  # noqa: BLE001 - unreachable: its records were not read either
+                continue
+
+    def _note_unrecorded(self, state: DeploymentState) -> None:
+        """Into `self.seen`: the deployment's sessions that run on its hosts with its marks
+        (exec/processes/sweep.py) but that no record names, as an `up` killed between a start
+        and its record leaves them; `down` stops them. Hosts whose record was refused or that
+        did not answer are not asked."""
+        cur = self.seen
+        if cur is None:
+            return
+        probe = dataclasses.replace(state, run_dirs=dict(state.run_dirs))
+        self._plan_run_dirs(probe, skip=set(cur.refused) | set(cur.unreachable))
+        for h in set(cur.refused) | set(cur.unreachable):
+            probe.run_dirs.pop(h, None)
+        with Fanout(8) as fan:
+            cur.unrecorded, cur.unasked = sweep.find_unrecorded(
+                self.transports(state.plan), fan.map, probe
+            )
 
     def _gone_rows(self, state: DeploymentState) -> list[ProcessStatus]:
         """Rows for what the cache had that the hosts no longer record (stopped elsewhere)."""

@@ -268,6 +268,11 @@ def test_down_stops_a_start_the_killed_up_never_recorded(
         t.close()
     hosts = list(UCM4_HOSTS.values())
     assert set(busy(bed, hosts)) == set(hosts)
+    st = kvpd(state_dir, "status", PROFILE, "--json", "--inventory", str(inv), "--rehearse",
+              *SPREAD, check=False)  # fmt: skip
+    seen = json.loads(st.stdout)
+    assert lost["name"] not in {p["name"] for p in seen["processes"]}
+    assert {"host": host, "pgid": lost["pgid"], "name": lost["name"]} in seen["unrecorded"]
     r = kvpd(state_dir, "down", PROFILE, "--json", "--grace", "5", "--inventory", str(inv),
              "--rehearse", *SPREAD)  # fmt: skip
     result = json.loads(r.stdout)

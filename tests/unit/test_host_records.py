@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kvpd.cli import records_out
 from kvpd.errors import StateError
 from kvpd.exec.fanout import Fanout
 from kvpd.exec.local import LocalTransport
@@ -203,6 +204,8 @@ def test_down_removes_records_and_a_cache_catches_up(started, tmp_path: Path, ho
         st, rows = svc.status("demo", plan=plan)
         assert [r.name for r in rows] == ["kv", "proxy"]
         assert all(r.alive for r in rows)
+        assert svc.seen is not None
+        assert svc.seen.unrecorded == []  # the records name them all
         assert svc.logs("kv", deployment="demo", plan=plan).text
         result = svc.down("demo", plan=plan)
     assert result is not None
@@ -226,6 +229,19 @@ def test_down_with_no_record_left_still_stops_what_runs_in_the_run_dir(
     plan, state, t = started
     (tmp_path / "run" / RECORD_FILE).unlink()
     with Deployments(StateStore(tmp_path / "elsewhere"), transports={HOST: t}, grace_s=2) as svc:
+        st, rows = svc.status("demo", plan=plan)  # status names them too, apart from records
+        assert rows == []
+        assert svc.seen is not None
+        found = sorted((r.name, r.host, r.pgid) for r in svc.seen.unrecorded)
+        assert found == sorted((f"{r.name} (unrecorded)", HOST, r.pgid) for r in state.processes)
+        lines = records_out.records_lines(plan, st, svc.seen)
+        assert "demo: no host records a process of it, but some still run" in lines
+        assert any(f"process group {state.processes[0].pgid} (kv)" in x
+                   and "`kvpd down` with this profile stops it" in x for x in lines)  # fmt: skip
+        assert {u["name"] for u in records_out.records_json(st, svc.seen)["unrecorded"]} == {
+            "kv",
+            "proxy",
+        }
         result = svc.down("demo", plan=plan)
     assert result is not None
     assert sorted((o.name, o.how) for o in result.stop.outcomes) == [

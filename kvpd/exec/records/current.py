@@ -54,6 +54,10 @@ class Current:
     refused: dict[str, str] = field(default_factory=dict)  # host -> why its record was refused
     unreachable: dict[str, str] = field(default_factory=dict)  # host -> error
     from_hosts: bool = True
+    # Set by `status`: sessions with the deployment's marks that no record names, and the hosts
+    # that could not be asked for them (exec/processes/sweep.py).
+    unrecorded: list[ProcessRecord] = field(default_factory=list)
+    unasked: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> list[str]:
