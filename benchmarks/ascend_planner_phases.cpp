@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Where the portable row planner's time goes: the phases of plan_row_with
-// (kvpd/native/ascend_planner_row.hpp) timed with the time-stamp counter, one layer's rows one
+// (kvpd/native/ascend_planner_row64.hpp) timed with the time-stamp counter, one layer's rows one
 // after another on one thread, as lru_resident_compact plans them. Built and run by
 // benchmarks/ascend_planner_phases.py, which writes the trace files this reads.
 //
@@ -21,53 +21,49 @@
 #include <string>
 #include <vector>
 
-enum Phase { kMark, kPrefix, kWalkSlots, kWalkLru, kWalkRanks, kResolve, kFinish, kPhases };
-static const char* const kNames[kPhases] = {
-    "mark top-k bitmap", "rank prefix", "walk: slot-order drop/check", "walk: LRU-order split",
-    "walk: ranks of hits", "resolve positions + misses", "finish lists"};
-static uint64_t g_acc[kPhases];
-static uint64_t g_last;
-
 #ifdef KVPD_PHASES
-#define STAMP(i)                    \
-  {                                 \
-    const uint64_t now = __rdtsc(); \
-    g_acc[i] += now - g_last;       \
-    g_last = now;                   \
+static uint64_t g_acc[16];
+static uint64_t g_last;
+// plan_row_with's own split points (kvpd_ascend::RowPhase): the time since the last one.
+#define KVPD_PHASE(i)                 \
+  {                                   \
+    const uint64_t now = __rdtsc();   \
+    g_acc[i] += now - g_last;         \
+    g_last = now;                     \
   }
-// walk_checked's own split points (5: after the slot-order pass, 6: after the LRU-order walk).
-#define KVPD_PHASE(i) STAMP((i) == 5 ? kWalkSlots : kWalkLru)
-#else
-#define STAMP(i)
 #endif
 
-#include "../kvpd/native/ascend_planner_row.hpp"
+#include "../kvpd/native/ascend_planner_row64.hpp"
 
 using namespace kvpd_ascend;
 
+static const char* const kNames[kRowPhases] = {
+    "mark top-k bitmap", "rank suffix", "walk: slot-order drop/check", "walk: LRU-order split",
+    "walk: ranks of hits", "resolve positions + misses", "finish lists"};
+
 static void plan_row(const RowIO& io, Workspace& ws) {
+#ifdef KVPD_PHASES
   g_last = __rdtsc();
-  uint32_t n_valid = 0;
-  RowMarks marks = mark_row<uint64_t>(io, ws, &n_valid);
-  STAMP(kMark)
-  begin_ranks(ws, &marks, n_valid, rank_prefix_scalar<uint64_t>(ws, marks.last_word));
-  STAMP(kPrefix)
-  int32_t ne = 0, nh = 0, m = 0;
-  walk_checked<uint64_t>(io, ws, marks.stable, &ne, &nh);
-  STAMP(kWalkRanks)
-#ifdef BRANCHY_RESOLVE
-  const bool branchy = true;
-#else
-  const bool branchy = marks.duplicates;
 #endif
-  if (branchy) {
-    resolve_scalar<uint64_t>(io, ws, 0, io.k, ne, &m);
-  } else {
-    resolve_distinct<uint64_t>(io, ws, n_valid < static_cast<uint32_t>(io.k), ne, &m);
-  }
-  STAMP(kResolve)
-  finish_row<uint64_t>(io, ws, m, ne, nh, marks.last_word);
-  STAMP(kFinish)
+#ifdef BRANCHY_RESOLVE
+  // Every row resolved by resolve_scalar (a branch on each miss): plan_row_with's phases up to
+  // the resolve, then the branchy resolve and the finish.
+  uint32_t n_valid = 0;
+  RowMarks marks = mark_row64(io, ws, &n_valid);
+  KVPD_PHASE(kPhaseMark)
+  const uint32_t distinct = rank_suffix_scalar(ws, marks.last_word);
+  std::fill(ws.slot_of_rank.data(), ws.slot_of_rank.data() + distinct + 1, -1);
+  KVPD_PHASE(kPhaseRanks)
+  int32_t ne = 0, nh = 0, m = 0;
+  walk_checked64(io, ws, marks.stable, &ne, &nh);
+  KVPD_PHASE(kPhaseHitRanks)
+  resolve_scalar(io, DescRanks(ws), 0, io.k, ne, &m);
+  KVPD_PHASE(kPhaseResolve)
+  finish_row64(io, ws, m, ne, nh, marks.last_word);
+  KVPD_PHASE(kPhaseFinish)
+#else
+  plan_row_generic(io, ws);
+#endif
 }
 
 template <typename T>
@@ -105,16 +101,18 @@ int main(int argc, char** argv) {
   ws.fit(max_token, k, c);
   const int warm = 3;
   std::vector<double> best(steps, 1e30);
-  std::vector<uint64_t> best_acc(kPhases, UINT64_MAX);
+  std::vector<uint64_t> best_acc(kRowPhases, UINT64_MAX);
   for (int rep = 0; rep < reps; ++rep) {
     std::fill(last.begin(), last.end(), -1);
     std::fill(stt.begin(), stt.end(), -1);
     for (int r = 0; r < rows; ++r) {
       for (int s = 0; s < c; ++s) lru[size_t(r) * c + s] = s;
     }
-    uint64_t acc[kPhases] = {};
+    uint64_t acc[kRowPhases] = {};
     for (int step = 0; step < steps; ++step) {
-      std::fill(g_acc, g_acc + kPhases, 0);
+#ifdef KVPD_PHASES
+      std::fill(g_acc, g_acc + kRowPhases, 0);
+#endif
       const auto t0 = std::chrono::steady_clock::now();
       for (int r = 0; r < rows; ++r) {
         const size_t row = size_t(step) * rows0 + r;
@@ -138,16 +136,18 @@ int main(int argc, char** argv) {
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (step >= warm) {
         best[step] = std::min(best[step], ms_layer);
-        for (int i = 0; i < kPhases; ++i) acc[i] += g_acc[i];
+#ifdef KVPD_PHASES
+        for (int i = 0; i < kRowPhases; ++i) acc[i] += g_acc[i];
+#endif
       }
     }
-    for (int i = 0; i < kPhases; ++i) best_acc[i] = std::min(best_acc[i], acc[i]);
+    for (int i = 0; i < kRowPhases; ++i) best_acc[i] = std::min(best_acc[i], acc[i]);
   }
   double sum = 0;
   for (int step = warm; step < steps; ++step) sum += best[step];
   std::printf("layer_ms %.4f\n", sum / (steps - warm));
 #ifdef KVPD_PHASES
-  for (int i = 0; i < kPhases; ++i) {
+  for (int i = 0; i < kRowPhases; ++i) {
     std::printf("phase %s|%.0f\n", kNames[i], double(best_acc[i]) / double(steps - warm) / rows);
   }
 #endif

@@ -51,7 +51,7 @@ BASES = (0x7F00_0000_0000, 0x7F80_0000_0000, 0x1_0000_0000_0000, 0x1_8000_0000_0
 GROUPS = {
     "LRU walk": ("walk: slot-order drop/check", "walk: LRU-order split", "walk: ranks of hits"),
     "resolve": ("resolve positions + misses",),
-    "mark + rank prefix": ("mark top-k bitmap", "rank prefix"),
+    "mark + rank suffix": ("mark top-k bitmap", "rank suffix"),
     "finish lists": ("finish lists",),
 }
 SRC = Path(__file__).resolve().parent / "ascend_planner_phases.cpp"

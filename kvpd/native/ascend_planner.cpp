@@ -50,6 +50,7 @@
 #include "ascend_planner_pool.hpp"
 #include "ascend_planner_args.hpp"
 #include "ascend_planner_row.hpp"
+#include "ascend_planner_row64.hpp"
 
 namespace py = pybind11;
 

@@ -31,6 +31,7 @@ DEPENDS: dict[str, tuple[str, ...]] = {
     "kvpd.native._ascend_planner": (
         "kvpd/native/ascend_planner_args.hpp",
         "kvpd/native/ascend_planner_row.hpp",
+        "kvpd/native/ascend_planner_row64.hpp",
         "kvpd/native/py_int_args.hpp",
         "kvpd/native/ascend_planner_pool.hpp",
         "kvpd/native/ascend_planner_avx512.inc",
