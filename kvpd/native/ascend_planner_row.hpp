@@ -234,7 +234,7 @@ KVPD_INLINE void resolve_scalar(const RowIO& io, const Ranks& ranks, int32_t p, 
       cur[p] = -1;
       continue;
     }
-    int32_t& slot = ranks.slot(static_cast<uint32_t>(t));
+    auto& slot = ranks.slot(static_cast<uint32_t>(t));
     int32_t s = slot;
     if (s < 0 && m < n_evict) {
       s = lru[m];
