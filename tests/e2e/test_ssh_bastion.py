@@ -7,8 +7,9 @@ root (h5 as root), and h5's sshd forbids TCP forwarding.
 canary (/metrics and the completion through SSH channels), `status`, `logs`, `diagnose`, a
 rolling restart of a decoder (drain and admit at the proxy through the channel) and of the
 proxy, `forward` with a real request from this machine, and `down` leaving nothing. Then the
-CPU-vLLM rehearsal: the canary's P→D proof and `kvpd bench` with its client on the proxy's
-host, both from /metrics read through channels.
+CPU-vLLM rehearsal, the one 4-host CPU-vLLM rehearsal of this profile: placement as the spread
+asks, the canary's P→D proof and output check, `status` and `logs` of remote processes, and
+`kvpd bench` with its client on the proxy's host, its proof from /metrics read through channels.
 """
 
 from __future__ import annotations
@@ -148,6 +149,24 @@ def complete_through_forward(state: Path) -> dict[str, Any]:
         proc.wait(timeout=30)
 
 
+def check_placement_status_and_logs(state: Path) -> None:
+    """Every instance on its own host as the spread asks, `status` reaching each remote process
+    (alive, healthy, listening on its ports) and `logs` reading a decoder's log from its host's
+    private home, all through the bastion."""
+    rows = json.loads(kvpd(state, "status", PROFILE, "--json").stdout)["processes"]
+    where = {p["name"]: p["host"] for p in rows}
+    assert where == {"prefill-0": "p1", "prefill-1": "p2", "decode-0": "d1", "decode-1": "d2",
+                     "proxy": "p1"}, rows  # fmt: skip
+    bad = [p for p in rows if not (p["alive"] and p["healthy"])]
+    assert not bad, bad
+    assert all(p["listening"] == p["ports"] for p in rows), rows
+    log = kvpd(state, "logs", "decode-1", "--deployment", PROFILE, "-n", "100000").stdout
+    assert f"=== kvpd: {PROFILE}/decode-1 started" in log, log[-2000:]
+    assert "ExampleConnector" in log or "kv_consumer" in log, log[-2000:]
+    path = next(p["log"] for p in rows if p["name"] == "decode-1")
+    assert path.startswith("/home/kvpd/"), path  # d2's login home: reachable only over SSH
+
+
 def test_the_controller_reaches_only_the_bastion(bastion: BastionBed) -> None:
     """The premise of this module: no socket from here reaches a cluster host."""
     address = bastion.hosts["h1"][0]
@@ -275,6 +294,10 @@ def test_cpu_vllm_rehearsal_and_bench_through_the_bastion(
         out = r.stdout + r.stderr
         assert r.returncode == 0, out
         assert "P→D KV handover verified" in out, out
+        # The canary's output check (ExampleConnector in place of UCM): the proxy's P/D
+        # completions equal a prefill engine's own.
+        assert "outputs: 4/4 identical (first 16 tokens)" in out, out
+        check_placement_status_and_logs(state)
         # no --set: the running deployment (its recorded plan) is what is benchmarked
         r = kvpd(state, "bench", PROFILE, "--protocol", "twice", "--num-prompts", "4",
                  "--input-len", "128", "--output-len", "4", "--results", str(tmp_path / "b"),

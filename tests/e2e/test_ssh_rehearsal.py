@@ -274,81 +274,9 @@ def complete(rh: Rehearsal, prompt: str = PROMPT, max_tokens: int = 6) -> dict[s
     return body
 
 
-# -- UCM centralized 2P2D across 4 hosts ------------------------------------------------------
-
+# ucm-centralized-2p2d's four instances, one per host (test_ssh_day2 and test_ssh_faults place
+# it so; its CPU-vLLM rehearsal runs through the bastion, test_ssh_bastion).
 UCM4_HOSTS = {"p1": "h1", "d1": "h2", "p2": "h3", "d2": "h4"}
-
-
-@pytest.fixture
-def ucm4(_ucm4: Rehearsal) -> Rehearsal:
-    return _ucm4.ensure_up()
-
-
-@pytest.fixture(scope="module")
-def _ucm4(bed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rehearsal]:
-    yield from rehearse(
-        tmp_path_factory.mktemp("ucm4"),
-        bed,
-        "ucm-centralized-2p2d",
-        UCM4_HOSTS,
-        ["prefill.hosts=[p1,p2]", "decode.hosts=[d1,d2]"],
-        devices=4,
-    )
-
-
-def test_ucm4_each_instance_on_its_own_host(ucm4: Rehearsal) -> None:
-    where = {p["name"]: p["host"] for p in ucm4.up["processes"]}
-    assert where == {
-        "prefill-0": "p1",
-        "prefill-1": "p2",
-        "decode-0": "d1",
-        "decode-1": "d2",
-        "proxy": "p1",
-    }
-    assert all(p["status"] == "healthy" for p in ucm4.up["processes"])
-
-
-def test_ucm4_canary_outputs_match_a_single_engine(ucm4: Rehearsal) -> None:
-    """The canary's output check ran on the rehearsal (ExampleConnector in place of UCM): the
-    proxy's P/D completions equal a prefill engine's own."""
-    outputs = ucm4.up["canary"]["outputs"]
-    assert outputs["ok"], outputs
-    assert outputs["summary"] == "outputs: 4/4 identical (first 16 tokens)"
-    pairs = {p["pair"] for p in outputs["prompts"]}
-    assert all(" -> decode-" in pair for pair in pairs), pairs
-
-
-def test_ucm4_request_through_proxy_hands_kv_over(ucm4: Rehearsal) -> None:
-    decodes = [ucm4.url("decode-0"), ucm4.url("decode-1")]
-    src = "vllm:prompt_tokens_by_source_total"
-
-    def transferred() -> float:
-        return sum(metric(d, src, source="external_kv_transfer") for d in decodes)
-
-    before = transferred()
-    for i in range(2):  # the proxy spreads requests: two reach both pairs or one twice
-        complete(ucm4, f"{PROMPT} request {i}")
-    assert transferred() - before >= 32  # at least one whole block came through the storage
-
-
-def test_ucm4_status_reaches_remote_processes(ucm4: Rehearsal) -> None:
-    rows = json.loads(ucm4.kvpd("status", ucm4.name, "--json").stdout)["processes"]
-    assert {r["host"] for r in rows} == set(UCM4_HOSTS)
-    bad = [r for r in rows if not (r["alive"] and r["healthy"])]
-    assert not bad, bad
-    assert all(r["listening"] == r["ports"] for r in rows), rows
-
-
-def test_ucm4_logs_reads_a_remote_log(ucm4: Rehearsal) -> None:
-    r = ucm4.kvpd("logs", "decode-1", "-n", "100000")
-    assert "=== kvpd: ucm-centralized-2p2d/decode-1 started" in r.stdout
-    assert "ExampleConnector" in r.stdout or "kv_consumer" in r.stdout
-    log = next(p["log"] for p in ucm4.up["processes"] if p["name"] == "decode-1")
-    assert log.startswith("/root/")  # in d2's private /root: only reachable over SSH
-
-
-def test_ucm4_down_leaves_no_process_on_any_host(ucm4: Rehearsal) -> None:
-    assert_down_leaves_nothing(ucm4)
 
 
 # -- layerwise/sparse 1P1D across 2 hosts (real MetaService) ----------------------------------
