@@ -45,25 +45,13 @@ static void plan_row(const RowIO& io, Workspace& ws) {
 #ifdef KVPD_PHASES
   g_last = __rdtsc();
 #endif
+  // BRANCHY_RESOLVE: every row resolved by resolve_scalar (a branch on each miss).
 #ifdef BRANCHY_RESOLVE
-  // Every row resolved by resolve_scalar (a branch on each miss): plan_row_with's phases up to
-  // the resolve, then the branchy resolve and the finish.
-  uint32_t n_valid = 0;
-  RowMarks marks = mark_row64(io, ws, &n_valid);
-  KVPD_PHASE(kPhaseMark)
-  const uint32_t distinct = rank_suffix_scalar(ws, marks.last_word);
-  std::fill(ws.slot_of_rank.data(), ws.slot_of_rank.data() + distinct + 1, -1);
-  KVPD_PHASE(kPhaseRanks)
-  int32_t ne = 0, nh = 0, m = 0;
-  walk_checked64(io, ws, marks.stable, &ne, &nh);
-  KVPD_PHASE(kPhaseHitRanks)
-  resolve_scalar(io, DescRanks(ws), 0, io.k, ne, &m);
-  KVPD_PHASE(kPhaseResolve)
-  finish_row64(io, ws, m, ne, nh, marks.last_word);
-  KVPD_PHASE(kPhaseFinish)
+  constexpr bool kBranchy = true;
 #else
-  plan_row_generic(io, ws);
+  constexpr bool kBranchy = false;
 #endif
+  plan_row_generic<kBranchy>(io, ws);
 }
 
 template <typename T>

@@ -48,9 +48,9 @@ struct RowIO {
 // rows); `rank_base` holds, per word, the count of marked tokens on one side of it, so that a
 // marked token's rank among the row's distinct top-k tokens is that count plus a popcount in its
 // word (from the bottom on the AVX-512 paths, AscRanks32; from the top on the portable paths,
-// DescRanks), and `slot_of_rank` maps a rank to its slot (-1: not resident). 16 KiB of bitmap for 128k tokens
-// stays in L1, where upstream's two max_token-sized int32 tables (1 MiB) do not. Buffers carry
-// 16 entries of slack so SIMD code may store whole vectors.
+// DescRanks), and `slot_of_rank` maps a rank to its slot (-1: not resident). 16 KiB of bitmap
+// for 128k tokens stays in L1, where upstream's two max_token-sized int32 tables (1 MiB) do not.
+// Buffers carry 16 entries of slack so SIMD code may store whole vectors.
 //
 // Two bitmaps of the same tokens, each used by its own row planners: 64-bit words on the
 // portable paths (baseline, AVX2, NEON, SVE): half the words of 32-bit ones, so the rank prefix
@@ -132,17 +132,18 @@ KVPD_INLINE void reset_on_new_request(const RowIO& io) {
   }
 }
 
-// The AVX-512 paths' start of the ranks: repeated tokens?, and slot_of_rank cleared.
+// The start of the ranks: whether a token repeats, and slot_of_rank cleared for every rank, from
+// 0 (the AVX-512 paths' first) to `distinct` (the portable paths' last, DescRanks).
 KVPD_INLINE void begin_ranks(Workspace& ws, RowMarks* marks, uint32_t n_valid, uint32_t distinct) {
   marks->duplicates = distinct < n_valid;
-  std::fill(ws.slot_of_rank.data(), ws.slot_of_rank.data() + distinct, -1);
+  std::fill(ws.slot_of_rank.data(), ws.slot_of_rank.data() + distinct + 1, -1);
 }
 
-// The AVX-512 path splits the LRU walk (walk_checked64 on the portable paths) in two passes, because its gathers of slot_to_token in
-// LRU order cost more than reading it in sequence: pass A, in slot order from slot s, drops a
-// resident token at or past the stable prefix and gives each hit its slot
-// (slot_of_rank[rank(token)] = slot), noting hit slots in `hit_slots`; pass B splits the LRU
-// order from the bitmap. The state this planner produces never holds a token in two slots, so
+// The AVX-512 path splits the LRU walk (walk_checked64 on the portable paths) in two passes,
+// because its gathers of slot_to_token in LRU order cost more than reading it in sequence: pass
+// A, in slot order from slot s, drops a resident token at or past the stable prefix and gives
+// each hit its slot (slot_of_rank[rank(token)] = slot), noting hit slots in `hit_slots`; pass B
+// splits the LRU order from the bitmap. The state this planner produces never holds a token in two slots, so
 // slot order and LRU order give the same result (on corrupt state they may differ). These are
 // the scalar forms, for its tails.
 KVPD_INLINE void classify_slots_scalar(const RowIO& io, Workspace& ws, int32_t stable,

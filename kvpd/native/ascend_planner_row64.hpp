@@ -50,7 +50,9 @@ struct DescRanks {
   KVPD_INLINE int32_t& slot(uint32_t t) const { return sor1[index(t)]; }
 };
 
-// n - bit b (mod 64) of w: BT and SBB on x86 (see add_bit).
+// n - bit b (mod 64) of w: BT and SBB on x86, where a shift by a variable count is two or three
+// micro-ops on Intel cores without BMI2 (the baseline path) and BT's result as a value would
+// take a SETC and a zero extension first. Elsewhere the compiler's shift is as good.
 KVPD_INLINE int64_t sub_bit(int64_t n, uint64_t w, uint64_t b) {
 #if defined(__x86_64__)
   asm("btq %2, %1\n\tsbbq $0, %0" : "+r"(n) : "r"(w), "r"(b) : "cc");
@@ -100,7 +102,7 @@ KVPD_INLINE uint32_t rank_suffix_scalar(Workspace& ws, uint32_t last_word) {
 // resident token at or past the stable prefix is dropped (it may be rewritten by speculative
 // decoding); a resident token in this step's set is a hit and keeps its slot; every other slot
 // is evictable, compacted in place at the front of `lru` in LRU order; out-of-range entries are
-// skipped, as upstream does. Hits are stored downward from hits[c] (the layout walk_checked
+// skipped, as upstream does. Hits are stored downward from hits[c] (the layout walk_checked64
 // writes). Then each hit's slot is recorded by its token's rank in LRU order, so for a token
 // held twice the later slot wins, as upstream's token_pos overwrite does.
 KVPD_INLINE void walk_scalar64(const RowIO& io, Workspace& ws, int32_t stable, int32_t* n_evict,
@@ -150,10 +152,10 @@ KVPD_INLINE void fetch_next_row(const RowIO& io, int64_t i) {
 // walk_scalar64's result with less work per slot when every LRU entry is a slot index and every
 // token is -1 or in range (always, on state this planner writes). A slot-order pass checks that
 // and drops the tokens at or past the stable prefix; then the walk needs neither range checks
-// nor the drop. The walk keeps one cursor, the negated hit
-// count: a slot is stored at hits[c - hits so far] and at lru[i - hits so far] (the evictable
-// slots, compacted in place), both addressed through it, and a hit decrements it (BT + SBB on
-// x86): 9 instructions a slot, where two cursors took 15. Branch-free on purpose: about 40% of
+// nor the drop. The walk keeps one cursor, the negated hit count: a slot is stored at
+// hits[c - hits so far] and at lru[i - hits so far] (the evictable slots, compacted in place),
+// both addressed through it, and a hit decrements it (BT + SBB on x86): 10 instructions a slot,
+// where two cursors took 15. Branch-free on purpose: about 40% of
 // the slots hit, in no pattern a predictor learns.
 KVPD_INLINE void walk_checked64(const RowIO& io, Workspace& ws, int32_t stable, int32_t* n_evict,
                                 int32_t* n_hit) {
@@ -191,27 +193,23 @@ KVPD_INLINE void walk_checked64(const RowIO& io, Workspace& ws, int32_t stable, 
   const uint64_t* __restrict__ mark = ws.bits<uint64_t>();
   int32_t* __restrict__ hend = ws.hits.data() + c;
   int64_t neg = 0;
+  // The LRU entry block[j]: its slot stored at hend[neg] and at block[j + neg] (j + neg <= j:
+  // an entry already read); a hit decrements neg.
+  auto step = [&](int32_t* __restrict__ block, int64_t j) KVPD_LAMBDA_INLINE {
+    const uint32_t s = static_cast<uint32_t>(block[j]);  // a slot index: checked above
+    const int64_t t = stt[s];  // -1 (empty: word -1 is the guard, zero) or below stable
+    hend[neg] = static_cast<int32_t>(s);
+    block[j + neg] = static_cast<int32_t>(s);
+    neg = sub_bit(neg, mark[t >> 6], static_cast<uint64_t>(t));
+  };
   int64_t i = 0;
   const bool ahead = io.next_stt != nullptr;
   for (; i + 16 <= c; i += 16) {
     if (ahead) fetch_next_row(io, i);
-    int32_t* __restrict__ block = lru + i;
 #pragma GCC unroll 16
-    for (int64_t j = 0; j < 16; ++j) {
-      const uint32_t s = static_cast<uint32_t>(block[j]);  // a slot index: checked above
-      const int64_t t = stt[s];  // -1 (empty: word -1 is the guard, zero) or below stable
-      hend[neg] = static_cast<int32_t>(s);
-      block[j + neg] = static_cast<int32_t>(s);  // j + neg <= j: an entry already read
-      neg = sub_bit(neg, mark[t >> 6], static_cast<uint64_t>(t));
-    }
+    for (int64_t j = 0; j < 16; ++j) step(lru + i, j);
   }
-  for (; i < c; ++i) {
-    const uint32_t s = static_cast<uint32_t>(lru[i]);
-    const int64_t t = stt[s];
-    hend[neg] = static_cast<int32_t>(s);
-    lru[i + neg] = static_cast<int32_t>(s);
-    neg = sub_bit(neg, mark[t >> 6], static_cast<uint64_t>(t));
-  }
+  for (; i < c; ++i) step(lru, i);
   KVPD_PHASE(kPhaseWalk)
   const DescRanks ranks(ws);
   const int64_t nh = -neg;
@@ -232,7 +230,8 @@ KVPD_INLINE uint64_t negative_slots(const int32_t* cur, int64_t p0) {
 #if defined(__SSE2__)
 #pragma GCC unroll 16
   for (int j = 0; j < 16; ++j) {
-    const __m128 v = _mm_castsi128_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(cur + p0 + 4 * j)));
+    const __m128i four = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cur + p0 + 4 * j));
+    const __m128 v = _mm_castsi128_ps(four);
     bits |= static_cast<uint64_t>(static_cast<uint32_t>(_mm_movemask_ps(v))) << (4 * j);
   }
 #else
@@ -280,7 +279,8 @@ KVPD_INLINE void resolve_distinct64(const RowIO& io, Workspace& ws, bool padded,
     for (int64_t p = 0; p < k; ++p) {
       const uint32_t t = static_cast<uint32_t>(topk[p]);
       const uint32_t valid = static_cast<uint32_t>(t < umax);
-      const int32_t s = ranks.sor1[ranks.index(t & (0u - valid))] | static_cast<int32_t>(valid - 1);
+      const int32_t s =
+          ranks.sor1[ranks.index(t & (0u - valid))] | static_cast<int32_t>(valid - 1);
       cur[p] = s;
       miss_pos[n] = static_cast<int32_t>(p);  // n <= p < k
       n += valid & (static_cast<uint32_t>(s) >> 31);
@@ -316,20 +316,20 @@ KVPD_INLINE void finish_row64(const RowIO& io, Workspace& ws, int32_t m, int32_t
 }
 
 // One row: mark, rank suffix (`suffix(ws, last_word)`, scalar or an ISA's), walk, resolve,
-// finish. Rows with a repeated token take resolve_scalar, which shares the first miss's slot.
-template <typename Suffix>
+// finish. Rows with a repeated token take resolve_scalar, which shares the first miss's slot;
+// kAllScalar sends every row there (what benchmarks/ascend_planner_phases.cpp measures a branch
+// on each miss by).
+template <bool kAllScalar = false, typename Suffix>
 KVPD_INLINE void plan_row_with(const RowIO& io, Workspace& ws, Suffix suffix) {
   uint32_t n_valid = 0;
   RowMarks marks = mark_row64(io, ws, &n_valid);
   KVPD_PHASE(kPhaseMark)
-  const uint32_t distinct = suffix(ws, marks.last_word);
-  marks.duplicates = distinct < n_valid;
-  std::fill(ws.slot_of_rank.data(), ws.slot_of_rank.data() + distinct + 1, -1);
+  begin_ranks(ws, &marks, n_valid, suffix(ws, marks.last_word));
   KVPD_PHASE(kPhaseRanks)
   int32_t ne = 0, nh = 0, m = 0;
   walk_checked64(io, ws, marks.stable, &ne, &nh);
   KVPD_PHASE(kPhaseHitRanks)
-  if (marks.duplicates) {
+  if (kAllScalar || marks.duplicates) {
     resolve_scalar(io, DescRanks(ws), 0, io.k, ne, &m);
   } else {
     resolve_distinct64(io, ws, n_valid < static_cast<uint32_t>(io.k), ne, &m);
@@ -339,8 +339,9 @@ KVPD_INLINE void plan_row_with(const RowIO& io, Workspace& ws, Suffix suffix) {
   KVPD_PHASE(kPhaseFinish)
 }
 
+template <bool kAllScalar = false>
 KVPD_INLINE void plan_row_generic(const RowIO& io, Workspace& ws) {
-  plan_row_with(io, ws, [](Workspace& w, uint32_t last) KVPD_LAMBDA_INLINE {
+  plan_row_with<kAllScalar>(io, ws, [](Workspace& w, uint32_t last) KVPD_LAMBDA_INLINE {
     return rank_suffix_scalar(w, last);
   });
 }
