@@ -290,13 +290,18 @@ def test_cpu_vllm_rehearsal_and_bench_through_the_bastion(
     spread = ["--set", "prefill.hosts=[p1,p2]", "--set", "decode.hosts=[d1,d2]"]
     try:
         r = kvpd(state, "up", PROFILE, "--rehearse", "--inventory", str(inv), *spread, "--yes",
-                 check=False, timeout=1200)  # fmt: skip
+                 "--json", check=False, timeout=1200)  # fmt: skip
         out = r.stdout + r.stderr
         assert r.returncode == 0, out
-        assert "P→D KV handover verified" in out, out
+        canary = json.loads(r.stdout)["canary"]
+        assert "P→D KV handover verified" in canary["line"], canary
         # The canary's output check (ExampleConnector in place of UCM): the proxy's P/D
-        # completions equal a prefill engine's own.
-        assert "outputs: 4/4 identical (first 16 tokens)" in out, out
+        # completions equal a prefill engine's own, each prompt's pair ending at a decoder.
+        outputs = canary["outputs"]
+        assert outputs["ok"], outputs
+        assert outputs["summary"] == "outputs: 4/4 identical (first 16 tokens)", outputs
+        pairs = {p["pair"] for p in outputs["prompts"]}
+        assert all(" -> decode-" in pair for pair in pairs), pairs
         check_placement_status_and_logs(state)
         # no --set: the running deployment (its recorded plan) is what is benchmarked
         r = kvpd(state, "bench", PROFILE, "--protocol", "twice", "--num-prompts", "4",
