@@ -76,3 +76,48 @@ def test_sigterm_stops_the_benchmarks_backends_and_proxy(tmp_path: Path) -> None
         for p in started:  # the benchmark's own children, seen above: never left behind
             if alive(p):
                 os.kill(p, signal.SIGKILL)
+
+
+# A SIGTERM that arrives while a uvloop protocol callback runs: the signal's handler runs inside
+# data_received, where an exception would be reported by uvloop as a transport error and dropped,
+# leaving the coroutine that awaits the reply waiting forever.
+_SIGTERM_IN_A_CALLBACK = """
+import asyncio, os, signal, sys
+import uvloop
+from kvpd.testing.termination import stop_on_termination
+
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport = transport
+    def data_received(self, data):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before this callback returns
+        self.transport.write(data)
+
+async def main():
+    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"x")
+        await asyncio.sleep(3600)
+    finally:
+        print("unwound", flush=True)
+
+stop_on_termination()
+asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(0)
+"""
+
+
+def test_sigterm_inside_an_event_loop_callback_unwinds_the_main_task() -> None:
+    pytest.importorskip("uvloop")
+    out = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_IN_A_CALLBACK],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["unwound", "interrupted"], out.stdout + out.stderr
