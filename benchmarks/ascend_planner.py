@@ -6,7 +6,10 @@ One "layer" is lru_resident_compact + compute_lru_resident_addrs with the manage
 (8 workspaces; requested threads 1 or 2). Each implementation plans the same trace back to back
 (as a decode process plans layer after layer), the implementations take turns per repeat, every
 output and the state after every step are compared by digest, and the median and minimum per
-layer are printed (on a shared machine the minimum is the steadier figure of the two).
+layer are printed (on a shared machine the minimum is the steadier figure of the two). Last, the
+plan call's excess at 2 threads over half its 1-thread time, split from kvpd's pool record of
+each shared call: the helper's start, the caller's wait for its last row, the caller's rows
+running slower than alone, and the rest.
 
 Upstream's planner is not part of kvpd: fetch `sparse_kv_offload.cpp` yourself (vllm-project/
 vllm-ascend, vllm_ascend/distributed/kv_transfer/sparse_kv_offload/, base commit 182b75ea) and
@@ -99,6 +102,7 @@ class Layer:
         ptrs += [a.ctypes.data for a in (self.cur, self.mc, self.mt, self.ms, *self.ws)]
         t0 = time.perf_counter()
         mod.lru_resident_compact(*ptrs, ROWS, TOPK, CAP, MML, WORKERS, threads)
+        self.plan_ms = (time.perf_counter() - t0) * 1e3
         s = mod.compute_lru_resident_addrs(
             self.mc, self.mt, self.ms, bt, BLOCK, TOK_K, TOK_V, *BASES, CAP, threads,
             self.gvas, self.addr, self.size, self.num,
@@ -129,12 +133,28 @@ def busy_jiffies() -> tuple[int, int]:
     return user + nice + system + irq + softirq + steal, int(own[11]) + int(own[12])
 
 
+class Block:
+    """One thread count's samples per implementation: layer and plan-call times (ms), first-repeat
+    digests, and kvpd's shared calls as its pool recorded them (kvpd.native.pool_calls)."""
+
+    def __init__(self, configs) -> None:
+        names = [name for name, _, _ in configs]
+        self.times: dict[str, list[float]] = {name: [] for name in names}
+        self.plan: dict[str, list[float]] = {name: [] for name in names}
+        self.digests: dict[str, list[bytes]] = {name: [] for name in names}
+        self.calls: dict[str, list[dict]] = {name: [] for name in names}
+
+
+def shared_calls(recorded: dict) -> list[dict]:
+    """pool_calls()'s lists as one record per call."""
+    return [dict(zip(recorded, v, strict=True)) for v in zip(*recorded.values(), strict=True)]
+
+
 def run_block(args, trace, bt, configs, threads: int):
-    """Every implementation on `threads` threads: times and first-repeat digests per name, and
-    the share of the CPUs other processes used meanwhile."""
+    """Every implementation on `threads` threads: a Block, and the share of the CPUs other
+    processes used meanwhile."""
     warm = 3
-    times: dict[str, list[float]] = {name: [] for name, _, _ in configs}
-    digests: dict[str, list[bytes]] = {name: [] for name, _, _ in configs}
+    block = Block(configs)
     (all0, own0), t0 = busy_jiffies(), time.monotonic()
     for rep in range(args.repeats):
         # Each implementation plans the whole trace back to back, as a decode process does
@@ -146,19 +166,56 @@ def run_block(args, trace, bt, configs, threads: int):
                 kvpd_mod.set_isa(isa)
             layer = Layer()
             for step in range(trace.steps):
+                if step == warm and isa is not None:
+                    kvpd_mod.pool_calls()  # the warm-up steps' calls are not kept
                 ins = (trace.topk_indices[step], trace.req_ids[step])
                 dt = layer.step(mod, *ins, trace.stable_prefix_lens[step], bt, threads)
                 if step >= warm:
-                    times[name].append(dt)
+                    block.times[name].append(dt)
+                    block.plan[name].append(layer.plan_ms)
                 if rep == 0:
-                    digests[name].append(layer.digest())
+                    block.digests[name].append(layer.digest())
+            if isa is not None:
+                block.calls[name] += shared_calls(kvpd_mod.pool_calls())
     (all1, own1), wall = busy_jiffies(), time.monotonic() - t0
     hz, cpus = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
     others = ((all1 - all0) - (own1 - own0)) / (hz * wall * cpus)
-    return times, digests, max(others, 0.0)
+    return block, max(others, 0.0)
 
 
-def print_block(threads: int, times, digests, others: float, upstream_name: str | None) -> None:
+def print_two_thread_costs(one: Block, two: Block, upstream_name: str | None) -> None:
+    """Where kvpd's plan call at 2 threads spends more than half its 1-thread time, from the
+    calls its pool recorded (medians): the helper's start after the call, the caller's wait for
+    the helper's last row once its own were done, and the caller's rows taking longer than they
+    do alone (the 1-thread row: the 1-thread plan call over its rows). The same excess for
+    upstream's planner, whose OpenMP team records nothing."""
+    med = statistics.median
+    print("\nplan call at 2 threads beyond half the 1-thread call (medians, us):")
+    for name, calls in two.calls.items():
+        plans = [c for c in calls if c["chunk"] == 1 and c["caller_rows"] > 0]
+        if upstream_name is not None and name == upstream_name or not plans:
+            continue
+        row1 = med(one.plan[name]) * 1e3 / ROWS
+        row2 = med(c["caller_ns"] / c["caller_rows"] for c in plans) / 1e3
+        joins = [c["join_ns"] for c in plans if c["join_ns"] >= 0]
+        join = med(joins) / 1e3 if joins else float("nan")
+        wait = med(c["wait_ns"] for c in plans) / 1e3
+        rows = med(c["caller_rows"] for c in plans)
+        excess = med(two.plan[name]) * 1e3 - med(one.plan[name]) * 1e3 / 2
+        slower = rows * (row2 - row1)
+        rest = excess - join - wait - slower
+        print(f"  {name:>34}: {excess:5.1f} = helper started {join:.1f} after the call + caller "
+              f"waited {wait:.1f} for the helper's last row + caller's {rows:.0f} rows took "
+              f"{slower:.1f} more ({row2:.2f} each against {row1:.2f} alone, "
+              f"{(row2 / row1 - 1) * 100:+.1f}%) + {rest:.1f} else (the call itself, calls "
+              f"planned alone); {len(plans)} calls")  # fmt: skip
+    if upstream_name is not None:
+        excess = med(two.plan[upstream_name]) * 1e3 - med(one.plan[upstream_name]) * 1e3 / 2
+        print(f"  {upstream_name:>34}: {excess:5.1f} (its OpenMP team records no split)")
+
+
+def print_block(threads: int, block: Block, others: float, upstream_name: str | None) -> None:
+    times, digests = block.times, block.digests
     names = list(times)
     identical = all(d == digests[names[0]] for d in digests.values())
     print(f"\n{threads} thread(s): median ms per layer (plan + descriptors), "
@@ -184,23 +241,24 @@ def compare(args, trace, bt, upstream, isas: list[str]) -> None:
     if upstream is not None:
         upstream_name = "vLLM-Ascend (-O3 -march=native)"
         configs.append((upstream_name, upstream, None))
-    per_threads = {}
+    per_threads: dict[int, Block] = {}
     for threads in (1, 2):
         before = kvpd_mod.pool_stats()
-        times, digests, others = run_block(args, trace, bt, configs, threads)
+        block, others = run_block(args, trace, bt, configs, threads)
         after = kvpd_mod.pool_stats()
         kvpd_mod.set_isa(isas[0])
-        print_block(threads, times, digests, others, upstream_name)
+        print_block(threads, block, others, upstream_name)
         if threads > 1:  # a stall: the caller waited for a helper it took to be preempted
             jobs, stalls, solo = (after[k] - before[k] for k in ("jobs", "stalls", "solo"))
             print(f"  kvpd's threads: {jobs} calls shared with the helper, {stalls} stalled by "
                   f"it, {solo} planned alone after a stall")  # fmt: skip
-        per_threads[threads] = times
+        per_threads[threads] = block
     print("\n1 -> 2 threads (time at 1 / time at 2):")
     for name, _, _ in configs:
-        one, two = per_threads[1][name], per_threads[2][name]
+        one, two = per_threads[1].times[name], per_threads[2].times[name]
         print(f"  {name:>34}: {statistics.median(one) / statistics.median(two):.2f}x (median), "
               f"{min(one) / min(two):.2f}x (min)")  # fmt: skip
+    print_two_thread_costs(per_threads[1], per_threads[2], upstream_name)
 
 
 def jit_vs_import(jit_python: str, cpp: Path | None) -> None:

@@ -45,6 +45,7 @@ try:
         isa_choice,
         isa_info,
         lru_resident_compact,
+        pool_calls,
         pool_stats,
         set_isa,
     )
@@ -59,6 +60,7 @@ __all__ = [
     "isa_choice",
     "isa_info",
     "lru_resident_compact",
+    "pool_calls",
     "pool_stats",
     "set_isa",
 ]

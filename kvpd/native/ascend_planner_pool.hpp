@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 namespace kvpd_ascend {
 
@@ -52,6 +53,9 @@ struct RowJob {
   bool two_ends = false;  // threads == 2 (and n < 2^31, which the packing below needs)
   std::atomic<int64_t> next{0};
   std::atomic<int> joined{0};  // helpers that took part (at most `wanted`)
+  // When the first helper began claiming (steady_clock ticks; 0: none did), for the pool's
+  // record of the call.
+  std::atomic<int64_t> first_join{0};
   int wanted = 0;
   // Two ends (threads == 2): the front in the low 32 bits, the back (one past the last row
   // still free) in the high 32 bits; the rows left are [front, back).
@@ -143,6 +147,7 @@ class RowPool {
     const auto spent = std::chrono::steady_clock::now() - began;
     const std::chrono::nanoseconds claim = own > 0 ? spent / own : kJoinPoll;
     const bool stalled = wait_for_helpers(std::max(std::chrono::nanoseconds{kJoinPoll}, 2 * claim));
+    record(job, own, now, spent, std::chrono::steady_clock::now() - began - spent, stalled);
     ++stats_.jobs;
     stats_.stalls += stalled ? 1 : 0;
     back_off(stalled);
@@ -156,6 +161,26 @@ class RowPool {
   Stats stats() {
     std::lock_guard<std::mutex> one_caller(call_);
     return stats_;
+  }
+
+  // One shared call, as the caller saw it: where the two-thread time goes beyond half the
+  // one-thread time (a helper joining late, the caller waiting for a helper's last claim, the
+  // caller's own rows taking longer than alone). Nanoseconds; join_ns is -1 when no helper
+  // joined.
+  struct Call {
+    int64_t rows, chunk, caller_rows, caller_ns, join_ns, wait_ns;
+    bool stalled;
+  };
+  static constexpr int kRecorded = 256;
+  // The shared calls since the last read (the newest kRecorded of them), oldest first.
+  std::vector<Call> take_calls() {
+    std::lock_guard<std::mutex> one_caller(call_);
+    const uint64_t n = std::min<uint64_t>(recorded_ - read_, kRecorded);
+    std::vector<Call> out;
+    out.reserve(n);
+    for (uint64_t i = recorded_ - n; i < recorded_; ++i) out.push_back(calls_[i % kRecorded]);
+    read_ = recorded_;
+    return out;
   }
 
  private:
@@ -200,6 +225,19 @@ class RowPool {
     }
   }
 
+  // Under call_, after every helper has left the job (so first_join is final).
+  void record(const RowJob& job, int64_t own, std::chrono::steady_clock::time_point published,
+              std::chrono::nanoseconds own_time, std::chrono::nanoseconds waited, bool stalled) {
+    const int64_t joined = job.first_join.load(std::memory_order_relaxed);
+    const int64_t join_ns =
+        joined == 0 ? -1
+                    : std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::duration(joined) - published.time_since_epoch())
+                          .count();
+    calls_[recorded_++ % kRecorded] = {job.n,   job.chunk,      own,    own_time.count(),
+                                       join_ns, waited.count(), stalled};
+  }
+
   void start_helpers(int helpers) {
     while (started_ < helpers) {
       try {
@@ -236,6 +274,10 @@ class RowPool {
       active_.fetch_add(1);  // counted before looking at the job (see run)
       RowJob* job = job_.load();
       if (job != nullptr && job->joined.fetch_add(1) < job->wanted) {
+        int64_t none = 0;
+        job->first_join.compare_exchange_strong(
+            none, std::chrono::steady_clock::now().time_since_epoch().count(),
+            std::memory_order_relaxed);
         job->claim_all(/*from_back=*/true);
       }
       if (active_.fetch_sub(1) == 1 && caller_sleeps_.load()) {
@@ -259,6 +301,8 @@ class RowPool {
   int on_time_ = 0;  // calls in a row the helpers finished on time
   std::chrono::steady_clock::time_point solo_until_{};
   Stats stats_;
+  Call calls_[kRecorded] = {};
+  uint64_t recorded_ = 0, read_ = 0;  // calls recorded, and up to which take_calls read
   std::mutex mu_;    // only for sleeping and waking
   std::condition_variable wake_, idle_;
   std::atomic<RowJob*> job_{nullptr};

@@ -294,6 +294,28 @@ def test_concurrent_callers_each_get_their_own_result() -> None:
     assert got == want
 
 
+def test_shared_calls_are_recorded_for_the_benchmark() -> None:
+    # pool_calls() hands over each call shared with a helper since the last read, once: where
+    # the two-thread time goes (benchmarks/ascend_planner.py prints it).
+    ap.pool_calls()
+    _planned(3, 2)
+    calls = ap.pool_calls()
+    assert set(calls) == {"rows", "chunk", "caller_rows", "caller_ns", "join_ns", "wait_ns",
+                          "stalled"}  # fmt: skip
+    n = len(calls["rows"])
+    assert n <= 3  # one call a step, unless it was planned alone
+    assert all(len(v) == n for v in calls.values())
+    for i in range(n):
+        assert 2 <= calls["rows"][i] <= 24  # the step's requests
+        assert calls["chunk"][i] == 1
+        assert 0 <= calls["caller_rows"][i] <= calls["rows"][i]
+        assert calls["caller_ns"][i] >= 0
+        assert calls["wait_ns"][i] >= 0
+        assert calls["join_ns"][i] == -1 or calls["join_ns"][i] >= 0
+        assert isinstance(calls["stalled"][i], bool)
+    assert all(v == [] for v in ap.pool_calls().values())
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_forked_child_plans_with_threads() -> None:
     # vLLM forks its workers: the parent's helper threads do not exist in the child, whose
