@@ -145,11 +145,6 @@ class Block:
         self.calls: dict[str, list[dict]] = {name: [] for name in names}
 
 
-def shared_calls(recorded: dict) -> list[dict]:
-    """pool_calls()'s lists as one record per call."""
-    return [dict(zip(recorded, v, strict=True)) for v in zip(*recorded.values(), strict=True)]
-
-
 def run_block(args, trace, bt, configs, threads: int):
     """Every implementation on `threads` threads: a Block, and the share of the CPUs other
     processes used meanwhile."""
@@ -176,7 +171,7 @@ def run_block(args, trace, bt, configs, threads: int):
                 if rep == 0:
                     block.digests[name].append(layer.digest())
             if isa is not None:
-                block.calls[name] += shared_calls(kvpd_mod.pool_calls())
+                block.calls[name] += kvpd_mod.pool_calls()
     (all1, own1), wall = busy_jiffies(), time.monotonic() - t0
     hz, cpus = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
     others = ((all1 - all0) - (own1 - own0)) / (hz * wall * cpus)
@@ -193,15 +188,16 @@ def print_two_thread_costs(one: Block, two: Block, upstream_name: str | None) ->
     print("\nplan call at 2 threads beyond half the 1-thread call (medians, us):")
     for name, calls in two.calls.items():
         plans = [c for c in calls if c["chunk"] == 1 and c["caller_rows"] > 0]
-        if upstream_name is not None and name == upstream_name or not plans:
+        if not plans:  # upstream's planner, or no call shared
             continue
-        row1 = med(one.plan[name]) * 1e3 / ROWS
+        plan1 = med(one.plan[name]) * 1e3
+        row1 = plan1 / ROWS
         row2 = med(c["caller_ns"] / c["caller_rows"] for c in plans) / 1e3
         joins = [c["join_ns"] for c in plans if c["join_ns"] >= 0]
         join = med(joins) / 1e3 if joins else float("nan")
         wait = med(c["wait_ns"] for c in plans) / 1e3
         rows = med(c["caller_rows"] for c in plans)
-        excess = med(two.plan[name]) * 1e3 - med(one.plan[name]) * 1e3 / 2
+        excess = med(two.plan[name]) * 1e3 - plan1 / 2
         slower = rows * (row2 - row1)
         rest = excess - join - wait - slower
         print(f"  {name:>34}: {excess:5.1f} = helper started {join:.1f} after the call + caller "

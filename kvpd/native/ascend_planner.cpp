@@ -477,26 +477,20 @@ py::dict pool_stats() {
   return d;
 }
 
-py::dict pool_calls() {
-  py::list rows, chunk, caller_rows, caller_ns, join_ns, wait_ns, stalled;
+py::list pool_calls() {
+  py::list out;
   for (const RowPool::Call& c : pool_slot()->take_calls()) {
-    rows.append(c.rows);
-    chunk.append(c.chunk);
-    caller_rows.append(c.caller_rows);
-    caller_ns.append(c.caller_ns);
-    join_ns.append(c.join_ns);
-    wait_ns.append(c.wait_ns);
-    stalled.append(c.stalled);
+    py::dict d;
+    d["rows"] = c.rows;
+    d["chunk"] = c.chunk;
+    d["caller_rows"] = c.caller_rows;
+    d["caller_ns"] = c.caller_ns;
+    d["join_ns"] = c.join_ns;
+    d["wait_ns"] = c.wait_ns;
+    d["stalled"] = c.stalled;
+    out.append(d);
   }
-  py::dict d;
-  d["rows"] = rows;
-  d["chunk"] = chunk;
-  d["caller_rows"] = caller_rows;
-  d["caller_ns"] = caller_ns;
-  d["join_ns"] = join_ns;
-  d["wait_ns"] = wait_ns;
-  d["stalled"] = stalled;
-  return d;
+  return out;
 }
 
 bool set_isa(const std::string& name) {
@@ -528,8 +522,8 @@ PYBIND11_MODULE(_ascend_planner, m) {
         "stalled, and calls planned alone after a stall.");
   m.def("pool_calls", &pool_calls,
         "The calls shared with helpers since the last pool_calls() (the newest 256), oldest "
-        "first, as lists: rows, claim size (chunk), rows the caller planned and its time on "
-        "them, how long after the call the first helper began (-1: none did), how long the "
+        "first, one dict each: rows, claim size (chunk), rows the caller planned and its time "
+        "on them, how long after the call the first helper began (-1: none did), how long the "
         "caller then waited for the helpers, and whether that wait was a stall (ns).");
   m.def("set_isa", &set_isa, py::arg("name"),
         "Use the named row planner (baseline|neon|sve|avx2|avx512|avx512_vpopcnt) if the CPU has it; for "
