@@ -341,15 +341,19 @@ def descriptor_buffers(rows: int, k: int):
     rows=st.integers(0, 9),
     k=st.integers(1, 20),
     capacity=st.integers(1, 30),
-    block_size=st.sampled_from([1, 16, 128]),
+    # powers of two (with power-of-two token sizes: the shift path) and not (the division)
+    block_size=st.sampled_from([1, 16, 128, 96]),
     invalid=st.booleans(),
     max_threads=st.sampled_from([1, 2, 8]),
     # token bytes: both powers of two (the shift path, bf16 MLA), one not, neither
     tok=st.sampled_from([(1024, 128), (1024, 96), (1152, 128), (1152, 96)]),
+    # the descriptor pass is compiled per instruction set, as the row planner is
+    isa=st.sampled_from(ISAS),
 )
 def test_descriptors_match_reference(
-    seed, rows, k, capacity, block_size, invalid, max_threads, tok
+    seed, rows, k, capacity, block_size, invalid, max_threads, tok, isa
 ):
+    assert ap.set_isa(isa)
     rng = np.random.default_rng(seed)
     blocks = 8
     mt = rng.integers(0, blocks * block_size, (rows, k)).astype(np.int32)
