@@ -42,6 +42,76 @@ struct View {
   bool int64 = false;
 };
 
+// An attribute name, interned once: the lookups below run eight times a descriptor call.
+PyObject* interned(const char* name) { return PyUnicode_InternFromString(name); }
+
+// torch.int32 or torch.int64, once torch is imported (nullptr before: kvpd never imports it).
+// torch's dtypes are singletons, so a tensor's dtype is one of them by identity.
+PyObject* torch_dtype(bool int64) {
+  static PyObject* found[2] = {nullptr, nullptr};
+  PyObject*& slot = found[int64 ? 1 : 0];
+  if (slot != nullptr) return slot;
+  static PyObject* const torch_name = interned("torch");
+  PyObject* torch = PyImport_GetModule(torch_name);  // new reference, or nullptr
+  if (torch == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  slot = PyObject_GetAttrString(torch, int64 ? "int64" : "int32");  // kept for the process
+  Py_DECREF(torch);
+  if (slot == nullptr) PyErr_Clear();
+  return slot;
+}
+
+// A new reference to h.<name>() or h.<name>, or nullptr (no error left set).
+PyObject* get(PyObject* h, PyObject* name, bool call) {
+  PyObject* r = call ? PyObject_CallMethodNoArgs(h, name) : PyObject_GetAttr(h, name);
+  if (r == nullptr) PyErr_Clear();
+  return r;
+}
+
+// A CPU torch.Tensor of int32 or int64, C-contiguous, read through five lookups on the C API:
+// the general path below converts the dtype and device to strings and walks the shape through
+// pybind11, 13 us for a descriptor call's eight tensors against 1.5 us for NumPy arrays (Zen 4).
+// False for anything else, unusual or failing, which the general path then takes (and words
+// the error).
+bool torch_view(PyObject* h, View* v) {
+  static PyObject* const dtype = interned("dtype");
+  static PyObject* const is_cpu = interned("is_cpu");
+  static PyObject* const shape = interned("shape");
+  static PyObject* const is_contiguous = interned("is_contiguous");
+  static PyObject* const data_ptr = interned("data_ptr");
+  PyObject* const i32 = torch_dtype(false);
+  PyObject* const i64 = torch_dtype(true);
+  if (i32 == nullptr || i64 == nullptr) return false;
+  PyObject* dt = get(h, dtype, false);
+  if (dt == nullptr) return false;
+  const bool int64 = dt == i64, known = dt == i32 || int64;
+  Py_DECREF(dt);
+  if (!known) return false;
+  bool ok = false;
+  PyObject* cpu = get(h, is_cpu, false);
+  PyObject* dims = cpu == Py_True ? get(h, shape, false) : nullptr;
+  PyObject* contig = dims != nullptr && PyTuple_Check(dims) ? get(h, is_contiguous, true) : nullptr;
+  PyObject* ptr = contig == Py_True ? get(h, data_ptr, true) : nullptr;
+  if (ptr != nullptr && PyLong_Check(ptr)) {
+    v->ptr = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(ptr));
+    v->int64 = int64;
+    v->shape.clear();
+    ok = !PyErr_Occurred();
+    for (Py_ssize_t i = 0; ok && i < PyTuple_GET_SIZE(dims); ++i) {
+      v->shape.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(dims, i)));
+      ok = !PyErr_Occurred();
+    }
+    if (!ok) PyErr_Clear();
+  }
+  Py_XDECREF(ptr);
+  Py_XDECREF(contig);
+  Py_XDECREF(dims);
+  Py_XDECREF(cpu);
+  return ok;
+}
+
 // A C-contiguous CPU torch.Tensor or NumPy array of int32 (or int64 when `allow64`/`want64`).
 View view(py::handle h, const char* name, int ndim, bool want64, bool allow_both, bool out) {
   View v;
@@ -57,6 +127,9 @@ View view(py::handle h, const char* name, int ndim, bool want64, bool allow_both
     contiguous = (a.flags() & py::array::c_style) != 0;
     writeable = a.writeable();
     v.ptr = reinterpret_cast<uintptr_t>(a.data());
+  } else if (torch_view(h.ptr(), &v)) {  // the manager's tensors (dtype and rank: below)
+    dtype = v.int64 ? "int64" : "int32";
+    contiguous = true;
   } else if (py::hasattr(h, "data_ptr")) {  // torch.Tensor, without importing torch
     dtype = py::str(h.attr("dtype")).cast<std::string>();
     if (dtype.rfind("torch.", 0) == 0) dtype = dtype.substr(6);

@@ -102,7 +102,22 @@ def torch_call(cpp):
     s = cpp.compute_lru_resident_addrs(
         mc[:rows], mt[:rows], ms[:rows], bt, block, 1024, 128, 2**50, 2**50 + 2**40, 2**44,
         2**45, cap, 8, gvas, addr, size, num)
-    return {"S": s, "num": num.tolist(), "cur": cur[:rows].tolist(), "mc": mc[:rows].tolist(),
+    good = dict(mc=mc[:rows], mt=mt[:rows], ms=ms[:rows], gvas=gvas)
+    bad = {"dtype": dict(mt=mt[:rows].long()), "layout": dict(mt=mt[:rows].t().contiguous().t()),
+           "rank": dict(mc=mc[:rows, None]), "float": dict(gvas=gvas.double()),
+           "device": dict(mc=torch.zeros([rows], dtype=torch.int32, device="meta"))}
+    errors = {}
+    for name, swap in bad.items():
+        a = {**good, **swap}
+        try:
+            cpp.compute_lru_resident_addrs(
+                a["mc"], a["mt"], a["ms"], bt, block, 1024, 128, 0, 0, 0, 0, cap, 8, a["gvas"],
+                addr, size, num)
+            errors[name] = None
+        except ValueError as e:
+            errors[name] = str(e)
+    return {"errors": errors,
+            "S": s, "num": num.tolist(), "cur": cur[:rows].tolist(), "mc": mc[:rows].tolist(),
             "mt": mt[:rows].tolist(), "ms": ms[:rows].tolist(), "gvas": gvas[: 2 * s].tolist(),
             "addr": addr[: 2 * s].tolist(), "size": size[: 2 * s].tolist(), "topk": topk.tolist()}
 
@@ -225,6 +240,18 @@ def test_torch_tensors_like_the_manager_passes(results) -> None:
     assert (r["gvas"], r["addr"], r["size"], r["S"]) == want
     assert r["cur"] == r["ms"]  # a fresh row: position p misses into slot p, in order
     assert r["mt"] == r["topk"]
+
+
+def test_torch_tensors_are_checked_as_arrays_are(results) -> None:
+    """The manager's tensors take a fast path through the C API; a tensor it cannot take (or one
+    that is wrong) gets the same checks and messages as before."""
+    assert results["on"]["torch_call"]["errors"] == {
+        "dtype": "miss_tokens must have dtype int32, got int64",
+        "layout": "miss_tokens must be C-contiguous",
+        "rank": "miss_count must be 1-D, got shape (3, 1)",
+        "float": "gvas must have dtype int64, got float64",
+        "device": "miss_count must be on the CPU, got device meta",
+    }
 
 
 def test_off_unless_requested(results) -> None:
