@@ -9,11 +9,13 @@ import json
 import logging
 import resource
 import signal
+import socket
 import sys
 
 from kvpd.proxy.admin import Admin
 from kvpd.proxy.apis import GENERATION_PATHS, PASS_THROUGH, PassThrough
 from kvpd.proxy.backends import Backend, BackendPool, HealthChecker
+from kvpd.proxy.backlog import take_backlog
 from kvpd.proxy.cache_aware import install_routing
 from kvpd.proxy.config import ProxyConfig, ProxyConfigError, parse_args
 from kvpd.proxy.engine_metrics import EngineMetrics
@@ -106,9 +108,16 @@ class ProxyApp:
         arriving on a connection accepted before (each connection then closes after its
         response); then close idle connections and cut what is left. A client sees either
         its answer or a refused connection, not one closed under its request."""
+        pending: list[socket.socket] = []
         if self.server is not None:
+            pending = take_backlog(self.server.sockets)
             self.server.close()
         self.state.closing = True
+        for sock in pending:  # served as connections accepted before (their request is sent)
+            try:
+                await self.loop.connect_accepted_socket(lambda: ClientConnection(self.state), sock)
+            except OSError:
+                sock.close()
         for t in self._tasks:
             t.cancel()
         deadline = self.loop.time() + self.cfg.shutdown_grace

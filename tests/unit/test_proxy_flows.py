@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from typing import Any
 
 import pytest
@@ -691,3 +692,41 @@ def test_shutdown_answers_what_was_accepted_and_refuses_the_rest() -> None:
         assert c.app.state.connections == set()
 
     run_cluster(t, decode_delay=0.5)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_shutdown_answers_connections_still_in_the_listen_backlog(loop, monkeypatch) -> None:
+    """Regression (`restart proxy` under load, clean-clone run): connections the kernel had
+    completed but the loop had not accepted yet were reset when the listener closed, and their
+    clients, whose requests were sent, saw ECONNRESET. Now the stop accepts them first and
+    answers them."""
+
+    async def t(c: Cluster) -> None:
+        body = json.dumps(COMPLETION).encode()
+        req = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        loop = asyncio.get_running_loop()
+        # Connected and sent with no await: the loop cannot accept them before the stop.
+        waiting = []
+        for _ in range(6):
+            s = socket.create_connection(("127.0.0.1", c.port))
+            s.sendall(req)
+            s.setblocking(False)
+            waiting.append(s)
+        stopping = asyncio.ensure_future(c.app.stop())  # runs before the loop's next accept
+        for s in waiting:
+            raw = b""
+            while chunk := await asyncio.wait_for(loop.sock_recv(s, 65536), 10):
+                raw += chunk
+            s.close()
+            assert raw.startswith(b"HTTP/1.1 200"), raw[:200]
+        await asyncio.wait_for(stopping, 10)
+        assert c.app.state.connections == set()
+
+    if loop == "uvloop":  # the proxy's own loop (its wrappers of the listening sockets differ)
+        uvloop = pytest.importorskip("uvloop")
+        monkeypatch.setattr(asyncio, "run", uvloop.run)
+    run_cluster(t)
