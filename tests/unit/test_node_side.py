@@ -126,7 +126,7 @@ def test_node_side_with_the_engine_python() -> None:
 
 
 REHEARSAL_CONNECTOR_CHECK = """
-import json, tempfile, types
+import json, shutil, tempfile, types
 from vllm.distributed.kv_transfer.kv_connector.v1.example_connector import ReqMeta
 from kvpd.connectors.example_rehearsal import KvpdExampleConnector
 
@@ -149,6 +149,7 @@ for n in (33, 95, 96, 97, 128, 129, 130, 161):
         "local": c.get_num_new_matched_tokens(req, stored)[0],
         "found": c._found_match_for_prompt(tokens, []),
     })
+shutil.rmtree(c._storage_path)  # the folders _generate_filename_debug made
 print(json.dumps(rows))
 """
 
