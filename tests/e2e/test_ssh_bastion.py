@@ -235,7 +235,10 @@ def test_up_status_logs_restart_diagnose_down_through_the_bastion(
     st = json.loads(kvpd(state, "status", PROFILE, "--json").stdout)
     rows = st["processes"]
     assert rows, rows
-    assert all(p["alive"] and p["healthy"] is not False for p in rows), rows
+    # name, host, alive, healthy and detail of each (alive None: the host could not be asked,
+    # and detail says why)
+    seen = [(p["name"], p["host"], p["alive"], p["healthy"], p.get("detail")) for p in rows]
+    assert all(p["alive"] and p["healthy"] is not False for p in rows), seen
     assert any(p["host"] == "d1" for p in rows)
 
     log = kvpd(state, "logs", "decode-0", "--deployment", PROFILE, "-n", "50").stdout
