@@ -78,7 +78,7 @@ using RowFn = void (*)(const RowIO&, Workspace&);
 struct Isa {
   const char* name;
   RowFn fn;
-  bool avx2;  // the CPU has AVX2 (the descriptor pass uses it)
+  bool avx2;  // the descriptor pass runs AVX2 (AVX2 or AVX-512 rows, and the CPU has AVX2)
 };
 
 // Row planners by the instructions they need, widest first: KVPD_NATIVE_ISA=<name> and

@@ -23,7 +23,19 @@ from tests.unit.proxy_cluster import (
 pytestmark = pytest.mark.timeout(30)
 
 
+def raw_completion(*headers: bytes) -> bytes:
+    """COMPLETION as one raw HTTP/1.1 request, with `headers` (lines) after Host."""
+    body = json.dumps(COMPLETION).encode()
+    extra = b"".join(h + b"\r\n" for h in headers)
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + extra
+        + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )  # fmt: skip
+
+
 # --- prefill-first ---------------------------------------------------------------------------
+
+
 def test_prefill_first_streaming_completion_forwards_kv_params() -> None:
     async def t(c: Cluster) -> None:
         r = await c.call("POST", "/v1/completions", COMPLETION)
@@ -341,12 +353,8 @@ def test_client_going_away_closes_the_decoder_stream() -> None:
     async def t(c: Cluster) -> None:
         dec = c.d[0]
         dec.chunk_gap_s = 0.05
-        body = json.dumps(COMPLETION).encode()
         reader, writer = await asyncio.open_connection("127.0.0.1", c.port)
-        writer.write(
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
+        writer.write(raw_completion())
         await reader.readuntil(b"data: ")
         writer.transport.abort()
         for _ in range(100):
@@ -663,12 +671,7 @@ def test_shutdown_answers_what_was_accepted_and_refuses_the_rest() -> None:
     new connection is refused."""
 
     async def t(c: Cluster) -> None:
-        body = json.dumps(COMPLETION).encode()
-        req = (
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
+        req = raw_completion()
         port = c.port
         in_flight = asyncio.ensure_future(c.call("POST", "/v1/completions", COMPLETION))
         early_r, early_w = await asyncio.open_connection("127.0.0.1", port)  # sends later
@@ -702,12 +705,7 @@ def test_shutdown_answers_connections_still_in_the_listen_backlog(loop, monkeypa
     answers them."""
 
     async def t(c: Cluster) -> None:
-        body = json.dumps(COMPLETION).encode()
-        req = (
-            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            b"Content-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
+        req = raw_completion(b"Connection: close")
         loop = asyncio.get_running_loop()
         # Connected and sent with no await: the loop cannot accept them before the stop.
         waiting = []
