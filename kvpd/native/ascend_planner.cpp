@@ -546,6 +546,7 @@ py::dict pool_stats() {
   d["jobs"] = st.jobs;
   d["stalls"] = st.stalls;
   d["solo"] = st.solo;
+  d["same_cpu"] = st.same_cpu;
   return d;
 }
 
@@ -591,7 +592,8 @@ PYBIND11_MODULE(_ascend_planner, m) {
   m.def("isa_info", &isa_info, "The row planner's instruction set and what the CPU offers.");
   m.def("pool_stats", &pool_stats,
         "This process's planner threads: jobs shared with helpers, how many a preempted helper "
-        "stalled, and calls planned alone after a stall.");
+        "stalled, calls planned alone after a stall, and jobs a helper left because it was "
+        "woken on the caller's CPU.");
   m.def("pool_calls", &pool_calls,
         "The calls shared with helpers since the last pool_calls() (the newest 256), oldest "
         "first, one dict each: rows, claim size (chunk), rows the caller planned and its time "

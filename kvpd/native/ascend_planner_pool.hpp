@@ -15,6 +15,7 @@
 #pragma once
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,6 +27,15 @@
 #include <vector>
 
 namespace kvpd_ascend {
+
+// The CPU the calling thread runs on, or -1 where the OS does not say.
+inline int current_cpu() {
+#if defined(__linux__)
+  return sched_getcpu();
+#else
+  return -1;
+#endif
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -57,6 +67,9 @@ struct RowJob {
   // record of the call.
   std::atomic<int64_t> first_join{0};
   int wanted = 0;
+  // The CPU the caller ran on when it published the job (-1: unknown). A helper that finds
+  // itself there would only take turns with the caller on one core (see RowPool::helper_loop).
+  int caller_cpu = -1;
   // Two ends (threads == 2): the front in the low 32 bits, the back (one past the last row
   // still free) in the high 32 bits; the rows left are [front, back). Alone on its cache line:
   // both threads write it once a row, and sharing its line with the fields each claim reads
@@ -137,6 +150,8 @@ class RowPool {
     }
     start_helpers(helpers);
     job.wanted = helpers;
+    job.caller_cpu = current_cpu();
+    caller_cpu_.store(job.caller_cpu, std::memory_order_relaxed);
     job_.store(&job);
     gen_.fetch_add(1);
     if (sleepers_.load() > 0) {  // someone sleeps: wake it through the mutex (no lost wake-up)
@@ -158,14 +173,17 @@ class RowPool {
     back_off(stalled);
   }
 
-  // Jobs the helpers shared, how many of them stalled the caller, and how many calls the
-  // caller planned alone because of an earlier stall (benchmarks report them).
+  // Jobs the helpers shared, how many of them stalled the caller, how many calls the caller
+  // planned alone because of an earlier stall, and how many times a helper left a job because
+  // it had been woken on the caller's CPU (benchmarks report them).
   struct Stats {
-    uint64_t jobs = 0, stalls = 0, solo = 0;
+    uint64_t jobs = 0, stalls = 0, solo = 0, same_cpu = 0;
   };
   Stats stats() {
     std::lock_guard<std::mutex> one_caller(call_);
-    return stats_;
+    Stats st = stats_;
+    st.same_cpu = same_cpu_.load(std::memory_order_relaxed);
+    return st;
   }
 
   // One shared call, as the caller saw it: where the two-thread time goes beyond half the
@@ -258,9 +276,13 @@ class RowPool {
   // twice per layer and layer after layer, and a sleeping helper takes tens of microseconds to
   // wake, a sizeable share of a ~0.4 ms layer), then sleep instead of spinning for milliseconds
   // on a core the engine's own threads need, as OpenMP's threads do.
+  // A helper on the CPU the last caller ran on sleeps at once: polling there would take the
+  // core from the caller (the Python thread between two calls, or the next call itself).
   uint64_t next_gen(uint64_t seen) {
+    const int cpu = caller_cpu_.load(std::memory_order_relaxed);
+    const bool poll = cpu < 0 || current_cpu() != cpu;
     const auto until = std::chrono::steady_clock::now() + kPoll;
-    for (int i = 1; gen_.load() == seen; ++i) {
+    for (int i = 1; poll && gen_.load() == seen; ++i) {
       cpu_relax();
       if ((i & 63) == 0 && std::chrono::steady_clock::now() > until) break;
     }
@@ -273,12 +295,21 @@ class RowPool {
     return gen_.load();
   }
 
+  // A helper woken on the caller's CPU leaves the job to the caller and sleeps. The kernel
+  // places a woken thread on the waker's CPU when the helper's own CPU is busy with another
+  // process (the engine's threads on a decode host): the helper then preempts the caller, the
+  // two take turns on one core, and the call takes longer than the caller alone (measured on a
+  // 2-core Ice Lake VM with the other CPU held by a spinning process: 2-thread layers at 0.96x
+  // the 1-thread time). The helper is back once the kernel
+  // wakes it on a CPU of its own (an idle CPU is preferred whenever there is one).
   void helper_loop() {
     for (uint64_t seen = 0;;) {
       seen = next_gen(seen);
       active_.fetch_add(1);  // counted before looking at the job (see run)
       RowJob* job = job_.load();
-      if (job != nullptr && job->joined.fetch_add(1) < job->wanted) {
+      if (job != nullptr && job->caller_cpu >= 0 && current_cpu() == job->caller_cpu) {
+        same_cpu_.fetch_add(1, std::memory_order_relaxed);
+      } else if (job != nullptr && job->joined.fetch_add(1) < job->wanted) {
         int64_t none = 0;
         job->first_join.compare_exchange_strong(
             none, std::chrono::steady_clock::now().time_since_epoch().count(),
@@ -315,6 +346,8 @@ class RowPool {
   std::atomic<int> active_{0};    // helpers that may be looking at job_
   std::atomic<int> sleepers_{0};  // helpers asleep or about to be, in wake_
   std::atomic<bool> caller_sleeps_{false};
+  std::atomic<uint64_t> same_cpu_{0};  // jobs a helper left, woken on the caller's CPU
+  std::atomic<int> caller_cpu_{-1};    // the CPU the last caller ran on (-1: unknown)
   int started_ = 0;  // under call_
 };
 

@@ -329,6 +329,31 @@ def test_forked_child_plans_with_threads() -> None:
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.skipif(
+    not hasattr(__import__("os"), "sched_setaffinity")
+    or len(__import__("os").sched_getaffinity(0)) < 2,
+    reason="needs Linux CPU affinity and two CPUs",
+)
+def test_a_helper_on_the_callers_cpu_leaves_the_rows_to_the_caller() -> None:
+    # Two threads on one core only take turns: a helper woken on the caller's CPU (where the
+    # kernel puts it when its own CPU is busy) plans no row. A forked child pinned to one CPU
+    # gets a helper born there, so every call finds it on the caller's CPU.
+    import os
+
+    want = [_planned(seed, 1) for seed in range(4)]
+    cpu = min(os.sched_getaffinity(0))
+    pid = os.fork()
+    if pid == 0:  # child: exit status 0 when every plan matched and no helper took a row
+        os.sched_setaffinity(0, {cpu})
+        ap.pool_calls()
+        same = [_planned(seed, 2) for seed in range(4)] == want
+        calls = ap.pool_calls()
+        alone = all(c["caller_rows"] == c["rows"] and c["join_ns"] == -1 for c in calls)
+        os._exit(0 if same and alone and "same_cpu" in ap.pool_stats() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def descriptor_buffers(rows: int, k: int):
     n = 2 * rows * k
     return (np.full(n, -5, np.int64), np.full(n, -5, np.int64), np.full(n, -5, np.int32),
