@@ -5,17 +5,25 @@ MLA token bytes K=512*2, V=64*2, 80% of top-k kept between steps, two new reques
 One "layer" is lru_resident_compact + compute_lru_resident_addrs with the manager's buffers
 (8 workspaces; requested threads 1 or 2). Each implementation plans the same trace back to back
 (as a decode process plans layer after layer), the implementations take turns per repeat, every
-output and the state after every step are compared by digest, and the median and minimum per
-layer are printed (on a shared machine the minimum is the steadier figure of the two). Last, the
-plan call's excess at 2 threads over half its 1-thread time, split from kvpd's pool record of
-each shared call: the helper's start, the caller's wait for its last row, the caller's rows
-running slower than alone, and the rest.
+output and the state after every step are compared by digest, and the median, minimum and mean
+per layer are printed. On a shared machine the minimum is the steadiest; a decode step pays the
+sum of its layers, so a rare layer that waits a scheduler slice counts in full in the mean, where
+the median ignores it. Last, the plan call's excess at 2 threads over half its 1-thread time,
+split from kvpd's pool record of each shared call: the helper's start, the caller's wait for its
+last row, the caller's rows running slower than alone, and the rest.
 
 Upstream's planner is not part of kvpd: fetch `sparse_kv_offload.cpp` yourself (vllm-project/
 vllm-ascend, vllm_ascend/distributed/kv_transfer/sparse_kv_offload/, base commit 182b75ea) and
 pass it with --upstream-cpp (or KVPD_UPSTREAM_PLANNER_CPP). It is compiled here with -O3
 -march=native against kvpd's stand-in headers (benchmarks/upstream_stubs). Without it, only
 kvpd's rows are printed.
+
+--held-core runs the comparison a second time while a process spins on the last CPU: a stand-in
+for what shares a decode host's cores with the planner (the engine's own threads, the runtime's),
+so that one of the two threads runs at about half speed. vLLM-Ascend's OpenMP team splits the
+rows in two fixed halves and waits for the slower thread; kvpd's two threads claim rows from the
+two ends until they meet, so the thread on the free core takes more of them. The spinning process
+ends itself after at most --held-core-limit seconds and is killed when the run ends.
 
 --jit-python PY (a Python with torch and ninja, e.g. the engine venv's) also measures what a
 decode start pays today: torch.utils.cpp_extension.load of upstream's .cpp with its flags (cold,
@@ -24,18 +32,20 @@ then the descriptor call's fixed cost with CPU torch tensors, as the manager pas
 the module it built and for kvpd's.
 
     .venv/bin/python benchmarks/ascend_planner.py --upstream-cpp /path/to/sparse_kv_offload.cpp \
-        [--jit-python .venv-engine/bin/python] [--quick]
+        [--jit-python .venv-engine/bin/python] [--held-core] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import os
 import shutil
 import statistics
 import subprocess
+import sys
 import sysconfig
 import tempfile
 import time
@@ -47,6 +57,7 @@ import numpy as np
 
 from kvpd.native import ascend_planner as kvpd_mod
 from kvpd.native.trace import synthetic_topk_trace
+from kvpd.testing.termination import stop_on_termination
 
 ROWS, TOPK, CAP, MML, BLOCK = 64, 2048, 4096, 131_072, 128
 TOK_K, TOK_V, WORKERS = 512 * 2, 64 * 2, 8
@@ -135,9 +146,15 @@ def busy_jiffies() -> tuple[int, int]:
     return user + nice + system + irq + softirq + steal, int(own[11]) + int(own[12])
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU time a process has run, in nanoseconds (the scheduler's own count)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+
+
 class Block:
     """One thread count's samples per implementation: layer and plan-call times (ms), first-repeat
-    digests, and kvpd's shared calls as its pool recorded them (kvpd.native.pool_calls)."""
+    digests, kvpd's shared calls as its pool recorded them (kvpd.native.pool_calls), and, with a
+    held core, the spinning process's CPU time and the wall time of the implementation's turns."""
 
     def __init__(self, configs) -> None:
         names = [name for name, _, _ in configs]
@@ -145,39 +162,54 @@ class Block:
         self.plan: dict[str, list[float]] = {name: [] for name in names}
         self.digests: dict[str, list[bytes]] = {name: [] for name in names}
         self.calls: dict[str, list[dict]] = {name: [] for name in names}
+        self.held: dict[str, list[int]] = {name: [0, 0] for name in names}
 
 
-def run_block(args, trace, bt, configs, threads: int):
-    """Every implementation on `threads` threads: a Block, and the share of the CPUs other
-    processes used meanwhile."""
+def run_turn(block: Block, config, threads: int, trace, bt, first: bool, spinner: int | None):
+    """One implementation plans the whole trace back to back on `threads` threads, as a decode
+    process plans layer after layer (so OpenMP's spinning helpers after upstream's call hit
+    upstream's next call, not kvpd's)."""
     warm = 3
-    block = Block(configs)
+    name, mod, isa = config
+    if isa is not None:
+        kvpd_mod.set_isa(isa)
+    layer = Layer()
+    turn = (cpu_ns(spinner), time.monotonic_ns()) if spinner is not None else None
+    for step in range(trace.steps):
+        if step == warm and isa is not None:
+            kvpd_mod.pool_calls()  # the warm-up steps' calls are not kept
+        ins = (trace.topk_indices[step], trace.req_ids[step])
+        dt = layer.step(mod, *ins, trace.stable_prefix_lens[step], bt, threads)
+        if step >= warm:
+            block.times[name].append(dt)
+            block.plan[name].append(layer.plan_ms)
+        if first:
+            block.digests[name].append(layer.digest())
+    if turn is not None and spinner is not None:
+        block.held[name][0] += cpu_ns(spinner) - turn[0]
+        block.held[name][1] += time.monotonic_ns() - turn[1]
+    if isa is not None:
+        block.calls[name] += kvpd_mod.pool_calls()
+
+
+def run_blocks(args, trace, bt, configs, spinner: int | None = None):
+    """Every implementation on 1 and on 2 threads: a Block per thread count, and the share of
+    the CPUs other processes used meanwhile. The thread counts take turns within each
+    implementation's turn, so that the host's slow spells (another tenant on a vCPU's core, for
+    minutes at a time) fall on both and the 1 -> 2 threads ratios compare like with like; the
+    implementations' order rotates per repeat so that load drift spreads. `spinner`: the PID of
+    the process holding a core, whose CPU time is counted per implementation's turns."""
+    blocks = {1: Block(configs), 2: Block(configs)}
     (all0, own0), t0 = busy_jiffies(), time.monotonic()
     for rep in range(args.repeats):
-        # Each implementation plans the whole trace back to back, as a decode process does
-        # layer after layer (so OpenMP's spinning helpers after upstream's call hit upstream's
-        # next call, not kvpd's); the order rotates per repeat so that load drift spreads.
         order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
-        for name, mod, isa in order:
-            if isa is not None:
-                kvpd_mod.set_isa(isa)
-            layer = Layer()
-            for step in range(trace.steps):
-                if step == warm and isa is not None:
-                    kvpd_mod.pool_calls()  # the warm-up steps' calls are not kept
-                ins = (trace.topk_indices[step], trace.req_ids[step])
-                dt = layer.step(mod, *ins, trace.stable_prefix_lens[step], bt, threads)
-                if step >= warm:
-                    block.times[name].append(dt)
-                    block.plan[name].append(layer.plan_ms)
-                if rep == 0:
-                    block.digests[name].append(layer.digest())
-            if isa is not None:
-                block.calls[name] += kvpd_mod.pool_calls()
+        for config in order:
+            for threads in (1, 2) if rep % 2 == 0 else (2, 1):
+                run_turn(blocks[threads], config, threads, trace, bt, rep == 0, spinner)
     (all1, own1), wall = busy_jiffies(), time.monotonic() - t0
     hz, cpus = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
     others = ((all1 - all0) - (own1 - own0)) / (hz * wall * cpus)
-    return block, max(others, 0.0)
+    return blocks, max(others, 0.0)
 
 
 def print_two_thread_costs(one: Block, two: Block, upstream_name: str | None) -> None:
@@ -220,43 +252,80 @@ def print_block(threads: int, block: Block, others: float, upstream_name: str | 
           f"{len(times[names[0]])} samples; other processes used {others:.0%} of the "
           f"{os.cpu_count()} CPUs meanwhile (load {os.getloadavg()[0]:.2f})")  # fmt: skip
     for name, t in times.items():
-        print(f"  {name:>34}: {statistics.median(t):7.3f} ms  (min {min(t):.3f})")
+        print(f"  {name:>34}: {statistics.median(t):7.3f} ms  (min {min(t):.3f}, "
+              f"mean {statistics.fmean(t):.3f})")  # fmt: skip
     if upstream_name is not None:
         up = times[upstream_name]
         for name in names[:-1]:
             t = times[name]
             ratio = statistics.median(up) / statistics.median(t)
             print(f"  {'speed-up ' + name:>34}: {ratio:.2f}x (median), "
-                  f"{min(up) / min(t):.2f}x (min)")  # fmt: skip
+                  f"{min(up) / min(t):.2f}x (min), "
+                  f"{statistics.fmean(up) / statistics.fmean(t):.2f}x (mean)")  # fmt: skip
     steps = len(digests[names[0]])
     print(f"  outputs identical across all rows above: {identical} "
           f"({steps} steps x {len(names)} implementations, every output and state)")  # fmt: skip
 
 
-def compare(args, trace, bt, upstream, isas: list[str]) -> None:
+def print_held(block: Block) -> None:
+    """How much of its CPU the spinning process kept during each implementation's turns."""
+    for name, (spun, wall) in block.held.items():
+        print(f"  {'held core, ' + name:>34}: the spinning process ran "
+              f"{spun / max(wall, 1):.0%} of the time")  # fmt: skip
+
+
+def compare(args, trace, bt, upstream, isas: list[str], spinner: int | None = None) -> None:
     configs = [(f"kvpd {isa}", kvpd_mod, isa) for isa in isas]
     upstream_name = None
     if upstream is not None:
         upstream_name = "vLLM-Ascend (-O3 -march=native)"
         configs.append((upstream_name, upstream, None))
-    per_threads: dict[int, Block] = {}
-    for threads in (1, 2):
-        before = kvpd_mod.pool_stats()
-        block, others = run_block(args, trace, bt, configs, threads)
-        after = kvpd_mod.pool_stats()
-        kvpd_mod.set_isa(isas[0])
+    before = kvpd_mod.pool_stats()
+    per_threads, others = run_blocks(args, trace, bt, configs, spinner)
+    after = kvpd_mod.pool_stats()
+    kvpd_mod.set_isa(isas[0])
+    for threads, block in per_threads.items():
         print_block(threads, block, others, upstream_name)
-        if threads > 1:  # a stall: the caller waited for a helper it took to be preempted
-            jobs, stalls, solo = (after[k] - before[k] for k in ("jobs", "stalls", "solo"))
-            print(f"  kvpd's threads: {jobs} calls shared with the helper, {stalls} stalled by "
-                  f"it, {solo} planned alone after a stall")  # fmt: skip
-        per_threads[threads] = block
+        if spinner is not None:
+            print_held(block)
+    # a stall: the caller waited for a helper it took to be preempted
+    jobs, stalls, solo, same = (
+        after[k] - before[k] for k in ("jobs", "stalls", "solo", "same_cpu")
+    )
+    print(f"  kvpd's threads: {jobs} calls shared with the helper, {stalls} stalled by it, "
+          f"{solo} planned alone after a stall, {same} left by a helper woken on the caller's "
+          "CPU")  # fmt: skip
     print("\n1 -> 2 threads (time at 1 / time at 2):")
     for name, _, _ in configs:
         one, two = per_threads[1].times[name], per_threads[2].times[name]
         print(f"  {name:>34}: {statistics.median(one) / statistics.median(two):.2f}x (median), "
-              f"{min(one) / min(two):.2f}x (min)")  # fmt: skip
+              f"{min(one) / min(two):.2f}x (min), "
+              f"{statistics.fmean(one) / statistics.fmean(two):.2f}x (mean)")  # fmt: skip
     print_two_thread_costs(per_threads[1], per_threads[2], upstream_name)
+
+
+# The held core's process: spins on one CPU until its time limit (it never outlives a run that is
+# killed without cleanup by more than that).
+SPINNER = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    pass
+"""
+
+
+@contextlib.contextmanager
+def core_held(cpu: int, limit_s: float):
+    """A process spinning on `cpu` for the block's duration (a stand-in for the engine's threads
+    on a decode host's cores); killed by its own PID on the way out."""
+    proc = subprocess.Popen([sys.executable, "-c", SPINNER, str(cpu), str(limit_s)])
+    try:
+        time.sleep(0.2)  # running and pinned before the first sample
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def jit_vs_import(jit_python: str, cpp: Path | None) -> None:
@@ -327,10 +396,19 @@ def main() -> None:
         "equivalence tests take it)",
     )  # fmt: skip
     ap.add_argument("--jit-python", help="Python with torch + ninja, to time the JIT build")
+    ap.add_argument(
+        "--held-core", action="store_true",
+        help="then compare again with the last CPU held by a spinning process",
+    )  # fmt: skip
+    ap.add_argument(
+        "--held-core-limit", type=float, default=900.0,
+        help="seconds after which the spinning process ends itself (default 900)",
+    )  # fmt: skip
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--all-isas", action="store_true", help="also time kvpd's lower ISA paths")
     a = ap.parse_args()
+    stop_on_termination()  # SIGTERM/SIGHUP stop the spinning process too, as Ctrl-C does
     upstream = None
     if a.upstream_cpp is None:
         print("vLLM-Ascend's planner: skipped (pass --upstream-cpp PATH to compare)")
@@ -352,6 +430,12 @@ def main() -> None:
           f"kvpd row planner: {info['isa']} (CPU offers {', '.join(info['available'])}); "
           f"{os.cpu_count()} CPUs")  # fmt: skip
     compare(a, trace, bt, upstream, isas)
+    if a.held_core:
+        cpu = max(os.sched_getaffinity(0))
+        print(f"\n=== again, with CPU {cpu} held by a spinning process (a stand-in for the "
+              "engine's threads on a decode host's cores) ===")  # fmt: skip
+        with core_held(cpu, a.held_core_limit) as spinner:
+            compare(a, trace, bt, upstream, isas, spinner)
     if a.jit_python:
         jit_vs_import(a.jit_python, a.upstream_cpp)
 
