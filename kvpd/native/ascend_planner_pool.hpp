@@ -298,10 +298,11 @@ class RowPool {
   // A helper woken on the caller's CPU leaves the job to the caller and sleeps. The kernel
   // places a woken thread on the waker's CPU when the helper's own CPU is busy with another
   // process (the engine's threads on a decode host): the helper then preempts the caller, the
-  // two take turns on one core, and the call takes longer than the caller alone (measured on a
-  // 2-core Ice Lake VM with the other CPU held by a spinning process: 2-thread layers at 0.96x
-  // the 1-thread time). The helper is back once the kernel
-  // wakes it on a CPU of its own (an idle CPU is preferred whenever there is one).
+  // two take turns on one core, and the call takes longer than the caller alone would. On a
+  // 2-core Ice Lake VM with the other CPU held by a spinning process, 2-thread layers took
+  // 1.07-1.33x the 1-thread time with the helper joining there, 0.88-1.01x with it leaving. The
+  // helper is back once the kernel wakes it on a CPU of its own (an idle one is preferred
+  // whenever there is one).
   void helper_loop() {
     for (uint64_t seen = 0;;) {
       seen = next_gen(seen);
