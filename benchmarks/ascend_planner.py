@@ -18,12 +18,14 @@ pass it with --upstream-cpp (or KVPD_UPSTREAM_PLANNER_CPP). It is compiled here 
 -march=native against kvpd's stand-in headers (benchmarks/upstream_stubs). Without it, only
 kvpd's rows are printed.
 
---held-core runs the comparison a second time while a process spins on the last CPU: a stand-in
-for what shares a decode host's cores with the planner (the engine's own threads, the runtime's),
-so that one of the two threads runs at about half speed. vLLM-Ascend's OpenMP team splits the
-rows in two fixed halves and waits for the slower thread; kvpd's two threads claim rows from the
-two ends until they meet, so the thread on the free core takes more of them. The spinning process
-ends itself after at most --held-core-limit seconds and is killed when the run ends.
+--held-core runs the comparison a second time while a process spins on every CPU but the first:
+a stand-in for what shares a decode host's cores with the planner (the engine's own threads, the
+runtime's), so that the second thread has no core of its own. vLLM-Ascend's OpenMP thread spins
+there between calls and its barrier waits for it; kvpd's helper, woken on the caller's CPU, leaves
+the layer to the caller. Each implementation's turns print how much of their CPUs the spinning
+processes kept meanwhile, and the mean per layer shows the layers that waited a scheduler slice.
+Each spinning process ends itself after at most --held-core-limit seconds and is killed when the
+run ends.
 
 --jit-python PY (a Python with torch and ninja, e.g. the engine venv's) also measures what a
 decode start pays today: torch.utils.cpp_extension.load of upstream's .cpp with its flags (cold,
@@ -146,15 +148,16 @@ def busy_jiffies() -> tuple[int, int]:
     return user + nice + system + irq + softirq + steal, int(own[11]) + int(own[12])
 
 
-def cpu_ns(pid: int) -> int:
-    """CPU time a process has run, in nanoseconds (the scheduler's own count)."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+def cpu_ns(pids: list[int]) -> int:
+    """CPU time the processes have run, in nanoseconds (the scheduler's own count)."""
+    return sum(int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) for pid in pids)
 
 
 class Block:
     """One thread count's samples per implementation: layer and plan-call times (ms), first-repeat
     digests, kvpd's shared calls as its pool recorded them (kvpd.native.pool_calls), and, with a
-    held core, the spinning process's CPU time and the wall time of the implementation's turns."""
+    held core, the spinning processes' CPU time and the wall time of the implementation's turns
+    (times the number of held CPUs)."""
 
     def __init__(self, configs) -> None:
         names = [name for name, _, _ in configs]
@@ -165,7 +168,7 @@ class Block:
         self.held: dict[str, list[int]] = {name: [0, 0] for name in names}
 
 
-def run_turn(block: Block, config, threads: int, trace, bt, first: bool, spinner: int | None):
+def run_turn(block: Block, config, threads: int, trace, bt, first: bool, spinners: list[int]):
     """One implementation plans the whole trace back to back on `threads` threads, as a decode
     process plans layer after layer (so OpenMP's spinning helpers after upstream's call hit
     upstream's next call, not kvpd's)."""
@@ -174,7 +177,7 @@ def run_turn(block: Block, config, threads: int, trace, bt, first: bool, spinner
     if isa is not None:
         kvpd_mod.set_isa(isa)
     layer = Layer()
-    turn = (cpu_ns(spinner), time.monotonic_ns()) if spinner is not None else None
+    turn = (cpu_ns(spinners), time.monotonic_ns())
     for step in range(trace.steps):
         if step == warm and isa is not None:
             kvpd_mod.pool_calls()  # the warm-up steps' calls are not kept
@@ -185,27 +188,27 @@ def run_turn(block: Block, config, threads: int, trace, bt, first: bool, spinner
             block.plan[name].append(layer.plan_ms)
         if first:
             block.digests[name].append(layer.digest())
-    if turn is not None and spinner is not None:
-        block.held[name][0] += cpu_ns(spinner) - turn[0]
-        block.held[name][1] += time.monotonic_ns() - turn[1]
+    if spinners:
+        block.held[name][0] += cpu_ns(spinners) - turn[0]
+        block.held[name][1] += (time.monotonic_ns() - turn[1]) * len(spinners)
     if isa is not None:
         block.calls[name] += kvpd_mod.pool_calls()
 
 
-def run_blocks(args, trace, bt, configs, spinner: int | None = None):
+def run_blocks(args, trace, bt, configs, spinners: list[int]):
     """Every implementation on 1 and on 2 threads: a Block per thread count, and the share of
     the CPUs other processes used meanwhile. The thread counts take turns within each
     implementation's turn, so that the host's slow spells (another tenant on a vCPU's core, for
     minutes at a time) fall on both and the 1 -> 2 threads ratios compare like with like; the
-    implementations' order rotates per repeat so that load drift spreads. `spinner`: the PID of
-    the process holding a core, whose CPU time is counted per implementation's turns."""
+    implementations' order rotates per repeat so that load drift spreads. `spinners`: the PIDs
+    of the processes holding cores, whose CPU time is counted per implementation's turns."""
     blocks = {1: Block(configs), 2: Block(configs)}
     (all0, own0), t0 = busy_jiffies(), time.monotonic()
     for rep in range(args.repeats):
         order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
         for config in order:
             for threads in (1, 2) if rep % 2 == 0 else (2, 1):
-                run_turn(blocks[threads], config, threads, trace, bt, rep == 0, spinner)
+                run_turn(blocks[threads], config, threads, trace, bt, rep == 0, spinners)
     (all1, own1), wall = busy_jiffies(), time.monotonic() - t0
     hz, cpus = os.sysconf("SC_CLK_TCK"), os.cpu_count() or 1
     others = ((all1 - all0) - (own1 - own0)) / (hz * wall * cpus)
@@ -268,25 +271,25 @@ def print_block(threads: int, block: Block, others: float, upstream_name: str | 
 
 
 def print_held(block: Block) -> None:
-    """How much of its CPU the spinning process kept during each implementation's turns."""
+    """How much of their CPUs the spinning processes kept during each implementation's turns."""
     for name, (spun, wall) in block.held.items():
-        print(f"  {'held core, ' + name:>34}: the spinning process ran "
+        print(f"  {'held cores, ' + name:>34}: the spinning processes ran "
               f"{spun / max(wall, 1):.0%} of the time")  # fmt: skip
 
 
-def compare(args, trace, bt, upstream, isas: list[str], spinner: int | None = None) -> None:
+def compare(args, trace, bt, upstream, isas: list[str], spinners: list[int]) -> None:
     configs = [(f"kvpd {isa}", kvpd_mod, isa) for isa in isas]
     upstream_name = None
     if upstream is not None:
         upstream_name = "vLLM-Ascend (-O3 -march=native)"
         configs.append((upstream_name, upstream, None))
     before = kvpd_mod.pool_stats()
-    per_threads, others = run_blocks(args, trace, bt, configs, spinner)
+    per_threads, others = run_blocks(args, trace, bt, configs, spinners)
     after = kvpd_mod.pool_stats()
     kvpd_mod.set_isa(isas[0])
     for threads, block in per_threads.items():
         print_block(threads, block, others, upstream_name)
-        if spinner is not None:
+        if spinners:
             print_held(block)
     # a stall: the caller waited for a helper it took to be preempted
     jobs, stalls, solo, same = (
@@ -304,7 +307,7 @@ def compare(args, trace, bt, upstream, isas: list[str], spinner: int | None = No
     print_two_thread_costs(per_threads[1], per_threads[2], upstream_name)
 
 
-# The held core's process: spins on one CPU until its time limit (it never outlives a run that is
+# A held core's process: spins on one CPU until its time limit (it never outlives a run that is
 # killed without cleanup by more than that).
 SPINNER = """
 import os, sys, time
@@ -316,16 +319,19 @@ while time.monotonic() < end:
 
 
 @contextlib.contextmanager
-def core_held(cpu: int, limit_s: float):
-    """A process spinning on `cpu` for the block's duration (a stand-in for the engine's threads
-    on a decode host's cores); killed by its own PID on the way out."""
-    proc = subprocess.Popen([sys.executable, "-c", SPINNER, str(cpu), str(limit_s)])
+def cores_held(cpus: list[int], limit_s: float):
+    """A process spinning on each of `cpus` for the comparison's duration (a stand-in for the
+    engine's threads on a decode host's cores); each killed by its own PID on the way out."""
+    procs: list[subprocess.Popen] = []
     try:
+        for cpu in cpus:
+            procs.append(subprocess.Popen([sys.executable, "-c", SPINNER, str(cpu), str(limit_s)]))
         time.sleep(0.2)  # running and pinned before the first sample
-        yield proc.pid
+        yield [proc.pid for proc in procs]
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def jit_vs_import(jit_python: str, cpp: Path | None) -> None:
@@ -398,11 +404,11 @@ def main() -> None:
     ap.add_argument("--jit-python", help="Python with torch + ninja, to time the JIT build")
     ap.add_argument(
         "--held-core", action="store_true",
-        help="then compare again with the last CPU held by a spinning process",
+        help="then compare again with every CPU but the first held by a spinning process",
     )  # fmt: skip
     ap.add_argument(
         "--held-core-limit", type=float, default=900.0,
-        help="seconds after which the spinning process ends itself (default 900)",
+        help="seconds after which each spinning process ends itself (default 900)",
     )  # fmt: skip
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
@@ -429,13 +435,19 @@ def main() -> None:
     print(f"shape: rows={ROWS} topk={TOPK} capacity={CAP} max_model_len={MML} block={BLOCK}; "
           f"kvpd row planner: {info['isa']} (CPU offers {', '.join(info['available'])}); "
           f"{os.cpu_count()} CPUs")  # fmt: skip
-    compare(a, trace, bt, upstream, isas)
-    if a.held_core:
-        cpu = max(os.sched_getaffinity(0))
-        print(f"\n=== again, with CPU {cpu} held by a spinning process (a stand-in for the "
-              "engine's threads on a decode host's cores) ===")  # fmt: skip
-        with core_held(cpu, a.held_core_limit) as spinner:
-            compare(a, trace, bt, upstream, isas, spinner)
+    compare(a, trace, bt, upstream, isas, [])
+    cpus = sorted(os.sched_getaffinity(0))
+    if a.held_core and len(cpus) < 2:
+        print("\n--held-core: skipped (this process may use one CPU only)")
+    elif a.held_core:
+        # Every CPU but the first: the 1-thread turns keep a free core, the 2-thread turns' second
+        # thread has none of its own (on a larger machine it would otherwise take a free one).
+        held = cpus[1:]
+        print(f"\n=== again, with CPU {', '.join(map(str, held))} held by a spinning process "
+              "each (a stand-in for the engine's threads on a decode host's cores) "
+              "===")  # fmt: skip
+        with cores_held(held, a.held_core_limit) as spinners:
+            compare(a, trace, bt, upstream, isas, spinners)
     if a.jit_python:
         jit_vs_import(a.jit_python, a.upstream_cpp)
 
