@@ -67,9 +67,6 @@ struct RowJob {
   // record of the call.
   std::atomic<int64_t> first_join{0};
   int wanted = 0;
-  // The CPU the caller ran on when it published the job (-1: unknown). A helper that finds
-  // itself there would only take turns with the caller on one core (see RowPool::helper_loop).
-  int caller_cpu = -1;
   // Two ends (threads == 2): the front in the low 32 bits, the back (one past the last row
   // still free) in the high 32 bits; the rows left are [front, back). Alone on its cache line:
   // both threads write it once a row, and sharing its line with the fields each claim reads
@@ -150,8 +147,7 @@ class RowPool {
     }
     start_helpers(helpers);
     job.wanted = helpers;
-    job.caller_cpu = current_cpu();
-    caller_cpu_.store(job.caller_cpu, std::memory_order_relaxed);
+    caller_cpu_.store(current_cpu(), std::memory_order_relaxed);  // before the job (on_caller_cpu)
     job_.store(&job);
     gen_.fetch_add(1);
     if (sleepers_.load() > 0) {  // someone sleeps: wake it through the mutex (no lost wake-up)
@@ -279,8 +275,7 @@ class RowPool {
   // A helper on the CPU the last caller ran on sleeps at once: polling there would take the
   // core from the caller (the Python thread between two calls, or the next call itself).
   uint64_t next_gen(uint64_t seen) {
-    const int cpu = caller_cpu_.load(std::memory_order_relaxed);
-    const bool poll = cpu < 0 || current_cpu() != cpu;
+    const bool poll = !on_caller_cpu();
     const auto until = std::chrono::steady_clock::now() + kPoll;
     for (int i = 1; poll && gen_.load() == seen; ++i) {
       cpu_relax();
@@ -308,7 +303,7 @@ class RowPool {
       seen = next_gen(seen);
       active_.fetch_add(1);  // counted before looking at the job (see run)
       RowJob* job = job_.load();
-      if (job != nullptr && job->caller_cpu >= 0 && current_cpu() == job->caller_cpu) {
+      if (job != nullptr && on_caller_cpu()) {
         same_cpu_.fetch_add(1, std::memory_order_relaxed);
       } else if (job != nullptr && job->joined.fetch_add(1) < job->wanted) {
         int64_t none = 0;
@@ -322,6 +317,14 @@ class RowPool {
         idle_.notify_all();
       }
     }
+  }
+
+  // Whether this helper runs on the CPU the last caller published a job from (unknown: no).
+  // Published before the job (job_ is stored after it), so a helper that sees a job sees its
+  // caller's CPU.
+  bool on_caller_cpu() const {
+    const int cpu = caller_cpu_.load(std::memory_order_relaxed);
+    return cpu >= 0 && current_cpu() == cpu;
   }
 
   static constexpr std::chrono::microseconds kPoll{100};
