@@ -43,6 +43,7 @@ class RunOptions(TypedDict, total=False):
     timeout_s: float
     env: dict[str, str] | None
     cwd: str | None
+    idempotent: bool
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class Run:
     timeout_s: float = 60.0
     env: dict[str, str] | None = None
     cwd: str | None = None
+    # The command only reads (a process's state, the listening ports): when the link to the
+    # host is lost while it runs, the transport runs it again on a new connection instead of
+    # reporting that it may or may not have run.
+    idempotent: bool = False
 
 
 HttpMethod = Literal["GET", "POST"]

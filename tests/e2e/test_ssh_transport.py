@@ -7,6 +7,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -198,6 +199,39 @@ def test_reconnects_after_a_dropped_connection(testbed, h1) -> None:
     assert wait_until(lambda: not conn.active, 5)
     assert h1.run(["hostname"]).stdout.strip() == "h1"
     assert h1._conn is not conn
+
+
+def _cut_link_in(h: SSHTransport, seconds: float) -> threading.Timer:
+    """Fault injection: the TCP connection cut under paramiko's feet `seconds` from now."""
+    conn = h._conn
+    assert conn is not None
+    sock = conn.client.get_transport().sock
+    timer = threading.Timer(seconds, lambda: sock.shutdown(socket.SHUT_RDWR))
+    timer.start()
+    return timer
+
+
+def test_a_read_only_command_runs_again_when_the_link_drops_while_it_runs(testbed, h1) -> None:
+    """A probe that only reads (a process's state, the listening ports) is run again on a new
+    connection: `down` and `status` on a cluster must not fail on a link lost mid-probe."""
+    assert h1.run(["true"]).ok
+    first = h1._conn
+    _cut_link_in(h1, 0.5)  # fires while the command below sleeps
+    r = h1.run(["sh", "-c", "sleep 1.5; echo probed"], idempotent=True)
+    assert (r.exit_code, r.stdout.strip()) == (0, "probed"), r
+    assert h1._conn is not first
+
+
+def test_a_command_that_may_change_the_host_is_not_run_again(testbed, h1, workdir) -> None:
+    """Anything else reports that it may or may not have run: running it twice could start a
+    process twice."""
+    marker = f"{workdir}/ran-{uuid.uuid4().hex}"
+    assert h1.run(["true"]).ok
+    _cut_link_in(h1, 0.5)
+    with pytest.raises(TransportError, match=r"connection lost while running .* may or may not"):
+        h1.run(["sh", "-c", f"echo x >> {marker}; sleep 1.5"])
+    assert wait_until(lambda: h1.run(["cat", marker]).ok, 5)
+    assert h1.run(["cat", marker]).stdout == "x\n"  # once
 
 
 def test_parallel_operations_share_one_connection(testbed, h1) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvpd.exec.procfs import ProcStat, is_alive, listening_in, live_members, may_signal_group
+from kvpd.exec.ssh.processes import ShellProcesses
 
 TICKS = 5000
 
@@ -46,3 +47,36 @@ def test_listening_ports_from_tcp_tables() -> None:
     )
     tcp6 = "   0: 00000000000000000000000000000000:0050 00000000000000000000000000000000:0000 0A\n"
     assert listening_in([tcp, tcp6, "garbage line 0A\n"]) == {8080, 80}
+
+
+# A /proc/4242/stat line: group 4242, session 4242, started at tick 77.
+_LEADER = "4242 (engine) S 1 4242 4242 " + " ".join(["0"] * 15) + " 77 0"
+
+
+class _RecordedSnippets(ShellProcesses):
+    """A host where process group 4242 (started at tick 77) runs: each snippet is recorded
+    with whether it may be run again after a lost link."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool]] = []
+
+    def _snippet(
+        self, script: str, what: str, timeout_s: float = 30.0, *, idempotent: bool = False
+    ) -> str:
+        self.calls.append((what, idempotent))
+        if what.startswith("listing process group"):
+            return f"L {_LEADER}\n{_LEADER}\n"
+        return "sent\n" if what.startswith("signalling") else _LEADER
+
+
+def test_only_the_read_only_probes_may_run_again_after_a_lost_link() -> None:
+    """`down` and `status` probe every process (its state, its group, the listening ports):
+    those only read, so a link lost mid-probe is retried on a new connection; a signal, whose
+    fate is then unknown, is never sent twice."""
+    t = _RecordedSnippets()
+    assert t.alive(4242, start_ticks=77)
+    assert t.group_alive(4242) == [4242]
+    assert t.ports_listening([8000]) == []
+    assert t.signal_group(4242, 15, start_ticks=77)
+    kinds = {what.split()[0]: idempotent for what, idempotent in t.calls}
+    assert kinds == {"reading": True, "listing": True, "signalling": False}, t.calls

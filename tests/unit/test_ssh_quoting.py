@@ -131,7 +131,7 @@ def test_secret_env_never_reaches_the_ssh_command_line(monkeypatch, tmp_path) ->
     sent: list[str] = []
     monkeypatch.setattr(t, "home", lambda: str(tmp_path))
     monkeypatch.setattr(t, "put", lambda p, c, *, mode: written.__setitem__(p, (c, mode)))
-    monkeypatch.setattr(t, "_result", lambda argv, command, timeout_s: sent.append(command))
+    monkeypatch.setattr(t, "_result", lambda argv, command, *_: sent.append(command))
     token = 'hf_abc\'; echo pwned $(id) "x"'
     t.run(["sh", "-c", 'printf %s "$HF_TOKEN"'], env={"HF_TOKEN": token, "MODE": "fast"})
     ((path, (content, mode)),) = written.items()

@@ -79,16 +79,22 @@ class ContainerTransport(ShellProcesses):
         return f"ContainerTransport({self.spec.runtime} {self.spec.name} on {self.inner!r})"
 
     def _inside(
-        self, line: str, timeout_s: float, secret: dict[str, str] | None = None
+        self,
+        line: str,
+        timeout_s: float,
+        secret: dict[str, str] | None = None,
+        idempotent: bool = False,
     ) -> CommandResult:
         """Run `line` inside. `secret` variables reach the runtime's exec through the host
         transport's environment (`-e NAME` passes a variable on by name), never through its
         command line (`ps` on the host)."""
         argv = self.spec.exec_argv(["sh", "-c", line], pass_env=sorted(secret or ()))
-        return self.inner.run(argv, timeout_s=timeout_s, env=secret or None)
+        return self.inner.run(argv, timeout_s=timeout_s, env=secret or None, idempotent=idempotent)
 
-    def _snippet(self, script: str, what: str, timeout_s: float = 30.0) -> str:
-        r = self._inside(script, timeout_s)
+    def _snippet(
+        self, script: str, what: str, timeout_s: float = 30.0, *, idempotent: bool = False
+    ) -> str:
+        r = self._inside(script, timeout_s, idempotent=idempotent)
         if not r.ok:
             why = runtime_failure(self.spec, self.host, r)
             raise TransportError(
@@ -105,7 +111,7 @@ class ContainerTransport(ShellProcesses):
         where = self.resolve(o.cwd) if o.cwd is not None else None
         secret, env = commands.split_secret_env(o.env)
         line = commands.command_line(list(argv), env=env, cwd=where)
-        r = self._inside(line, o.timeout_s, secret)
+        r = self._inside(line, o.timeout_s, secret, o.idempotent)
         return CommandResult(tuple(argv), r.exit_code, r.stdout, r.stderr)
 
     def put(self, path: str, content: bytes, *, mode: int = 0o644) -> None:

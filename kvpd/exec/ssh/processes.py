@@ -17,12 +17,18 @@ from kvpd.exec.transport import Started
 class ShellProcesses:
     """alive / group_alive / signal_group / ports_listening over `_snippet`."""
 
-    def _snippet(self, script: str, what: str, timeout_s: float = 30.0) -> str:
+    def _snippet(
+        self, script: str, what: str, timeout_s: float = 30.0, *, idempotent: bool = False
+    ) -> str:
+        """`idempotent`: the snippet only reads, so it may be run again when the link to the
+        host is lost while it runs."""
         raise NotImplementedError
 
     def _group(self, pgid: int) -> tuple[procfs.ProcStat | None, list[procfs.ProcStat]]:
         """(the process numbered `pgid` if any, the live members of process group `pgid`)."""
-        out = self._snippet(commands.group_stats_snippet(pgid), f"listing process group {pgid}")
+        out = self._snippet(
+            commands.group_stats_snippet(pgid), f"listing process group {pgid}", idempotent=True
+        )
         leader, members = None, []
         for line in out.splitlines():
             if line.startswith("L "):
@@ -32,7 +38,9 @@ class ShellProcesses:
         return leader, procfs.live_members(members, int(pgid))
 
     def alive(self, pid: int, *, start_ticks: int | None = None) -> bool:
-        out = self._snippet(commands.stat_snippet(pid), f"reading the state of {pid}")
+        out = self._snippet(
+            commands.stat_snippet(pid), f"reading the state of {pid}", idempotent=True
+        )
         st = procfs.parse_stat(out) if out.strip() else None
         return procfs.is_alive(st, start_ticks)
 
@@ -53,7 +61,7 @@ class ShellProcesses:
 
     def ports_listening(self, ports: list[int]) -> list[int]:
         # Read where the processes run: a container without host networking shows its own.
-        out = self._snippet(commands.LISTENING_SNIPPET, "listing listening ports")
+        out = self._snippet(commands.LISTENING_SNIPPET, "listing listening ports", idempotent=True)
         listening = procfs.listening_in([out])
         return [p for p in ports if p in listening]
 

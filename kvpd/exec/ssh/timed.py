@@ -24,6 +24,11 @@ def drive(chan: paramiko.Channel, command: str, timeout_s: float) -> tuple[int, 
             out.append(chan.recv(65536))
         while chan.recv_stderr_ready():
             err.append(chan.recv_stderr(65536))
+        if chan.closed and not chan.eof_received:
+            # paramiko closes every channel of a connection that died, with no EOF and no exit
+            # status: waiting on would only reach the deadline, and the command's fate is
+            # unknown (a link error, as the caller's other lost-link cases are).
+            raise EOFError("the connection closed while the command ran")
         left = deadline - time.monotonic()
         if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
             if chan.status_event.wait(max(left, 0)):

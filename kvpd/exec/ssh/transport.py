@@ -41,6 +41,14 @@ MAX_PARALLEL_CHANNELS = 8
 MAX_PARALLEL_FORWARDS = 16
 
 
+def link_error(e: BaseException | None) -> str:
+    """A lost link's exception as words: paramiko's EOFError and some of its SSHExceptions
+    carry no message, so their type is the text."""
+    if e is None:
+        return "no reason given"
+    return str(e) or type(e).__name__
+
+
 class SSHTransport(ShellProcesses):
     """Operations on one host over one SSH connection, opened on first use and shared by all
     threads (channels are multiplexed; at most MAX_PARALLEL_CHANNELS at a time). A connection
@@ -103,7 +111,7 @@ class SSHTransport(ShellProcesses):
     def _with_retry(self, what: str, op: Callable[[Connection], T]) -> T:
         """Run `op` on the connection; if the link is found dropped before the operation could
         start, reconnect once and retry. `op` must raise Unstarted only when nothing reached
-        the host."""
+        the host, or when running it again changes nothing (an idempotent command)."""
         conn = self._connection()
         try:
             return op(conn)
@@ -114,16 +122,19 @@ class SSHTransport(ShellProcesses):
         except Unstarted as e:
             cause = e.__cause__
             raise TransportError(
-                f"host {self.host} ({self._where}): {what} failed, connection lost and "
-                f"re-opening it failed: {cause or first}. Fix: check the host is up and "
-                "reachable."
+                f"host {self.host} ({self._where}): {what} failed: the connection was lost, "
+                f"and again on a new one: {link_error(cause or first)}. Fix: check the host is "
+                "up and reachable."
             ) from cause
 
     # -- commands ----------------------------------------------------------------------
 
-    def _exec(self, command: str, timeout_s: float) -> tuple[int, bytes, bytes, bool]:
+    def _exec(
+        self, command: str, timeout_s: float, idempotent: bool = False
+    ) -> tuple[int, bytes, bytes, bool]:
         """Run a shell command line; (exit code, stdout, stderr, timed out). On timeout the
-        remote command's process group is killed: closing the channel alone leaves it running."""
+        remote command's process group is killed: closing the channel alone leaves it running.
+        An idempotent command whose link is lost while it runs is run again on a new one."""
         # sshd runs the login shell as the leader of a new session, and `exec` keeps that PID
         # and group, so the first stderr line names the group to kill on timeout (and the
         # start time that proves it is still that group).
@@ -139,10 +150,12 @@ class SSHTransport(ShellProcesses):
                         self._kill_timed_out(*ident)
                     return code, out, err, timed_out
                 except LINK_ERRORS as e:
+                    if idempotent:
+                        raise Unstarted from e
                     raise TransportError(
                         f"host {self.host} ({self._where}): connection lost while running "
-                        f"{command[:200]!r}: {e or type(e).__name__}. The command may or may "
-                        "not have run; check the host."
+                        f"{command[:200]!r}: {link_error(e)}. The command may or may not have "
+                        "run; check the host."
                     ) from e
                 finally:
                     chan.close()
@@ -163,7 +176,7 @@ class SSHTransport(ShellProcesses):
         command = self._secret_prefix(secret) + commands.command_line(
             list(argv), env=env, cwd=o.cwd
         )
-        return self._result(tuple(argv), command, o.timeout_s)
+        return self._result(tuple(argv), command, o.timeout_s, o.idempotent)
 
     def _secret_prefix(self, secret: dict[str, str]) -> str:
         """Secret variables go through a private file the command sources and deletes, never
@@ -174,20 +187,26 @@ class SSHTransport(ShellProcesses):
         self.put(path, commands.env_file(secret), mode=0o600)
         return commands.source_and_remove(path)
 
-    def shell(self, script: str, *, timeout_s: float = 60.0) -> CommandResult:
+    def shell(
+        self, script: str, *, timeout_s: float = 60.0, idempotent: bool = False
+    ) -> CommandResult:
         """Run a trusted shell snippet written by kvpd itself (never built from plan values)."""
-        return self._result(("sh", "-c", script), script, timeout_s)
+        return self._result(("sh", "-c", script), script, timeout_s, idempotent)
 
-    def _result(self, argv: tuple[str, ...], command: str, timeout_s: float) -> CommandResult:
-        code, out, err, timed_out = self._exec(command, timeout_s)
+    def _result(
+        self, argv: tuple[str, ...], command: str, timeout_s: float, idempotent: bool = False
+    ) -> CommandResult:
+        code, out, err, timed_out = self._exec(command, timeout_s, idempotent)
         stderr = err.decode(errors="replace")
         if timed_out:
             # Closing the channel does not stop the remote command; it loses its output pipes.
             stderr += f"\ntimed out after {timeout_s}s"
         return CommandResult(argv, code, out.decode(errors="replace"), stderr)
 
-    def _snippet(self, script: str, what: str, timeout_s: float = 30.0) -> str:
-        r = self.shell(script, timeout_s=timeout_s)
+    def _snippet(
+        self, script: str, what: str, timeout_s: float = 30.0, *, idempotent: bool = False
+    ) -> str:
+        r = self.shell(script, timeout_s=timeout_s, idempotent=idempotent)
         if not r.ok:
             raise TransportError(
                 f"host {self.host} ({self._where}): {what} failed (exit {r.exit_code}): "
@@ -203,7 +222,7 @@ class SSHTransport(ShellProcesses):
             # it); cached, it never changes.
             home = self._connection().login_dir or ""
             if not home.startswith("/"):
-                home = self._snippet("pwd", "finding the home directory").strip()
+                home = self._snippet("pwd", "finding the home directory", idempotent=True).strip()
             if not home.startswith("/"):
                 raise TransportError(f"host {self.host}: odd home directory {home!r}")
             self._home = home
@@ -268,6 +287,8 @@ class SSHTransport(ShellProcesses):
                 except PermissionError:
                     raise
                 except (OSError, EOFError, paramiko.SSHException) as e:
+                    if not conn.active:  # the link, not the file: reading again is harmless
+                        raise Unstarted from e
                     raise TransportError(f"host {self.host}: cannot read {target}: {e}") from e
 
         return self._with_retry(f"reading {target}", op)
