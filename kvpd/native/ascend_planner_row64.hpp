@@ -95,6 +95,9 @@ KVPD_INLINE uint32_t rank_suffix_scalar(Workspace& ws, uint32_t last_word) {
   const uint64_t* __restrict__ mark = ws.bits<uint64_t>();
   uint32_t* __restrict__ suffix = ws.rank_base.data();
   uint32_t above = 0;
+  // Unrolled 4: built for AVX2 the plain loop took 1,980 ticks a row or 1,400, by where the
+  // linker placed it; unrolled it takes 1,400 in both builds measured.
+#pragma GCC unroll 4
   for (int64_t w = last_word; w >= 0; --w) {
     suffix[w] = above;
     above += popcount(mark[w]);
