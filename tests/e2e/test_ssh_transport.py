@@ -216,8 +216,8 @@ def test_a_read_only_command_runs_again_when_the_link_drops_while_it_runs(testbe
     connection: `down` and `status` on a cluster must not fail on a link lost mid-probe."""
     assert h1.run(["true"]).ok
     first = h1._conn
-    _cut_link_in(h1, 0.5)  # fires while the command below sleeps
-    r = h1.run(["sh", "-c", "sleep 1.5; echo probed"], idempotent=True)
+    _cut_link_in(h1, 1.0)  # fires while the command below sleeps (it starts in milliseconds)
+    r = h1.run(["sh", "-c", "sleep 3; echo probed"], idempotent=True)
     assert (r.exit_code, r.stdout.strip()) == (0, "probed"), r
     assert h1._conn is not first
 
@@ -227,9 +227,9 @@ def test_a_command_that_may_change_the_host_is_not_run_again(testbed, h1, workdi
     process twice."""
     marker = f"{workdir}/ran-{uuid.uuid4().hex}"
     assert h1.run(["true"]).ok
-    _cut_link_in(h1, 0.5)
+    _cut_link_in(h1, 1.0)
     with pytest.raises(TransportError, match=r"connection lost while running .* may or may not"):
-        h1.run(["sh", "-c", f"echo x >> {marker}; sleep 1.5"])
+        h1.run(["sh", "-c", f"echo x >> {marker}; sleep 3"])
     assert wait_until(lambda: h1.run(["cat", marker]).ok, 5)
     assert h1.run(["cat", marker]).stdout == "x\n"  # once
 
