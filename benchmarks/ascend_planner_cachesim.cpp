@@ -11,9 +11,10 @@
 // capacity, max_token, warm-up steps.
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
+
+#include "ascend_planner_trace.hpp"
 
 #ifdef UPSTREAM_SOURCE
 #include UPSTREAM_SOURCE
@@ -22,18 +23,6 @@
 #endif
 
 namespace {
-
-template <typename T>
-std::vector<T> load(const std::string& path, size_t n) {
-  std::vector<T> v(n);
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr || std::fread(v.data(), sizeof(T), n, f) != n) {
-    std::fprintf(stderr, "cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  std::fclose(f);
-  return v;
-}
 
 // One layer's state and buffers in the manager's layout (row-major, one row per request).
 struct Layer {
@@ -72,21 +61,12 @@ struct Layer {
                          p(token_mark.data()), p(token_pos.data()), p(slot_ws.data()),
                          p(miss_pos.data()), p(epoch.data()), rows, k, c, max_token, 1, 1);
 #else
-    using kvpd_ascend::RowIO;
-    for (int r = 0; r < rows; ++r) {
-      RowIO io{topk + size_t(r) * k, req[r], stable[r], &last[r],
-               stt.data() + size_t(r) * c, lru.data() + size_t(r) * c,
-               cur.data() + size_t(r) * k, mt.data() + size_t(r) * k,
-               ms.data() + size_t(r) * k, &mc[r], k, c, max_token};
-      if (r + 1 < rows) {  // the next row fetched ahead, as the module does
-        io.next_stt = stt.data() + size_t(r + 1) * c;
-        io.next_lru = lru.data() + size_t(r + 1) * c;
-        io.next_topk = topk + size_t(r + 1) * k;
-        io.next_cur = cur.data() + size_t(r + 1) * k;
-        io.next_mt = mt.data() + size_t(r + 1) * k;
-        io.next_ms = ms.data() + size_t(r + 1) * k;
-      }
-      kvpd_ascend::plan_row_generic(io, ws);
+    const kvpd_ascend::LayerIO layer{topk,       req,        stable,    last.data(),
+                                     stt.data(), lru.data(), cur.data(), mt.data(),
+                                     ms.data(),  mc.data(),  k,          c,
+                                     max_token};
+    for (int r = 0; r < rows; ++r) {  // the next row fetched ahead, as the module does
+      kvpd_ascend::plan_row_generic(layer.row(r, r + 1 < rows ? r + 1 : -1), ws);
     }
 #endif
   }
@@ -112,9 +92,9 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   const int steps = std::atoi(argv[2]), rows = std::atoi(argv[3]), k = std::atoi(argv[4]);
   const int c = std::atoi(argv[5]), max_token = std::atoi(argv[6]), warm = std::atoi(argv[7]);
-  const auto topk = load<int32_t>(dir + "/topk.bin", size_t(steps) * rows * k);
-  const auto req = load<int64_t>(dir + "/req.bin", size_t(steps) * rows);
-  const auto stable = load<int32_t>(dir + "/stable.bin", size_t(steps) * rows);
+  const auto topk = load_trace<int32_t>(dir + "/topk.bin", size_t(steps) * rows * k);
+  const auto req = load_trace<int64_t>(dir + "/req.bin", size_t(steps) * rows);
+  const auto stable = load_trace<int32_t>(dir + "/stable.bin", size_t(steps) * rows);
   Layer layer(rows, k, c, max_token);
   for (int step = 0; step < steps; ++step) {
     const int32_t* t = topk.data() + size_t(step) * rows * k;

@@ -34,6 +34,7 @@ static uint64_t g_last;
 #endif
 
 #include "../kvpd/native/ascend_planner_row64.hpp"
+#include "ascend_planner_trace.hpp"
 
 using namespace kvpd_ascend;
 
@@ -54,18 +55,6 @@ static void plan_row(const RowIO& io, Workspace& ws) {
   plan_row_generic<kBranchy>(io, ws);
 }
 
-template <typename T>
-static std::vector<T> load(const std::string& path, size_t n) {
-  std::vector<T> v(n);
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr || std::fread(v.data(), sizeof(T), n, f) != n) {
-    std::fprintf(stderr, "cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  std::fclose(f);
-  return v;
-}
-
 int main(int argc, char** argv) {
   if (argc != 8) {
     std::fprintf(stderr, "usage: %s DIR STEPS ROWS TOPK CAPACITY MAX_TOKEN REPEATS\n", argv[0]);
@@ -79,9 +68,9 @@ int main(int argc, char** argv) {
 #else
   const int rows = rows0;
 #endif
-  const auto topk = load<int32_t>(dir + "/topk.bin", size_t(steps) * rows0 * k);
-  const auto req = load<int64_t>(dir + "/req.bin", size_t(steps) * rows0);
-  const auto stable = load<int32_t>(dir + "/stable.bin", size_t(steps) * rows0);
+  const auto topk = load_trace<int32_t>(dir + "/topk.bin", size_t(steps) * rows0 * k);
+  const auto req = load_trace<int64_t>(dir + "/req.bin", size_t(steps) * rows0);
+  const auto stable = load_trace<int32_t>(dir + "/stable.bin", size_t(steps) * rows0);
   std::vector<int64_t> last(rows);
   std::vector<int32_t> stt(size_t(rows) * c), lru(size_t(rows) * c), cur(size_t(rows) * k),
       mt(size_t(rows) * k), ms(size_t(rows) * k), mc(rows);
@@ -102,23 +91,17 @@ int main(int argc, char** argv) {
       std::fill(g_acc, g_acc + kRowPhases, 0);
 #endif
       const auto t0 = std::chrono::steady_clock::now();
+      const size_t first = size_t(step) * rows0;  // this step's rows in the trace
+      const LayerIO layer{topk.data() + first * k, req.data() + first, stable.data() + first,
+                          last.data(), stt.data(), lru.data(), cur.data(), mt.data(),
+                          ms.data(), mc.data(), k, c, max_token};
       for (int r = 0; r < rows; ++r) {
-        const size_t row = size_t(step) * rows0 + r;
-        RowIO io{topk.data() + row * k, req[row], stable[row], &last[r],
-                 stt.data() + size_t(r) * c, lru.data() + size_t(r) * c,
-                 cur.data() + size_t(r) * k, mt.data() + size_t(r) * k,
-                 ms.data() + size_t(r) * k, &mc[r], k, c, max_token};
-#ifndef NO_PREFETCH
-        if (r + 1 < rows) {
-          io.next_stt = stt.data() + size_t(r + 1) * c;
-          io.next_lru = lru.data() + size_t(r + 1) * c;
-          io.next_topk = topk.data() + (row + 1) * k;
-          io.next_cur = cur.data() + size_t(r + 1) * k;
-          io.next_mt = mt.data() + size_t(r + 1) * k;
-          io.next_ms = ms.data() + size_t(r + 1) * k;
-        }
+#ifdef NO_PREFETCH
+        const int next = -1;
+#else
+        const int next = r + 1 < rows ? r + 1 : -1;
 #endif
-        plan_row(io, ws);
+        plan_row(layer.row(r, next), ws);
       }
       const double ms_layer =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

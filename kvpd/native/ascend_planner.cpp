@@ -223,22 +223,12 @@ void lru_resident_compact(uintptr_t req_ids, uintptr_t last_req_ids, uintptr_t t
   const int threads = usable_threads(num_reqs, workspace_threads, requested_threads);
   const RowFn fn = g_isa.fn;
   const int32_t k = static_cast<int32_t>(topk_len), c = static_cast<int32_t>(capacity);
-  const int32_t mtok = static_cast<int32_t>(max_token);
+  const LayerIO layer{tk, req, stable, last, stt, lru, cur, mt, ms, mc, k, c,
+                      static_cast<int32_t>(max_token)};
   auto rows = [&](int64_t begin, int64_t end, int64_t after) {
     Workspace& ws = thread_workspace(max_token, topk_len, capacity);
     for (int64_t r = begin; r < end; ++r) {
-      RowIO io{tk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
-               cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, mtok};
-      const int64_t n = r + 1 < end ? r + 1 : after;  // the row this thread plans next
-      if (n >= 0) {
-        io.next_stt = stt + n * c;
-        io.next_lru = lru + n * c;
-        io.next_topk = tk + n * k;
-        io.next_cur = cur + n * k;
-        io.next_mt = mt + n * k;
-        io.next_ms = ms + n * k;
-      }
-      fn(io, ws);
+      fn(layer.row(r, r + 1 < end ? r + 1 : after), ws);  // next: the row this thread plans next
     }
   };
   py::gil_scoped_release nogil;

@@ -44,6 +44,31 @@ struct RowIO {
   const int32_t* next_ms = nullptr;
 };
 
+// One layer's arrays in the manager's layout (row-major, one row per request): `row(r, next)` is
+// row r's RowIO, with row `next` (negative: none) fetched ahead while r is planned.
+struct LayerIO {
+  const int32_t* topk;
+  const int64_t* req;
+  const int32_t* stable;
+  int64_t* last;
+  int32_t *stt, *lru, *cur, *mt, *ms, *mc;
+  int32_t k, c, max_token;
+
+  RowIO row(int64_t r, int64_t next) const {
+    RowIO io{topk + r * k, req[r], stable[r], last + r, stt + r * c, lru + r * c,
+             cur + r * k,  mt + r * k, ms + r * k, mc + r, k, c, max_token};
+    if (next >= 0) {
+      io.next_stt = stt + next * c;
+      io.next_lru = lru + next * c;
+      io.next_topk = topk + next * k;
+      io.next_cur = cur + next * k;
+      io.next_mt = mt + next * k;
+      io.next_ms = ms + next * k;
+    }
+    return io;
+  }
+};
+
 // Per-thread scratch. `bits<W>()` is a bitmap over token ids in words of type W (all-zero between
 // rows); `rank_base` holds, per word, the count of marked tokens on one side of it, so that a
 // marked token's rank among the row's distinct top-k tokens is that count plus a popcount in its
