@@ -35,19 +35,20 @@ enum RowPhase : int {
 // suffix[w] + popcount(mark[w] >> t % 64): the word's marked bits at and above t's own (t's own
 // bit is always set, which is why the count starts at 1). A shift and a popcount, where a rank
 // from the bottom needs a mask of the bits below t (two or three operations more per lookup,
-// about 4,000 lookups a row). slot_of_rank is indexed by this rank, so `sor1[0]` is never a
-// member's: padding may read it.
+// about 4,000 lookups a row). The slot of a rank (in slots of type S: Workspace) is indexed by
+// this rank, so `sor1[0]` is never a member's: padding may read it.
+template <typename S>
 struct DescRanks {
   const uint64_t* __restrict__ mark;
   const uint32_t* __restrict__ suffix;
-  int32_t* __restrict__ sor1;
+  S* __restrict__ sor1;
 
   explicit DescRanks(Workspace& ws)
-      : mark(ws.bits<uint64_t>()), suffix(ws.rank_base.data()), sor1(ws.slot_of_rank.data()) {}
+      : mark(ws.bits<uint64_t>()), suffix(ws.rank_base.data()), sor1(ws.slots_by_rank<S>()) {}
   KVPD_INLINE uint32_t index(uint32_t t) const {
     return suffix[t >> 6] + popcount(static_cast<uint64_t>(mark[t >> 6] >> (t & 63)));
   }
-  KVPD_INLINE int32_t& slot(uint32_t t) const { return sor1[index(t)]; }
+  KVPD_INLINE S& slot(uint32_t t) const { return sor1[index(t)]; }
 };
 
 // n - bit b (mod 64) of w: BT and SBB on x86, where a shift by a variable count is two or three
@@ -112,10 +113,11 @@ KVPD_INLINE uint32_t rank_suffix_scalar(Workspace& ws, uint32_t last_word) {
 // skipped, as upstream does. Hits are stored downward from hits[c] (the layout walk_checked64
 // writes). Then each hit's slot is recorded by its token's rank in LRU order, so for a token
 // held twice the later slot wins, as upstream's token_pos overwrite does.
+template <typename S>
 KVPD_INLINE void walk_scalar64(const RowIO& io, Workspace& ws, int32_t stable, int32_t* n_evict,
                                int32_t* n_hit) {
-  const DescRanks ranks(ws);
-  int32_t* __restrict__ hend = ws.hits.data() + io.c;
+  const DescRanks<S> ranks(ws);
+  S* __restrict__ hend = ws.hit_list<S>() + io.c;
   uint32_t* __restrict__ hit_tokens = ws.hit_tokens.data();
   int32_t* __restrict__ lru = io.lru;
   int32_t* __restrict__ stt = io.slot_to_token;
@@ -132,7 +134,7 @@ KVPD_INLINE void walk_scalar64(const RowIO& io, Workspace& ws, int32_t stable, i
     const uint32_t ti = t & (0u - valid);
     const uint32_t hit = valid & static_cast<uint32_t>((ranks.mark[ti >> 6] >> (ti & 63)) & 1);
     hit_tokens[nh] = ti;
-    hend[-nh] = s;
+    hend[-nh] = static_cast<S>(s);
     lru[ne] = s;  // ne <= i: never overwrites an entry not yet read
     nh += static_cast<int32_t>(hit);
     ne += static_cast<int32_t>(hit ^ 1);
@@ -164,6 +166,7 @@ KVPD_INLINE void fetch_next_row(const RowIO& io, int64_t i) {
 // both addressed through it, and a hit decrements it (BT + SBB on x86): 10 instructions a slot,
 // where two cursors took 15. Branch-free on purpose: about 40% of
 // the slots hit, in no pattern a predictor learns.
+template <typename S>
 KVPD_INLINE void walk_checked64(const RowIO& io, Workspace& ws, int32_t stable, int32_t* n_evict,
                                 int32_t* n_hit) {
   int32_t* __restrict__ stt = io.slot_to_token;
@@ -193,19 +196,19 @@ KVPD_INLINE void walk_checked64(const RowIO& io, Workspace& ws, int32_t stable, 
   const bool bad = top_token > static_cast<uint32_t>(io.max_token) || top_slot >= ucap;
   KVPD_PHASE(kPhaseSlots)
   if (bad) {
-    walk_scalar64(io, ws, stable, n_evict, n_hit);
+    walk_scalar64<S>(io, ws, stable, n_evict, n_hit);
     KVPD_PHASE(kPhaseWalk)
     return;
   }
   const uint64_t* __restrict__ mark = ws.bits<uint64_t>();
-  int32_t* __restrict__ hend = ws.hits.data() + c;
+  S* __restrict__ hend = ws.hit_list<S>() + c;
   int64_t neg = 0;
   // The LRU entry block[j]: its slot stored at hend[neg] and at block[j + neg] (j + neg <= j:
   // an entry already read); a hit decrements neg.
   auto step = [&](int32_t* __restrict__ block, int64_t j) KVPD_LAMBDA_INLINE {
     const uint32_t s = static_cast<uint32_t>(block[j]);  // a slot index: checked above
     const int64_t t = stt[s];  // -1 (empty: word -1 is the guard, zero) or below stable
-    hend[neg] = static_cast<int32_t>(s);
+    hend[neg] = static_cast<S>(s);
     block[j + neg] = static_cast<int32_t>(s);
     neg = sub_bit(neg, mark[t >> 6], static_cast<uint64_t>(t));
   };
@@ -218,14 +221,14 @@ KVPD_INLINE void walk_checked64(const RowIO& io, Workspace& ws, int32_t stable, 
   }
   for (; i < c; ++i) step(lru, i);
   KVPD_PHASE(kPhaseWalk)
-  const DescRanks ranks(ws);
+  const DescRanks<S> ranks(ws);
   const int64_t nh = -neg;
   // A hit's token is read again from slot_to_token (which the walk has just read) rather than
   // stored by the walk: one store less per slot. Unrolled, as resolve's first pass: the loop's
   // own instructions were 3 of 12 a hit.
 #pragma GCC unroll 8
   for (int64_t j = 0; j < nh; ++j) {
-    const int32_t s = hend[-j];
+    const S s = hend[-j];
     ranks.slot(static_cast<uint32_t>(stt[s])) = s;
   }
   *n_evict = static_cast<int32_t>(c - nh);
@@ -262,9 +265,10 @@ KVPD_INLINE uint64_t negative_slots(const int32_t* cur, int64_t p0) {
 // slot: resolve_scalar's work). Padding reads the rank of token 0, a valid index, and resolves
 // to -1; in a padded row the misses are listed by position in the first pass instead, since a
 // sign bit does not tell them from padding.
+template <typename S>
 KVPD_INLINE void resolve_distinct64(const RowIO& io, Workspace& ws, bool padded, int32_t n_evict,
                                     int32_t* n_miss) {
-  const DescRanks ranks(ws);
+  const DescRanks<S> ranks(ws);
   const int32_t* __restrict__ topk = io.topk;
   int32_t* __restrict__ cur = io.current_slots;
   const int64_t k = io.k;
@@ -316,37 +320,48 @@ KVPD_INLINE void resolve_distinct64(const RowIO& io, Workspace& ws, bool padded,
 // Pad the miss lists, write the new LRU order (unused evictables in old order, filled misses,
 // hits in old order: walk_checked64 stored them downward from hits[c]) and leave the bitmap
 // all-zero for the next row.
+template <typename S>
 KVPD_INLINE void finish_row64(const RowIO& io, Workspace& ws, int32_t m, int32_t n_evict,
                               int32_t n_hit, uint32_t last_word) {
   finish_misses(io, m, n_evict);
-  const int32_t* __restrict__ hend = ws.hits.data() + io.c;
+  const S* __restrict__ hend = ws.hit_list<S>() + io.c;
   int32_t* __restrict__ out = io.lru + n_evict;
   for (int32_t j = 0; j < n_hit; ++j) out[j] = hend[-j];
   std::memset(ws.bits<uint64_t>(), 0, sizeof(uint64_t) * (static_cast<size_t>(last_word) + 1));
 }
 
-// One row: mark, rank suffix (`suffix(ws, last_word)`, scalar or an ISA's), walk, resolve,
-// finish. Rows with a repeated token take resolve_scalar, which shares the first miss's slot;
-// kAllScalar sends every row there (what benchmarks/ascend_planner_phases.cpp measures a branch
-// on each miss by).
-template <bool kAllScalar = false, typename Suffix>
-KVPD_INLINE void plan_row_with(const RowIO& io, Workspace& ws, Suffix suffix) {
+// One row in slots of type S: mark, rank suffix (`suffix(ws, last_word)`, scalar or an ISA's),
+// walk, resolve, finish. Rows with a repeated token take resolve_scalar, which shares the first
+// miss's slot; kAllScalar sends every row there (what benchmarks/ascend_planner_phases.cpp
+// measures a branch on each miss by).
+template <typename S, bool kAllScalar, typename Suffix>
+KVPD_INLINE void plan_row_slots(const RowIO& io, Workspace& ws, Suffix suffix) {
   uint32_t n_valid = 0;
   RowMarks marks = mark_row64(io, ws, &n_valid);
   KVPD_PHASE(kPhaseMark)
-  begin_ranks(ws, &marks, n_valid, suffix(ws, marks.last_word));
+  begin_ranks<S>(ws, &marks, n_valid, suffix(ws, marks.last_word));
   KVPD_PHASE(kPhaseRanks)
   int32_t ne = 0, nh = 0, m = 0;
-  walk_checked64(io, ws, marks.stable, &ne, &nh);
+  walk_checked64<S>(io, ws, marks.stable, &ne, &nh);
   KVPD_PHASE(kPhaseHitRanks)
   if (kAllScalar || marks.duplicates) {
-    resolve_scalar(io, DescRanks(ws), 0, io.k, ne, &m);
+    resolve_scalar(io, DescRanks<S>(ws), 0, io.k, ne, &m);
   } else {
-    resolve_distinct64(io, ws, n_valid < static_cast<uint32_t>(io.k), ne, &m);
+    resolve_distinct64<S>(io, ws, n_valid < static_cast<uint32_t>(io.k), ne, &m);
   }
   KVPD_PHASE(kPhaseResolve)
-  finish_row64(io, ws, m, ne, nh, marks.last_word);
+  finish_row64<S>(io, ws, m, ne, nh, marks.last_word);
   KVPD_PHASE(kPhaseFinish)
+}
+
+// One row, its slots held in 16 bits when the hot buffer allows it (Workspace).
+template <bool kAllScalar = false, typename Suffix>
+KVPD_INLINE void plan_row_with(const RowIO& io, Workspace& ws, Suffix suffix) {
+  if (io.c <= kMaxSlots16) {
+    plan_row_slots<int16_t, kAllScalar>(io, ws, suffix);
+  } else {
+    plan_row_slots<int32_t, kAllScalar>(io, ws, suffix);
+  }
 }
 
 template <bool kAllScalar = false>

@@ -191,6 +191,39 @@ def test_corrupt_resident_tokens_are_evictable_on_every_path(seed) -> None:
             assert s.snapshot(n) == want.snapshot(n), (isa, i)
 
 
+@pytest.mark.parametrize("cap", [32_768, 32_769, 40_000])
+def test_hot_buffers_at_and_past_16_bit_slots_plan_as_the_reference(cap: int) -> None:
+    # The portable paths hold slots in 16 bits up to 32768 slots and in 32 bits beyond. The
+    # state starts with the highest slots in use: the oldest LRU entries are empty high slots
+    # (the first misses take them) and the next ones hold this row's tokens (hits there), so
+    # slot indices up to cap - 1 pass through every table, with repeats and padding.
+    rows, k, max_token = 3, 256, 100_000
+    rng = np.random.default_rng(cap)
+    tokens = np.stack([rng.permutation(max_token)[:k] for _ in range(rows)]).astype(np.int32)
+    req = np.arange(1, rows + 1, dtype=np.int64)
+    high = np.arange(cap - 1, cap - 1 - 2 * k, -1)
+    lru = np.concatenate((high, np.setdiff1d(np.arange(cap), high))).astype(np.int32)
+    states = {isa: State(rows, k, cap, max_token) for isa in ISAS}
+    want = State(rows, k, cap, max_token)
+    for s in (want, *states.values()):
+        s.last[:] = req
+        s.lru[:] = lru
+        s.stt[:, high[k:]] = tokens
+    topk = tokens.copy()
+    for step in range(4):
+        fresh = rng.random(topk.shape) < 0.3
+        topk[fresh] = rng.integers(0, max_token, int(fresh.sum()))
+        topk[:, 0] = topk[:, 1] if step % 2 else max_token  # a repeat, then padding
+        stable = np.full(rows, max_token, np.int32)
+        has_dups = step % 2 == 1 or any(len(set(r.tolist())) < k for r in topk)
+        want.reference(req, topk, stable, rows, share=has_dups)
+        for isa, s in states.items():
+            assert ap.set_isa(isa)
+            s.native(req, topk, stable, rows, 8, 1 + step % 2)
+            assert s.snapshot(rows) == want.snapshot(rows), (isa, step)
+    assert want.ms.max() >= cap - 2 * k  # misses took high slots
+
+
 def test_duplicates_share_one_slot() -> None:
     s = State(1, 6, 8, 64)
     topk = np.array([[5, 5, -1, 9, 5, 64]], np.int32)
