@@ -106,9 +106,13 @@ struct Workspace {
   W* bits();
   // slot_of_rank and hits in slots of type S (int32_t or int16_t).
   template <typename S>
-  S* slots_by_rank();
+  S* slots_by_rank() {
+    return pick<S>(slot_of_rank, slot_of_rank16);
+  }
   template <typename S>
-  S* hit_list();
+  S* hit_list() {
+    return pick<S>(hits, hits16);
+  }
 
   void fit(int64_t max_token, int64_t topk, int64_t capacity) {
     const size_t words = static_cast<size_t>(max_token >> 5) + 2;  // rank_base: either width
@@ -129,6 +133,17 @@ struct Workspace {
       hit_slots.resize(static_cast<size_t>(capacity / 16) + 2);  // +1: 32-bit gather reads
     }
   }
+
+ private:
+  template <typename S>
+  static S* pick(std::vector<int32_t>& wide, std::vector<int16_t>& narrow) {
+    static_assert(std::is_same_v<S, int32_t> || std::is_same_v<S, int16_t>);
+    if constexpr (std::is_same_v<S, int16_t>) {
+      return narrow.data();
+    } else {
+      return wide.data();
+    }
+  }
 };
 
 template <>
@@ -138,22 +153,6 @@ inline uint32_t* Workspace::bits<uint32_t>() {
 template <>
 inline uint64_t* Workspace::bits<uint64_t>() {
   return mark_words64.data() + 1;
-}
-template <>
-inline int32_t* Workspace::slots_by_rank<int32_t>() {
-  return slot_of_rank.data();
-}
-template <>
-inline int16_t* Workspace::slots_by_rank<int16_t>() {
-  return slot_of_rank16.data();
-}
-template <>
-inline int32_t* Workspace::hit_list<int32_t>() {
-  return hits.data();
-}
-template <>
-inline int16_t* Workspace::hit_list<int16_t>() {
-  return hits16.data();
 }
 
 // The most slots a hot buffer may have for its slots to be held in 16 bits (slot indices up to
