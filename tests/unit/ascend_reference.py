@@ -71,9 +71,10 @@ def _row(r, req, last, row, stable_in, stt, lru, cur, mc, mt, ms, cap, max_token
     for p, t in enumerate(row):
         if valid(t) and t not in pos:
             pos[t] = p
-    # 5. walk the LRU order
+    # 5. walk the LRU order. An entry that is no slot index (only in corrupt state; the
+    # description is silent) is skipped: kvpd's choice, and upstream's planner's.
     hits, evictable = [], []
-    for s in (int(x) for x in lru):
+    for s in (int(x) for x in lru if 0 <= x < cap):
         t = int(stt[s])
         if valid(t) and t >= stable:
             stt[s] = -1
@@ -112,8 +113,10 @@ def _row(r, req, last, row, stable_in, stt, lru, cur, mc, mt, ms, cap, max_token
         mc[r] = i + 1
     for p, t in later:
         cur[p] = cur[pos[t]]
-    # 8. new LRU order
-    lru[:] = evictable[n:] + evictable[:n] + hits
+    # 8. new LRU order (shorter than the row only when entries were skipped; the rest of the
+    # row keeps its old entries)
+    order = evictable[n:] + evictable[:n] + hits
+    lru[: len(order)] = order
 
 
 def compute_lru_resident_addrs(

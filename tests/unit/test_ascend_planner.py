@@ -165,6 +165,34 @@ def test_corrupt_lru_entries_are_skipped_alike_on_every_path(seed) -> None:
         assert s.snapshot(rows) == want, isa
 
 
+@pytest.mark.parametrize(("cap", "seed"), [(64, 0), (90, 1), (200, 2), (256, 3), (4096, 4)])
+def test_corrupt_lru_entries_anywhere_plan_as_the_reference(cap: int, seed: int) -> None:
+    # Out-of-range LRU entries are skipped wherever they are in the order (first, in the middle,
+    # last, at random), on every path and against the reference, not only path against path:
+    # hot buffers of whole and partial 16- and 64-entry blocks, so that a walk that checks the
+    # order block by block would be caught losing what it compacted before a bad entry. The
+    # corrupted entries' slots are emptied, so that no path can tell a slot missing from the
+    # order by its token (a difference only such state shows; see above).
+    rows, k, max_token = 4, min(cap // 2, 300), 50_000
+    steps = list(trace(seed, 3, rows, k, max_token, dups=False))
+    states = {isa: State(rows, k, cap, max_token) for isa in ISAS}
+    want = State(rows, k, cap, max_token)
+    rng = np.random.default_rng(seed)
+    for i, (req, topk, stable, _n) in enumerate(steps):
+        if i == len(steps) - 1:  # before the last step: row r corrupts the places it is given
+            places = [[0], [cap // 2, cap // 2 + 1], [cap - 1], list(rng.choice(cap, 5, False))]
+            bad = [rng.permutation([-1, cap, cap + 3, 2**31 - 1, -(2**31)]) for _ in places]
+            for s in (want, *states.values()):
+                for r, js in enumerate(places):
+                    s.stt[r, s.lru[r, js]] = -1
+                    s.lru[r, js] = bad[r][: len(js)]
+        want.reference(req, topk, stable, rows, share=False)
+        for isa, s in states.items():
+            assert ap.set_isa(isa)
+            s.native(req, topk, stable, rows, 8, 1 + i % 2)
+            assert s.snapshot(rows) == want.snapshot(rows), (isa, i)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_corrupt_resident_tokens_are_evictable_on_every_path(seed) -> None:
     # A slot holding a token that is neither -1 nor in [0, max_token) (never in state a planner
