@@ -168,11 +168,11 @@ def test_corrupt_lru_entries_are_skipped_alike_on_every_path(seed) -> None:
 @pytest.mark.parametrize(("cap", "seed"), [(64, 0), (90, 1), (200, 2), (256, 3), (4096, 4)])
 def test_corrupt_lru_entries_anywhere_plan_as_the_reference(cap: int, seed: int) -> None:
     # Out-of-range LRU entries are skipped wherever they are in the order (first, in the middle,
-    # last, at random), on every path and against the reference, not only path against path:
-    # hot buffers of whole and partial 16- and 64-entry blocks, so that a walk that checks the
-    # order block by block would be caught losing what it compacted before a bad entry. The
-    # corrupted entries' slots are emptied, so that no path can tell a slot missing from the
-    # order by its token (a difference only such state shows; see above).
+    # last, at random), on every path and against the reference, not only path against path.
+    # The hot buffers are whole numbers of the walks' 16-entry blocks and not, so bad entries
+    # fall in blocks and in the tail loops. The corrupted entries' slots are emptied, so that no
+    # path can tell a slot missing from the order by its token (a difference only such state
+    # shows; see above).
     rows, k, max_token = 4, min(cap // 2, 300), 50_000
     steps = list(trace(seed, 3, rows, k, max_token, dups=False))
     states = {isa: State(rows, k, cap, max_token) for isa in ISAS}
